@@ -1,0 +1,102 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Limits are the ceilings a decoder enforces. The defaults are torch's libuv backend's own
+// (TCPStoreLibUvBackend.cpp MAX_STRING_LEN, MAX_PAYLOAD_LEN, MAX_KEY_COUNT) plus a whole-message cap,
+// which libuv lacks.
+type Limits struct {
+	MaxKeyBytes     uint64 // a key's declared length
+	MaxValueBytes   uint64 // a value's (expected's, desired's) declared length
+	MaxKeys         uint64 // keys in CHECK/WAIT/MULTI_GET, pairs in MULTI_SET
+	MaxMessageBytes uint64 // a whole message, as declared so far
+	BlockWatchKey   bool   // G0 WATCH_KEY: pushes unsolicited bytes, leaks across connections
+	RejectZeroCount bool   // CHECK/WAIT/MULTI_GET/MULTI_SET with no keys
+}
+
+// MaxLimit bounds every configurable limit, so that sums of limits cannot overflow a uint64.
+const MaxLimit = 1 << 40
+
+// DefaultLimits returns the default ceilings.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxKeyBytes:     8192,
+		MaxValueBytes:   8 << 20,
+		MaxKeys:         128 << 10,
+		MaxMessageBytes: 32 << 20,
+		BlockWatchKey:   true,
+	}
+}
+
+// Validate reports limits that are zero or above MaxLimit.
+func (l Limits) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    uint64
+	}{
+		{"max-key-bytes", l.MaxKeyBytes}, {"max-value-bytes", l.MaxValueBytes},
+		{"max-keys", l.MaxKeys}, {"max-message-bytes", l.MaxMessageBytes},
+	} {
+		if f.v == 0 || f.v > MaxLimit {
+			errs = append(errs, fmt.Errorf("%s: must be between 1 and %d, got %d", f.name, uint64(MaxLimit), f.v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Rule is a stable identifier of what a violation broke; audit logs and metrics use it verbatim.
+type Rule string
+
+const (
+	RuleKeyTooLong          Rule = "key_too_long"
+	RuleValueTooLong        Rule = "value_too_long"
+	RuleTooManyKeys         Rule = "too_many_keys"
+	RuleMessageTooLarge     Rule = "message_too_large"
+	RuleUnknownOpcode       Rule = "unknown_opcode"
+	RuleValidateMissing     Rule = "validate_missing"
+	RuleValidateBadMagic    Rule = "validate_bad_magic"
+	RuleValidateRepeated    Rule = "validate_repeated"
+	RulePingBeforeValidate  Rule = "ping_before_validate"
+	RuleOpNotInBackend      Rule = "op_not_in_backend"
+	RuleWatchKeyBlocked     Rule = "watch_key_blocked"
+	RuleZeroCount           Rule = "zero_count"
+	RuleMessageTimeout      Rule = "message_timeout"
+	RuleFirstMessageTimeout Rule = "first_message_timeout"
+)
+
+// Rules lists every rule, for metrics that pre-register one series per rule.
+func Rules() []Rule {
+	return []Rule{RuleKeyTooLong, RuleValueTooLong, RuleTooManyKeys, RuleMessageTooLarge,
+		RuleUnknownOpcode, RuleValidateMissing, RuleValidateBadMagic, RuleValidateRepeated,
+		RulePingBeforeValidate, RuleOpNotInBackend, RuleWatchKeyBlocked, RuleZeroCount,
+		RuleMessageTimeout, RuleFirstMessageTimeout}
+}
+
+// Violation is the first rule a stream broke. It is an error; use errors.As to get it.
+type Violation struct {
+	Rule       Rule
+	Field      FieldKind  // the offending field, FieldNone for opcode-level rules
+	Offset     uint64     // stream offset of the offending field (or of the opcode byte)
+	Index      uint64     // index of the offending message in the stream, 0-based
+	MsgOffset  uint64     // stream offset of the offending message's opcode byte
+	Op         Op         // the message's operation, OpInvalid when the opcode is unknown
+	Wire       byte       // the message's opcode byte
+	Generation Generation // the generation the stream was decoded as
+	Declared   uint64     // the declared length, count or magic
+	Limit      uint64     // the ceiling it broke (0 where none applies)
+}
+
+func (v *Violation) Error() string {
+	s := fmt.Sprintf("%s at offset %d (message %d, opcode 0x%02x %s, %s)", v.Rule, v.Offset, v.Index, v.Wire, v.Op, v.Generation)
+	if v.Field != FieldNone {
+		s += fmt.Sprintf(": %s declared %d", v.Field, v.Declared)
+		if v.Limit != 0 {
+			s += fmt.Sprintf(", limit %d", v.Limit)
+		}
+	}
+	return s
+}

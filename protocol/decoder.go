@@ -210,10 +210,11 @@ func (d *Decoder) begin(b byte) *Violation {
 		d.resolve(d.cfg.LegacyGen)
 	}
 	op := d.table[b]
-	d.msg.Op, d.msg.Generation = op, d.gen
+	d.msg.Op = op
 	if v := d.admit(op); v != nil {
 		return v
 	}
+	d.msg.Generation = d.minGen
 	d.off++
 	d.start(op)
 	return nil

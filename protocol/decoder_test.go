@@ -260,7 +260,7 @@ func TestMalformed(t *testing.T) {
 		{name: "COMPARE_SET desired too long", cfg: exact(G0), hex: "01 0100000000000000 6b 0100000000000000 78 0000000100000000",
 			rule: RuleValueTooLong, offset: 19, field: FieldDesired, declared: 1 << 24, limit: 8 << 20},
 		{name: "MULTI_SET second value too long", cfg: exact(G1),
-			hex: "0a 0200000000000000 0100000000000000 61 0100000000000000 31 0100000000000000 62 0000000001000000",
+			hex:  "0a 0200000000000000 0100000000000000 61 0100000000000000 31 0100000000000000 62 0000000001000000",
 			rule: RuleValueTooLong, offset: 36, field: FieldValue, declared: 1 << 32, limit: 8 << 20},
 		{name: "APPEND value too long", cfg: exact(G1), hex: "08 0000000000000000 0000000100000000", rule: RuleValueTooLong,
 			offset: 9, field: FieldValue, declared: 1 << 24, limit: 8 << 20},
@@ -489,6 +489,11 @@ func TestParseGeneration(t *testing.T) {
 	}{
 		{"auto", GenSetting{Auto: true}, ""},
 		{"AUTO", GenSetting{Auto: true}, ""},
+		{" auto", GenSetting{}, "not a generation"},
+		{"G00", GenSetting{}, "not a generation"},
+		{"02.6", GenSetting{}, "not a generation"},
+		{"2.06", GenSetting{}, "not a generation"},
+		{"2.100", GenSetting{}, "not a generation"},
 		{"G0", GenSetting{Gen: G0}, ""},
 		{"g6", GenSetting{Gen: G6}, ""},
 		{"1.13", GenSetting{Gen: G0}, ""},
@@ -505,7 +510,7 @@ func TestParseGeneration(t *testing.T) {
 		{"1.12", GenSetting{}, "older than 1.13"},
 		{"3.0", GenSetting{}, "not a release"},
 		{"two", GenSetting{}, "not a generation"},
-		{"2.x", GenSetting{}, "not a torch release"},
+		{"2.x", GenSetting{}, "not a generation"},
 	}
 	for _, c := range cases {
 		got, err := ParseGeneration(c.in)

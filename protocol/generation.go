@@ -7,6 +7,7 @@ package protocol
 
 import (
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -155,35 +156,30 @@ func GenerationOfRelease(major, minor int) (Generation, error) {
 	return gen, nil
 }
 
-// ParseGeneration accepts "auto", a generation name ("G0".."G6") or a torch release "MAJOR.MINOR"
-// (a patch level, "2.6.0", is accepted and ignored).
+// ParseGeneration accepts "auto", a generation name ("G0".."G6") or a torch release
+// "MAJOR.MINOR" (a patch level, "2.6.0", is accepted and ignored). Releases newer than the newest
+// one this decoder knows are read as its generation.
 func ParseGeneration(s string) (GenSetting, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	if t == "auto" {
+	if strings.EqualFold(s, "auto") {
 		return GenSetting{Auto: true}, nil
 	}
-	if len(t) >= 2 && t[0] == 'g' {
-		n, err := strconv.Atoi(t[1:])
-		if err != nil || n < 0 || n >= int(numGenerations) {
-			return GenSetting{}, fmt.Errorf("%q is not a generation (want auto, G0..%s or a torch release such as 2.6)", s, LatestGeneration)
+	if len(s) == 2 && (s[0] == 'G' || s[0] == 'g') {
+		if n := int(s[1] - '0'); n >= 0 && n < int(numGenerations) {
+			return GenSetting{Gen: Generation(n)}, nil
 		}
-		return GenSetting{Gen: Generation(n)}, nil
 	}
-	parts := strings.Split(t, ".")
-	if len(parts) < 2 || len(parts) > 3 {
-		return GenSetting{}, fmt.Errorf("%q is not a generation (want auto, G0..%s or a torch release such as 2.6)", s, LatestGeneration)
+	m := releaseRE.FindStringSubmatch(s)
+	if m == nil {
+		return GenSetting{}, fmt.Errorf("%q is not a generation (want auto, G0..%s or a torch release MAJOR.MINOR such as 2.6)", s, LatestGeneration)
 	}
-	var nums [2]int
-	for i := range nums {
-		n, err := strconv.Atoi(parts[i])
-		if err != nil || n < 0 {
-			return GenSetting{}, fmt.Errorf("%q is not a torch release (want MAJOR.MINOR such as 2.6)", s)
-		}
-		nums[i] = n
-	}
-	g, err := GenerationOfRelease(nums[0], nums[1])
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	g, err := GenerationOfRelease(major, minor)
 	if err != nil {
 		return GenSetting{}, err
 	}
 	return GenSetting{Gen: g}, nil
 }
+
+// releaseRE matches MAJOR.MINOR[.PATCH] without leading zeros, minor below 100.
+var releaseRE = regexp.MustCompile(`^(0|[1-9][0-9]?)\.(0|[1-9][0-9]?)(?:\.(?:0|[1-9][0-9]*))?$`)

@@ -1,0 +1,398 @@
+package audit
+
+import (
+	"bytes"
+	"compress/gzip"
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+)
+
+// DefaultMaxSources bounds the per-source sampling table.
+const DefaultMaxSources = 65536
+
+// ErrClosed is returned by Write after Close.
+var ErrClosed = errors.New("audit: writer closed")
+
+// Options configure a Writer. The zero value writes every event to one
+// file that never rotates.
+type Options struct {
+	MaxBytes   int64 // rotate before a line would take the file past this; 0 = never
+	MaxBackups int   // rotated files kept as path.1 … path.N; 0 = none kept
+	Compress   bool  // gzip rotated files to path.N.gz
+
+	// Per source IP, the first SampleFirst events of a SampleWindow are
+	// written, then one in SampleEvery (0: none). SampleWindow 0 disables
+	// sampling. Banned events are always written: bans are rare by design.
+	SampleFirst  int
+	SampleEvery  int
+	SampleWindow time.Duration
+	MaxSources   int // sampling table cap; 0 = DefaultMaxSources
+
+	// Clock drives timestamps and sampling windows; replay passes capture
+	// time. Nil means time.Now.
+	Clock func() time.Time
+}
+
+// Stats are exact counts since the Writer was created.
+type Stats struct {
+	Written    uint64 // lines written, sampled_summary events included
+	Suppressed uint64 // events sampled away
+	Errors     uint64 // failed writes, rotations or closes
+	Evicted    uint64 // sampling windows cut short because the table was full
+	Rotations  uint64
+}
+
+// Writer writes events as JSON Lines. It is safe for concurrent use.
+type Writer struct {
+	opts Options
+	path string // "" when writing to an io.Writer; no rotation then
+
+	mu      sync.Mutex
+	out     io.Writer
+	file    *os.File // nil after a failed rotation; reopened on the next write
+	size    int64
+	closed  bool
+	buf     bytes.Buffer
+	enc     *json.Encoder // into buf
+	stats   Stats
+	sources map[netip.Addr]*window
+	byStart *list.List // of *window, oldest start first
+}
+
+// window is one source's current sampling window.
+type window struct {
+	src        netip.Addr
+	start      time.Time
+	seen       uint64
+	suppressed uint64
+	elem       *list.Element
+}
+
+// Open appends to the file at path, creating it if needed.
+func Open(path string, opts Options) (*Writer, error) {
+	f, size, err := openAppend(path)
+	if err != nil {
+		return nil, err
+	}
+	w := newWriter(f, opts)
+	w.path, w.file, w.size = path, f, size
+	return w, nil
+}
+
+// New writes to out, which the caller owns; it never rotates.
+func New(out io.Writer, opts Options) *Writer {
+	return newWriter(out, opts)
+}
+
+func newWriter(out io.Writer, opts Options) *Writer {
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.MaxSources <= 0 {
+		opts.MaxSources = DefaultMaxSources
+	}
+	w := &Writer{
+		opts:    opts,
+		out:     out,
+		sources: make(map[netip.Addr]*window),
+		byStart: list.New(),
+	}
+	w.enc = json.NewEncoder(&w.buf)
+	w.enc.SetEscapeHTML(false)
+	return w
+}
+
+func openAppend(path string) (*os.File, int64, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		return nil, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, fi.Size(), nil
+}
+
+// Write records e unless sampling suppresses it. It fills Timestamp, ID,
+// and clips FirstBytes. A returned error has also been counted in Stats.
+func (w *Writer) Write(e Event) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	now := w.opts.Clock()
+	if e.Timestamp.IsZero() {
+		e.Timestamp = now
+	}
+	e.SourceIP, e.DestIP = e.SourceIP.Unmap(), e.DestIP.Unmap()
+	if len(e.FirstBytes) > MaxFirstBytes {
+		e.FirstBytes = e.FirstBytes[:MaxFirstBytes]
+	}
+
+	err := w.expire(now, false)
+	write, admitErr := w.admit(e, now)
+	err = errors.Join(err, admitErr)
+	if write {
+		err = errors.Join(err, w.writeLocked(e))
+	}
+	return err
+}
+
+// admit applies per-source sampling. The error is from writing the
+// summaries of windows it ends on the way.
+func (w *Writer) admit(e Event, now time.Time) (bool, error) {
+	if w.opts.SampleWindow <= 0 || e.Action == ActionBanned || e.Action == ActionSampledSummary {
+		return true, nil
+	}
+	var err error
+	win := w.sources[e.SourceIP]
+	if win != nil && w.ended(win, now) {
+		err = w.endWindow(win)
+		win = nil
+	}
+	if win == nil {
+		if len(w.sources) >= w.opts.MaxSources {
+			w.stats.Evicted++
+			err = errors.Join(err, w.endWindow(w.byStart.Front().Value.(*window)))
+		}
+		win = &window{src: e.SourceIP, start: now}
+		win.elem = w.byStart.PushBack(win)
+		w.sources[e.SourceIP] = win
+	}
+	win.seen++
+	first, every := uint64(w.opts.SampleFirst), uint64(w.opts.SampleEvery)
+	if win.seen <= first || every > 0 && (win.seen-first)%every == 0 {
+		return true, err
+	}
+	win.suppressed++
+	w.stats.Suppressed++
+	return false, err
+}
+
+func (w *Writer) ended(win *window, now time.Time) bool {
+	return !now.Before(win.start.Add(w.opts.SampleWindow))
+}
+
+// expire ends windows from the oldest on: those past their end, or all of
+// them when all is set.
+func (w *Writer) expire(now time.Time, all bool) error {
+	var err error
+	for e := w.byStart.Front(); e != nil; e = w.byStart.Front() {
+		win := e.Value.(*window)
+		if !all && !w.ended(win, now) {
+			break
+		}
+		err = errors.Join(err, w.endWindow(win))
+	}
+	return err
+}
+
+// endWindow forgets win and writes its sampled_summary if it suppressed anything.
+func (w *Writer) endWindow(win *window) error {
+	w.byStart.Remove(win.elem)
+	delete(w.sources, win.src)
+	if win.suppressed == 0 {
+		return nil
+	}
+	return w.writeLocked(Event{
+		Timestamp:  w.opts.Clock(),
+		Action:     ActionSampledSummary,
+		SourceIP:   win.src,
+		Suppressed: win.suppressed,
+	})
+}
+
+func (w *Writer) writeLocked(e Event) error {
+	if e.ID == "" {
+		e.ID = newEventID()
+	}
+	w.buf.Reset()
+	if err := w.enc.Encode(e); err != nil { // Encode appends the newline
+		w.stats.Errors++
+		return fmt.Errorf("audit: encode event: %w", err)
+	}
+	rotErr := w.rotateIfNeeded(int64(w.buf.Len()))
+	if rotErr != nil {
+		w.stats.Errors++
+		if w.file == nil {
+			return rotErr
+		}
+		// The rotation failed but a file is open: keep the line rather than lose it.
+	}
+	n, err := w.out.Write(w.buf.Bytes())
+	w.size += int64(n)
+	if err != nil {
+		w.stats.Errors++
+		return errors.Join(rotErr, fmt.Errorf("audit: write: %w", err))
+	}
+	w.stats.Written++
+	return rotErr
+}
+
+func (w *Writer) rotateIfNeeded(next int64) error {
+	if w.path == "" {
+		return nil
+	}
+	if w.file == nil { // an earlier rotation lost the file
+		f, size, err := openAppend(w.path)
+		if err != nil {
+			return fmt.Errorf("audit: reopen: %w", err)
+		}
+		w.file, w.out, w.size = f, f, size
+	}
+	if w.opts.MaxBytes <= 0 || w.size == 0 || w.size+next <= w.opts.MaxBytes {
+		return nil
+	}
+	err := w.file.Close()
+	w.file, w.out = nil, nil
+	err = errors.Join(err, shiftBackups(w.path, w.opts.MaxBackups, w.opts.Compress))
+	f, size, openErr := openAppend(w.path)
+	if openErr != nil {
+		return fmt.Errorf("audit: rotate: %w", errors.Join(err, openErr))
+	}
+	w.file, w.out, w.size = f, f, size
+	w.stats.Rotations++
+	if err != nil {
+		return fmt.Errorf("audit: rotate: %w", err)
+	}
+	return nil
+}
+
+// shiftBackups renames path.i[.gz] to path.i+1[.gz], drops the oldest and
+// moves path to path.1, gzipping it if asked.
+func shiftBackups(path string, keep int, compress bool) error {
+	if keep <= 0 {
+		return os.Remove(path)
+	}
+	var errs []error
+	for _, ext := range []string{"", ".gz"} {
+		errs = append(errs, removeIfExists(backupName(path, keep)+ext))
+		for i := keep - 1; i >= 1; i-- {
+			errs = append(errs, renameIfExists(backupName(path, i)+ext, backupName(path, i+1)+ext))
+		}
+	}
+	first := backupName(path, 1)
+	if err := os.Rename(path, first); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if compress {
+		errs = append(errs, gzipFile(first))
+	}
+	return errors.Join(errs...)
+}
+
+func backupName(path string, i int) string { return fmt.Sprintf("%s.%d", path, i) }
+
+func removeIfExists(name string) error {
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func renameIfExists(from, to string) error {
+	if err := os.Rename(from, to); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// gzipFile replaces name by name.gz. It writes a temporary file first so a
+// crash never leaves a truncated .gz next to a removed original.
+func gzipFile(name string) (err error) {
+	src, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	tmp := name + ".gz.tmp"
+	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			dst.Close()
+			os.Remove(tmp)
+		}
+	}()
+	zw := gzip.NewWriter(dst)
+	if _, err = io.Copy(zw, src); err != nil {
+		return err
+	}
+	if err = zw.Close(); err != nil {
+		return err
+	}
+	if err = dst.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, name+".gz"); err != nil {
+		return err
+	}
+	return os.Remove(name)
+}
+
+// Flush writes the sampled_summary of every window that has ended.
+// Call it periodically (see FlushEvery) so a source that went quiet still
+// gets its summary.
+func (w *Writer) Flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	return w.expire(w.opts.Clock(), false)
+}
+
+// FlushEvery calls Flush every d until ctx is done. Run it as a goroutine.
+func (w *Writer) FlushEvery(ctx context.Context, d time.Duration) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.Flush() // errors are counted in Stats
+		}
+	}
+}
+
+// Close writes the summaries of all open windows, cut short, and closes the
+// file if Open created it.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	err := w.expire(w.opts.Clock(), true)
+	w.closed = true
+	if w.file != nil {
+		if cerr := w.file.Close(); cerr != nil {
+			w.stats.Errors++
+			err = errors.Join(err, cerr)
+		}
+		w.file = nil
+	}
+	return err
+}
+
+// Stats returns the counters.
+func (w *Writer) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stats
+}

@@ -1,0 +1,167 @@
+// Package config loads storeguard's configuration: the embedded default, then
+// an optional YAML file, then STOREGUARD_* environment variables, then the
+// serve flags that were given. It validates the result once and hands back a
+// plain Config; nothing reads viper after Load returns. To reload, call Load
+// again with the same Options and keep the old Config if it fails.
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+)
+
+// Config mirrors the keys of docs/design.md. Field comments name the key.
+type Config struct {
+	Listen        string // listen
+	Upstream      string // upstream
+	MetricsListen string // metrics-listen; "" disables metrics
+	AuditLog      string // audit-log; "" sends audit events to the structured log only
+	// Generation is the raw generation setting (auto, G0.., or a torch
+	// release); protocol.ParseGeneration turns it into a protocol setting.
+	Generation string
+	Backend    Backend // backend
+	Mode       Mode    // mode
+
+	Limits   Limits
+	Timeouts Timeouts
+	Access   Access
+	Caps     Caps
+	Ban      Ban
+	Audit    Audit
+	Log      Log
+	Replay   Replay
+}
+
+// Limits are the per-message ceilings (limits.*). Byte sizes and counts are
+// int64 because they are compared with 64-bit lengths read from the wire.
+type Limits struct {
+	MaxKeyBytes     int64 // limits.max-key-bytes
+	MaxValueBytes   int64 // limits.max-value-bytes
+	MaxKeys         int64 // limits.max-keys
+	MaxMessageBytes int64 // limits.max-message-bytes
+	BlockWatchKey   bool  // limits.block-watch-key
+	RejectZeroCount bool  // limits.reject-zero-count
+}
+
+// Timeouts (timeouts.*). Zero means off where docs/design.md says so.
+type Timeouts struct {
+	UpstreamDial time.Duration // timeouts.upstream-dial
+	Message      time.Duration // timeouts.message
+	FirstMessage time.Duration // timeouts.first-message; 0 = off
+	Idle         time.Duration // timeouts.idle; 0 = off
+	Drain        time.Duration // timeouts.drain
+}
+
+// Access lists source prefixes (access.*). Prefixes are masked and never
+// IPv4-mapped IPv6, so compare them with netip.Addr.Unmap()ed addresses.
+type Access struct {
+	Allow []netip.Prefix // access.allow; empty = everyone
+	Deny  []netip.Prefix // access.deny
+}
+
+// Caps limit connection admission (caps.*).
+type Caps struct {
+	MaxConnections       int     // caps.max-connections
+	PerSourceConnections int     // caps.per-source-connections; 0 = unlimited
+	PerSourceRate        float64 // caps.per-source-rate, new connections/s; 0 = unlimited
+	PerSourceBurst       int     // caps.per-source-burst
+	BufferBudgetBytes    int64   // caps.buffer-budget-bytes
+}
+
+// Ban (ban.*): Violations within Window ban a source for Duration.
+type Ban struct {
+	Violations int           // ban.violations; 0 = bans off
+	Window     time.Duration // ban.window
+	Duration   time.Duration // ban.duration
+}
+
+// Audit configures the audit-log file and its per-source sampling (audit.*).
+type Audit struct {
+	MaxBytes     int64         // audit.max-bytes
+	MaxBackups   int           // audit.max-backups
+	SampleFirst  int           // audit.sample-first
+	SampleEvery  int           // audit.sample-every
+	SampleWindow time.Duration // audit.sample-window
+}
+
+// Log configures the structured log (log.*).
+type Log struct {
+	Level  slog.Level // log.level: debug, info, warn or error
+	Format LogFormat  // log.format
+}
+
+// Replay configures storeguard replay (replay.*).
+type Replay struct {
+	Ports []uint16 // replay.ports
+}
+
+// Backend is the store's server backend (backend).
+type Backend string
+
+const (
+	BackendAuto   Backend = "auto"
+	BackendLegacy Backend = "legacy"
+	BackendLibUV  Backend = "libuv"
+)
+
+// Mode says what happens to a violation (mode).
+type Mode string
+
+const (
+	ModeEnforce Mode = "enforce" // close the connection, forward nothing
+	ModeMonitor Mode = "monitor" // record would_block and forward
+)
+
+// LogFormat is the structured log's encoding (log.format).
+type LogFormat string
+
+const (
+	LogJSON LogFormat = "json"
+	LogText LogFormat = "text"
+)
+
+// FieldError is one problem with one key. Load joins all of them with
+// errors.Join; walk the result with errors.As or an Unwrap() []error check.
+type FieldError struct {
+	Key    string // dotted key, with [i] for a list element: "access.allow[1]"
+	Msg    string // what is wrong, including the offending value
+	Origin string // where the value came from: "FILE:LINE", "env NAME", "flag --name"; "" if unknown
+}
+
+func (e *FieldError) Error() string {
+	if e.Origin == "" {
+		return e.Key + ": " + e.Msg
+	}
+	return e.Key + ": " + e.Msg + " (" + e.Origin + ")"
+}
+
+func fieldErr(key, format string, args ...any) *FieldError {
+	return &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Default returns the configuration in the embedded default.yaml.
+func Default() Config {
+	c := defaultConfig
+	// Slices are shared with defaultConfig; copy so callers may append.
+	c.Access.Allow = append([]netip.Prefix(nil), c.Access.Allow...)
+	c.Access.Deny = append([]netip.Prefix(nil), c.Access.Deny...)
+	c.Replay.Ports = append([]uint16(nil), c.Replay.Ports...)
+	return c
+}
+
+// logLevels are the log.level names, in the order they are listed in errors.
+var logLevels = []struct {
+	name  string
+	level slog.Level
+}{{"debug", slog.LevelDebug}, {"info", slog.LevelInfo}, {"warn", slog.LevelWarn}, {"error", slog.LevelError}}
+
+func levelName(l slog.Level) (string, bool) {
+	for _, ll := range logLevels {
+		if ll.level == l {
+			return ll.name, true
+		}
+	}
+	return "", false
+}

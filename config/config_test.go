@@ -1,0 +1,579 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// load writes yaml (if any) to a file and loads it with exactly env and the
+// serve flags parsed from args.
+func load(t *testing.T, yaml string, env []string, args ...string) (Config, error) {
+	t.Helper()
+	var path string
+	if yaml != "" {
+		path = writeFile(t, yaml)
+	}
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	AddServeFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if env == nil {
+		env = []string{}
+	}
+	return Load(Options{File: path, Env: env, Flags: fs})
+}
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "storeguard.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func mustLoad(t *testing.T, yaml string, env []string, args ...string) Config {
+	t.Helper()
+	c, err := load(t, yaml, env, args...)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return c
+}
+
+func TestDefaults(t *testing.T) {
+	got := mustLoad(t, "", nil)
+	if !reflect.DeepEqual(got, Default()) {
+		t.Fatalf("Load with nothing = %+v, want Default() %+v", got, Default())
+	}
+	// Spot checks against docs/design.md, in case both drifted together.
+	want := []struct {
+		name      string
+		got, want any
+	}{
+		{"listen", got.Listen, ":29500"},
+		{"upstream", got.Upstream, "127.0.0.1:29501"},
+		{"metrics-listen", got.MetricsListen, "127.0.0.1:9529"},
+		{"audit-log", got.AuditLog, ""},
+		{"generation", got.Generation, "auto"},
+		{"backend", got.Backend, BackendAuto},
+		{"mode", got.Mode, ModeEnforce},
+		{"limits", got.Limits, Limits{8192, 8388608, 131072, 33554432, true, false}},
+		{"timeouts", got.Timeouts, Timeouts{5 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second}},
+		{"access", got.Access, Access{}},
+		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456}},
+		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute}},
+		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute}},
+		{"log", got.Log, Log{slog.LevelInfo, LogJSON}},
+		{"replay", got.Replay, Replay{[]uint16{29500}}},
+	}
+	for _, w := range want {
+		if !reflect.DeepEqual(w.got, w.want) {
+			t.Errorf("%s = %+v, want %+v", w.name, w.got, w.want)
+		}
+	}
+}
+
+func TestDefaultIsACopy(t *testing.T) {
+	d := Default()
+	d.Replay.Ports[0] = 1
+	if Default().Replay.Ports[0] != 29500 {
+		t.Fatal("Default() shares its slices")
+	}
+}
+
+// The deployment kit ships configs/storeguard.yaml; it must never drift from
+// the embedded default.
+func TestEmbeddedDefaultMatchesDeployKit(t *testing.T) {
+	kit, err := os.ReadFile("../configs/storeguard.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(kit, defaultYAML) {
+		t.Fatal("configs/storeguard.yaml differs from config/default.yaml; copy one over the other")
+	}
+}
+
+// docs/design.md is the contract: its key block must load to the defaults
+// and list exactly the keys default.yaml has.
+func TestDesignContractMatchesDefault(t *testing.T) {
+	doc, err := os.ReadFile("../docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "## Config keys")
+	if !ok {
+		t.Fatal("docs/design.md has no \"## Config keys\" section")
+	}
+	_, rest, _ = strings.Cut(rest, "```\n")
+	block, _, ok := strings.Cut(rest, "```")
+	if !ok {
+		t.Fatal("no key block under \"## Config keys\"")
+	}
+	root, err := parseDoc([]byte(block))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s schemaInfo
+	s.kinds, s.envs = map[string]kind{}, map[string]string{}
+	s.add(root, "")
+	if !reflect.DeepEqual(s.leaves, schema.leaves) {
+		t.Errorf("design.md keys %v\n default.yaml keys %v", s.leaves, schema.leaves)
+	}
+	got := mustLoad(t, block, nil)
+	if !reflect.DeepEqual(got, Default()) {
+		t.Errorf("design.md defaults load to %+v\nwant %+v", got, Default())
+	}
+}
+
+func TestFileOverrides(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want func(*Config)
+	}{
+		{"empty file", "", func(*Config) {}},
+		{"comments only", "# nothing\n", func(*Config) {}},
+		{"top-level keys", "listen: \"10.0.0.1:29500\"\nupstream: store:29500\nmetrics-listen: \"\"\naudit-log: /var/log/sg.jsonl\nmode: monitor\nbackend: libuv\n",
+			func(c *Config) {
+				c.Listen, c.Upstream, c.MetricsListen, c.AuditLog = "10.0.0.1:29500", "store:29500", "", "/var/log/sg.jsonl"
+				c.Mode, c.Backend = ModeMonitor, BackendLibUV
+			}},
+		{"one nested key leaves its siblings alone", "limits:\n  max-key-bytes: 1024\n",
+			func(c *Config) { c.Limits.MaxKeyBytes = 1024 }},
+		{"unquoted 2.10 is the release, not 2.1", "generation: 2.10\n",
+			func(c *Config) { c.Generation = "2.10" }},
+		{"generation G-name", "generation: G3\n", func(c *Config) { c.Generation = "G3" }},
+		{"enums ignore case", "mode: MONITOR\nlog:\n  level: WARN\n  format: Text\n",
+			func(c *Config) { c.Mode, c.Log.Level, c.Log.Format = ModeMonitor, slog.LevelWarn, LogText }},
+		{"durations", "timeouts:\n  message: 1500ms\n  idle: 2h\n  first-message: 10s\nban:\n  window: 90s\n",
+			func(c *Config) {
+				c.Timeouts.Message, c.Timeouts.Idle, c.Timeouts.FirstMessage = 1500*time.Millisecond, 2*time.Hour, 10*time.Second
+				c.Ban.Window = 90 * time.Second
+			}},
+		{"CIDRs, bare addresses and IPv6", "access:\n  allow: [10.0.0.0/8, 192.168.1.7, \"fd00::/8\"]\n  deny:\n    - 10.66.0.0/16\n",
+			func(c *Config) {
+				c.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.7/32"), netip.MustParsePrefix("fd00::/8")}
+				c.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.66.0.0/16")}
+			}},
+		{"empty list under a key", "access:\n  allow:\n", func(*Config) {}},
+		{"empty section", "limits:\n", func(*Config) {}},
+		{"rate as a fraction", "caps:\n  per-source-rate: 0.5\n  per-source-burst: 1\n",
+			func(c *Config) { c.Caps.PerSourceRate, c.Caps.PerSourceBurst = 0.5, 1 }},
+		{"bans off need no window", "ban:\n  violations: 0\n  window: 0s\n  duration: 0s\n",
+			func(c *Config) { c.Ban = Ban{} }},
+		{"same port on another host is not a loop", "listen: \":29500\"\nupstream: \"10.0.0.5:29500\"\n",
+			func(c *Config) { c.Upstream = "10.0.0.5:29500" }},
+		{"replay ports", "replay:\n  ports: [29500, 29400]\n", func(c *Config) { c.Replay.Ports = []uint16{29500, 29400} }},
+		{"anchors and aliases", "timeouts:\n  upstream-dial: &d 2s\n  drain: *d\n",
+			func(c *Config) { c.Timeouts.UpstreamDial, c.Timeouts.Drain = 2*time.Second, 2*time.Second }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := Default()
+			tt.want(&want)
+			got := mustLoad(t, tt.yaml, nil)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("got  %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		env  []string
+		want func(*Config)
+	}{
+		{"nested key", "", []string{"STOREGUARD_LIMITS_MAX_KEY_BYTES=4096"},
+			func(c *Config) { c.Limits.MaxKeyBytes = 4096 }},
+		{"hyphenated top-level key", "", []string{"STOREGUARD_METRICS_LISTEN=0.0.0.0:9000"},
+			func(c *Config) { c.MetricsListen = "0.0.0.0:9000" }},
+		{"empty value is a value", "", []string{"STOREGUARD_METRICS_LISTEN="},
+			func(c *Config) { c.MetricsListen = "" }},
+		{"env beats file", "mode: monitor\nlimits:\n  max-keys: 10\n", []string{"STOREGUARD_MODE=enforce"},
+			func(c *Config) { c.Limits.MaxKeys = 10 }},
+		{"lists are comma-separated", "", []string{"STOREGUARD_ACCESS_ALLOW=10.0.0.0/8, 192.168.0.0/16", "STOREGUARD_REPLAY_PORTS=1,2"},
+			func(c *Config) {
+				c.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")}
+				c.Replay.Ports = []uint16{1, 2}
+			}},
+		{"empty list", "access:\n  deny: [10.0.0.0/8]\n", []string{"STOREGUARD_ACCESS_DENY="}, func(*Config) {}},
+		{"bool and duration", "", []string{"STOREGUARD_LIMITS_BLOCK_WATCH_KEY=false", "STOREGUARD_TIMEOUTS_IDLE=1h"},
+			func(c *Config) { c.Limits.BlockWatchKey, c.Timeouts.Idle = false, time.Hour }},
+		// Kubernetes injects these for a Service named storeguard.
+		{"other STOREGUARD_ variables are ignored", "", []string{"STOREGUARD_PORT=tcp://10.0.0.1:29500", "STOREGUARD_SERVICE_HOST=10.0.0.1", "PATH=/bin"},
+			func(*Config) {}},
+		{"unrelated variables are ignored", "", []string{"LISTEN=:1", "storeguard_listen=:1"}, func(*Config) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := Default()
+			tt.want(&want)
+			got := mustLoad(t, tt.yaml, tt.env)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("got  %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestConfigFileFromEnvAndFlag(t *testing.T) {
+	path := writeFile(t, "mode: monitor\n")
+	c, err := Load(Options{Env: []string{"STOREGUARD_CONFIG=" + path}})
+	if err != nil || c.Mode != ModeMonitor {
+		t.Fatalf("$STOREGUARD_CONFIG: mode %q, err %v", c.Mode, err)
+	}
+	c = mustLoad(t, "", nil, "--config", path)
+	if c.Mode != ModeMonitor {
+		t.Fatalf("--config: mode %q", c.Mode)
+	}
+	if _, err := Load(Options{File: filepath.Join(t.TempDir(), "missing.yaml"), Env: []string{}}); err == nil {
+		t.Fatal("a missing file loaded")
+	}
+}
+
+func TestFileErrors(t *testing.T) {
+	for _, content := range []string{"- listen\n", "listen: [\n", "\tlisten: x\n"} {
+		path := writeFile(t, content)
+		_, err := LoadFile(path)
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Errorf("LoadFile(%q): %v, want an error naming the file", content, err)
+		}
+	}
+	if c, err := LoadFile(writeFile(t, "mode: monitor\n")); err != nil || c.Mode != ModeMonitor {
+		t.Errorf("LoadFile: %+v, %v", c, err)
+	}
+}
+
+func TestFlagsWin(t *testing.T) {
+	file := "listen: \"127.0.0.1:1000\"\nmode: monitor\nlog:\n  level: debug\n"
+	env := []string{"STOREGUARD_LISTEN=127.0.0.1:2000", "STOREGUARD_UPSTREAM=127.0.0.1:3000"}
+	tests := []struct {
+		name string
+		args []string
+		want func(*Config)
+	}{
+		{"no flags: env over file", nil, func(c *Config) {
+			c.Listen, c.Upstream, c.Mode, c.Log.Level = "127.0.0.1:2000", "127.0.0.1:3000", ModeMonitor, slog.LevelDebug
+		}},
+		{"flag over env and file", []string{"--listen", "127.0.0.1:4000", "--mode=enforce"}, func(c *Config) {
+			c.Listen, c.Upstream, c.Log.Level = "127.0.0.1:4000", "127.0.0.1:3000", slog.LevelDebug
+		}},
+		// Given explicitly, a flag wins even when it repeats the built-in default.
+		{"flag equal to the default still wins", []string{"--log-level", "info", "--mode", "enforce"}, func(c *Config) {
+			c.Listen, c.Upstream = "127.0.0.1:2000", "127.0.0.1:3000"
+		}},
+		{"aliases and empty values", []string{"--log-format=text", "--metrics-listen="}, func(c *Config) {
+			c.Listen, c.Upstream, c.Mode, c.Log.Level = "127.0.0.1:2000", "127.0.0.1:3000", ModeMonitor, slog.LevelDebug
+			c.Log.Format, c.MetricsListen = LogText, ""
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := Default()
+			tt.want(&want)
+			got := mustLoad(t, file, env, tt.args...)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("got  %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+// Flags registered elsewhere bind by key name, whatever their type.
+func TestTypedFlags(t *testing.T) {
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	fs.Int("limits.max-keys", 0, "")
+	fs.Bool("limits.reject-zero-count", false, "")
+	fs.Duration("timeouts.idle", 0, "")
+	fs.StringSlice("access.allow", nil, "")
+	fs.Int("unrelated", 0, "")
+	if err := fs.Parse([]string{"--limits.max-keys=7", "--limits.reject-zero-count", "--timeouts.idle=3m", "--access.allow=10.0.0.0/8,10.1.0.0/16", "--unrelated=3"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(Options{Flags: fs, Env: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	want.Limits.MaxKeys, want.Limits.RejectZeroCount, want.Timeouts.Idle = 7, true, 3*time.Minute
+	want.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.1.0.0/16")}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+}
+
+// One case per rule: the error names the key and says what is wrong.
+func TestValidationErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		env     []string
+		wantKey string
+		wantMsg string
+	}{
+		// shape
+		{"scalar given a list", "listen: [a, b]\n", nil, "listen", "must be a single value"},
+		{"section given a scalar", "limits: 5\n", nil, "limits", "must be a mapping"},
+		{"list given a scalar", "access:\n  deny: 10.0.0.0/8\n", nil, "access.deny", "must be a list"},
+		{"list item not a scalar", "access:\n  deny: [[10.0.0.0/8]]\n", nil, "access.deny[0]", "must be a single value"},
+		{"null scalar", "audit-log:\n", nil, "audit-log", "has no value"},
+		{"duplicate key", "mode: monitor\nmode: enforce\n", nil, "mode", "appears twice"},
+		// types
+		{"not an integer", "limits:\n  max-keys: 8k\n", nil, "limits.max-keys", `"8k" is not an integer`},
+		{"not a bool", "limits:\n  block-watch-key: yes\n", nil, "limits.block-watch-key", `"yes" is not true or false`},
+		{"not a duration", "timeouts:\n  message: abc\n", nil, "timeouts.message", `"abc" is not a duration`},
+		{"duration without unit", "timeouts:\n  drain: 30\n", nil, "timeouts.drain", "add a unit, such as 30s"},
+		{"not a number", "caps:\n  per-source-rate: fast\n", nil, "caps.per-source-rate", `"fast" is not a number`},
+		{"not a CIDR", "access:\n  allow: [10.0.0.0/8, 10.0.0/8]\n", nil, "access.allow[1]", `"10.0.0/8" is not a CIDR`},
+		{"not a port", "replay:\n  ports: [29500, 70000]\n", nil, "replay.ports[1]", `"70000" is not a port`},
+		// addresses
+		{"listen not host:port", "listen: \"29500\"\n", nil, "listen", `did you mean ":29500"?`},
+		{"upstream port 0", "upstream: \"127.0.0.1:0\"\n", nil, "upstream", "port must be a number between 1 and 65535"},
+		{"upstream is listen", "listen: \":29500\"\nupstream: \"127.0.0.1:29500\"\n", nil, "upstream", "points back at listen"},
+		{"upstream is listen via alias", "listen: &a \"127.0.0.2:29500\"\nupstream: *a\n", nil, "upstream", "points back at listen"},
+		{"metrics on the listen address", "metrics-listen: \"0.0.0.0:29500\"\n", nil, "metrics-listen", "same address as listen"},
+		// enums
+		{"generation spelling", "generation: 2.6.x\n", nil, "generation", `"2.6.x" is not a generation`},
+		{"generation too old", "generation: \"1.12\"\n", nil, "generation", "older than 1.13"},
+		{"generation unknown G", "generation: G8\n", nil, "generation", "is not a generation"},
+		{"backend", "backend: uv\n", nil, "backend", `"uv" is not one of auto, legacy, libuv`},
+		{"mode", "mode: enforcing\n", nil, "mode", `"enforcing" is not one of enforce, monitor`},
+		{"log level", "log:\n  level: verbose\n", nil, "log.level", `"verbose" is not one of debug, info, warn, error`},
+		{"log format", "log:\n  format: xml\n", nil, "log.format", `"xml" is not one of json, text`},
+		// ranges
+		{"max-key-bytes", "limits:\n  max-key-bytes: 0\n", nil, "limits.max-key-bytes", "must be between 1 and 1073741824, got 0"},
+		{"max-value-bytes", "limits:\n  max-value-bytes: 0\n", nil, "limits.max-value-bytes", "must be between 1 and"},
+		{"max-keys", "limits:\n  max-keys: -1\n", nil, "limits.max-keys", "must be between 1 and"},
+		{"max-message-bytes range", "limits:\n  max-message-bytes: 0\n", nil, "limits.max-message-bytes", "must be between 1 and"},
+		{"max-message-bytes fits a SET", "limits:\n  max-key-bytes: 100\n  max-value-bytes: 1000\n  max-message-bytes: 1124\n", nil,
+			"limits.max-message-bytes", "must be at least limits.max-key-bytes + limits.max-value-bytes + 25 = 1125"},
+		{"upstream-dial", "timeouts:\n  upstream-dial: 0s\n", nil, "timeouts.upstream-dial", "must be positive, got 0s"},
+		{"message timeout", "timeouts:\n  message: 0s\n", nil, "timeouts.message", "must be positive"},
+		{"first-message", "timeouts:\n  first-message: -1s\n", nil, "timeouts.first-message", "must not be negative, got -1s"},
+		{"idle", "timeouts:\n  idle: -1m\n", nil, "timeouts.idle", "must not be negative"},
+		{"drain", "timeouts:\n  drain: -1s\n", nil, "timeouts.drain", "must not be negative"},
+		{"host bits", "access:\n  deny: [10.1.2.3/8]\n", nil, "access.deny[0]", "has host bits set; did you mean 10.0.0.0/8?"},
+		{"IPv4-mapped", "access:\n  allow: [\"::ffff:10.0.0.0/104\"]\n", nil, "access.allow[0]", "IPv4-mapped and would never match; write 10.0.0.0/8"},
+		{"max-connections", "caps:\n  max-connections: 0\n", nil, "caps.max-connections", "must be between 1 and"},
+		{"per-source-connections", "caps:\n  per-source-connections: -1\n", nil, "caps.per-source-connections", "must be between 0 and"},
+		{"per-source-rate", "caps:\n  per-source-rate: -1\n", nil, "caps.per-source-rate", "must be between 0 and"},
+		{"per-source-burst", "caps:\n  per-source-burst: -1\n", nil, "caps.per-source-burst", "must be between 0 and"},
+		{"burst needed with a rate", "caps:\n  per-source-rate: 5\n  per-source-burst: 0\n", nil, "caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set"},
+		{"buffer budget", "caps:\n  buffer-budget-bytes: 1000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (33554432)"},
+		{"ban violations", "ban:\n  violations: -1\n", nil, "ban.violations", "must be between 0 and"},
+		{"ban window", "ban:\n  window: 0s\n", nil, "ban.window", "must be positive when ban.violations is set (5)"},
+		{"ban duration", "ban:\n  duration: 0s\n", nil, "ban.duration", "must be positive when ban.violations is set"},
+		{"ban window negative", "ban:\n  violations: 0\n  window: -1s\n", nil, "ban.window", "must not be negative"},
+		{"audit max-bytes", "audit:\n  max-bytes: 0\n", nil, "audit.max-bytes", "must be between 1 and"},
+		{"audit max-backups", "audit:\n  max-backups: -1\n", nil, "audit.max-backups", "must be between 0 and 10000"},
+		{"audit sample-first", "audit:\n  sample-first: -1\n", nil, "audit.sample-first", "must be between 0 and"},
+		{"audit sample-every", "audit:\n  sample-every: 0\n", nil, "audit.sample-every", "must be between 1 and"},
+		{"audit sample-window", "audit:\n  sample-window: 0s\n", nil, "audit.sample-window", "must be positive"},
+		{"replay needs a port", "replay:\n  ports: []\n", nil, "replay.ports", "must list at least one port"},
+		// origins
+		{"bad env value names the variable", "", []string{"STOREGUARD_LIMITS_MAX_KEY_BYTES=0"}, "limits.max-key-bytes",
+			"got 0 (env STOREGUARD_LIMITS_MAX_KEY_BYTES)"},
+		{"bad env list element names the variable", "", []string{"STOREGUARD_ACCESS_ALLOW=10.0.0.0/8,10.0.0/8"}, "access.allow[1]",
+			`"10.0.0/8" is not a CIDR (env STOREGUARD_ACCESS_ALLOW)`},
+		{"bad flag value names the flag", "", nil, "mode", "(flag --mode)"},
+		{"bad file value names the line", "mode: monitor\nlimits:\n  max-keys: 0\n", nil, "limits.max-keys", "storeguard.yaml:3)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var args []string
+			if strings.Contains(tt.name, "flag") {
+				args = []string{"--mode", "off"}
+			}
+			c, err := load(t, tt.yaml, tt.env, args...)
+			if err == nil {
+				t.Fatalf("loaded %+v, want an error for %s", c, tt.wantKey)
+			}
+			if !reflect.DeepEqual(c, Config{}) {
+				t.Error("a failed Load returned a non-zero Config")
+			}
+			fe := findKey(err, tt.wantKey)
+			if fe == nil {
+				t.Fatalf("no error for key %s in:\n%v", tt.wantKey, err)
+			}
+			if !strings.HasPrefix(fe.Error(), tt.wantKey+": ") || !strings.Contains(fe.Error(), tt.wantMsg) {
+				t.Fatalf("error %q, want it to name %s and contain %q", fe, tt.wantKey, tt.wantMsg)
+			}
+			if n := len(fieldErrors(err)); n != 1 {
+				t.Errorf("%d errors, want 1 (no cascades):\n%v", n, err)
+			}
+		})
+	}
+}
+
+func TestUnknownKeys(t *testing.T) {
+	tests := []struct {
+		yaml, wantKey, wantMsg string
+	}{
+		{"limits:\n  max-key-byte: 5\n", "limits.max-key-byte", "unknown key; did you mean limits.max-key-bytes?"},
+		{"max-key-bytes: 5\n", "max-key-bytes", "did you mean limits.max-key-bytes?"},
+		{"limits:\n  max_key_bytes: 5\n", "limits.max_key_bytes", "did you mean limits.max-key-bytes?"},
+		{"Listen: \":1\"\n", "Listen", "did you mean listen?"},
+		{"limit:\n  max-key-bytes: 5\n", "limit", "did you mean limits?"},
+		{"metrics_listen: \"\"\n", "metrics_listen", "did you mean metrics-listen?"},
+		{"timeouts:\n  handshake: 5s\n", "timeouts.handshake", "known keys here: timeouts.drain, timeouts.first-message, timeouts.idle"},
+		{"zzz: 1\n", "zzz", "known keys here: access, audit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.wantKey, func(t *testing.T) {
+			_, err := load(t, tt.yaml, nil)
+			fe := findKey(err, tt.wantKey)
+			if fe == nil || !strings.Contains(fe.Msg, tt.wantMsg) {
+				t.Fatalf("got %v, want %s: ...%s", err, tt.wantKey, tt.wantMsg)
+			}
+		})
+	}
+}
+
+func TestAllErrorsReported(t *testing.T) {
+	_, err := load(t, "listn: x\nlimits:\n  max-key-bytes: 0\ntimeouts:\n  message: abc\naccess:\n  allow: [10.0.0/8, 1.2.3.4/8]\nlog:\n  format: xml\n", nil)
+	want := []string{"listn", "limits.max-key-bytes", "timeouts.message", "access.allow[0]", "access.allow[1]", "log.format"}
+	var got []string
+	for _, fe := range fieldErrors(err) {
+		got = append(got, fe.Key)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("keys %v, want %v\n%v", got, want, err)
+	}
+}
+
+func TestGenerationSpellings(t *testing.T) {
+	for _, s := range []string{"auto", "AUTO", "G0", "g3", "G6", "1.13", "2.0", "2.6", "2.6.0", "2.10", "2.99"} {
+		if err := checkGeneration(s); err != nil {
+			t.Errorf("checkGeneration(%q) = %v", s, err)
+		}
+	}
+	for _, s := range []string{"", "G7", "G8", "G", "G00", "1.12", "3.0", "2.100", "02.6", "2.06", "v2.6", "2", " auto"} {
+		if err := checkGeneration(s); err == nil {
+			t.Errorf("checkGeneration(%q) accepted", s)
+		}
+	}
+}
+
+func TestYAMLRoundTrip(t *testing.T) {
+	custom := Default()
+	custom.Listen, custom.Upstream, custom.MetricsListen, custom.AuditLog = "[::]:29500", "store.internal:29500", "", "/var/log/storeguard #1.jsonl"
+	custom.Generation, custom.Backend, custom.Mode = "2.10", BackendLegacy, ModeMonitor
+	custom.Limits = Limits{100, 1000, 7, 5000, false, true}
+	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 0}
+	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
+	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
+	custom.Caps = Caps{10, 0, 0.25, 1, 1 << 20}
+	custom.Ban = Ban{}
+	custom.Audit = Audit{1, 0, 0, 1, time.Second}
+	custom.Log = Log{slog.LevelError, LogText}
+	custom.Replay.Ports = []uint16{1, 65535}
+	if err := custom.Validate(); err != nil {
+		t.Fatalf("test config invalid: %v", err)
+	}
+	for name, c := range map[string]Config{"default": Default(), "custom": custom} {
+		t.Run(name, func(t *testing.T) {
+			out, err := c.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := load(t, string(out), nil)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if !reflect.DeepEqual(got, c) {
+				t.Fatalf("round trip changed the config\n got %+v\nwant %+v\n%s", got, c, out)
+			}
+			if !bytes.Contains(out, []byte("max-key-bytes: ")) || !bytes.Contains(out, []byte("# longest key")) {
+				t.Errorf("output lacks key names or comments:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	for key, want := range map[string]string{
+		"limits.max-key-bytes": "STOREGUARD_LIMITS_MAX_KEY_BYTES",
+		"metrics-listen":       "STOREGUARD_METRICS_LISTEN",
+		"caps.per-source-rate": "STOREGUARD_CAPS_PER_SOURCE_RATE",
+	} {
+		if got := EnvName(key); got != want {
+			t.Errorf("EnvName(%q) = %q, want %q", key, got, want)
+		}
+	}
+	if len(schema.envs) != len(Keys()) { // init panics on a clash; this guards the count
+		t.Errorf("%d env names for %d keys", len(schema.envs), len(Keys()))
+	}
+}
+
+func TestEnvNearMisses(t *testing.T) {
+	got := envNearMisses([]string{"STOREGUARD_LIMITS_MAX_KEY_BYTE=1", "STOREGUARD_PORT=tcp://x", "STOREGUARD_LISTEN=:1", "STOREGUARD_CONFIG=x"})
+	if len(got) != 1 || !strings.Contains(got[0], "did you mean STOREGUARD_LIMITS_MAX_KEY_BYTES?") {
+		t.Fatalf("near misses %q", got)
+	}
+}
+
+// Load shares nothing mutable, so reloads may run beside readers.
+func TestConcurrentLoad(t *testing.T) {
+	path := writeFile(t, "limits:\n  max-keys: 9\n")
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := Load(Options{File: path, Env: []string{"STOREGUARD_MODE=monitor"}})
+			if err != nil || c.Limits.MaxKeys != 9 || c.Mode != ModeMonitor {
+				t.Errorf("Load: %+v, %v", c, err)
+			}
+			if _, err := c.YAML(); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func fieldErrors(err error) []*FieldError {
+	var out []*FieldError
+	var walk func(error)
+	walk = func(err error) {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+			return
+		}
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			out = append(out, fe)
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return out
+}
+
+func findKey(err error, key string) *FieldError {
+	for _, fe := range fieldErrors(err) {
+		if fe.Key == key {
+			return fe
+		}
+	}
+	return nil
+}

@@ -1,0 +1,434 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// readSize is the size of the pooled read buffers. Buffers are taken only once a socket is
+// readable and given back after each read, so an idle connection holds none.
+const readSize = 16 << 10
+
+var readBufs = sync.Pool{New: func() any { b := make([]byte, readSize); return &b }}
+
+// keepCarry is the largest partial-message buffer a connection keeps between messages; a larger
+// one goes back to the runtime (and its bytes to the budget) once its message is forwarded.
+const keepCarry = 4 << 10
+
+// conn is one proxied client connection.
+type conn struct {
+	s        *Server
+	st       *settings
+	id       uint64
+	client   *net.TCPConn
+	up       *net.TCPConn
+	src, dst netip.AddrPort
+	start    time.Time
+
+	dec      protocol.Decoder
+	carry    []byte      // bytes of the message in progress that arrived in earlier reads
+	held     int64       // budget held for carry's capacity
+	vec      net.Buffers // reused for writev of carry + the rest of a message
+	vecArr   [2][]byte
+	msgStart time.Time // when the message in progress began
+	deadline time.Time // the read deadline set on client
+	bytesIn  uint64
+	raw      bool // monitor mode after a violation: pass everything through
+	spared   bool // a silent G0 callback connection, let past the first-message deadline
+	untalk   func()
+
+	closeOnce sync.Once
+	s2cDone   chan struct{}
+}
+
+func (s *Server) handle(tc *net.TCPConn) {
+	defer s.handlers.Done()
+	src := netip.AddrPortFrom(addrPort(tc.RemoteAddr()).Addr().Unmap(), addrPort(tc.RemoteAddr()).Port())
+	dst := addrPort(tc.LocalAddr())
+	if s.draining.Load() {
+		s.refuse(src, dst, refuseDraining)
+		tc.Close()
+		return
+	}
+	release, reason := s.gate.Admit(src.Addr())
+	if reason != "" {
+		s.refuse(src, dst, reason)
+		tc.Close()
+		return
+	}
+	defer release()
+	s.m.accepted.Inc()
+	s.m.active.Inc()
+	defer s.m.active.Dec()
+
+	st := s.set.Load()
+	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: tc, src: src, dst: dst, start: s.now(),
+		s2cDone: make(chan struct{})}
+	defer func() {
+		if r := recover(); r != nil {
+			s.m.panics.Inc()
+			s.log.Error("connection handler panicked", "conn", c.id, "panic", r)
+			c.closeBoth()
+		}
+	}()
+	dc := st.dec
+	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
+	c.dec.Reset(dc)
+
+	d := net.Dialer{Timeout: st.cfg.Timeouts.UpstreamDial}
+	up, err := d.Dial("tcp", st.cfg.Upstream)
+	if err != nil {
+		s.m.dialFailures.Inc()
+		s.log.Warn("upstream dial failed; closing client", "conn", c.id, "upstream", st.cfg.Upstream, "err", err)
+		tc.Close()
+		return
+	}
+	c.up = up.(*net.TCPConn)
+	s.track(c, true)
+	defer s.track(c, false)
+	go c.pipeStoreToClient()
+	c.pipeClientToStore()
+	<-c.s2cDone
+	c.releaseCarry()
+	if c.untalk != nil {
+		c.untalk()
+	}
+}
+
+func (s *Server) track(c *conn, on bool) {
+	s.mu.Lock()
+	if on {
+		s.conns[c] = struct{}{}
+	} else {
+		delete(s.conns, c)
+	}
+	s.mu.Unlock()
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort()
+	}
+	return netip.AddrPort{}
+}
+
+func (c *conn) closeBoth() {
+	c.closeOnce.Do(func() {
+		c.client.Close()
+		if c.up != nil {
+			c.up.Close()
+		}
+	})
+}
+
+// pipeClientToStore reads the client, decodes, and forwards complete valid messages.
+func (c *conn) pipeClientToStore() {
+	rc, err := c.client.SyscallConn()
+	if err != nil {
+		c.closeBoth()
+		return
+	}
+	for {
+		c.setDeadline()
+		err := waitReadable(rc)
+		if err == nil {
+			bp := readBufs.Get().(*[]byte)
+			var n int
+			n, err = c.client.Read(*bp)
+			ok := n == 0 || c.process((*bp)[:n])
+			readBufs.Put(bp)
+			if !ok {
+				return
+			}
+		}
+		if err != nil && !c.endRead(err) {
+			return
+		}
+	}
+}
+
+// waitReadable blocks until the socket has data, EOF or an error, without holding a buffer.
+func waitReadable(rc syscall.RawConn) error {
+	var one byte
+	return rc.Read(func(fd uintptr) bool {
+		_, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&one)), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		return e != syscall.EAGAIN && e != syscall.EINTR
+	})
+}
+
+// setDeadline arms the read deadline the connection's state calls for: the message deadline while
+// a message is in progress, else the first-message deadline before any message, else the idle
+// timeout; none by default, since a WAIT may last hours.
+func (c *conn) setDeadline() {
+	t := c.st.cfg.Timeouts
+	var dl time.Time
+	switch {
+	case c.raw:
+	case c.dec.InMessage() && t.Message > 0:
+		dl = c.msgStart.Add(t.Message)
+	case c.dec.Offset() == 0 && t.FirstMessage > 0 && !c.spared:
+		dl = c.start.Add(t.FirstMessage)
+	case t.Idle > 0:
+		dl = c.s.now().Add(t.Idle)
+	}
+	if !dl.Equal(c.deadline) {
+		c.deadline = dl
+		c.client.SetReadDeadline(dl)
+	}
+}
+
+// endRead handles a read error; it reports whether to keep reading.
+func (c *conn) endRead(err error) bool {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		t := c.st.cfg.Timeouts
+		switch {
+		case c.dec.InMessage():
+			return c.violation(c.dec.Expire(protocol.RuleMessageTimeout), nil, 0)
+		case c.dec.Offset() == 0 && t.FirstMessage > 0 && !c.spared:
+			// torch <= 2.0 opens a second connection per store that never sends a byte. Spare
+			// a silent connection whose source already has a working one.
+			g := c.st.dec.Gen
+			if (g.Auto || g.Gen == protocol.G0) && c.s.isTalker(c.src.Addr()) {
+				c.spared = true
+				return true
+			}
+			return c.violation(c.dec.Expire(protocol.RuleFirstMessageTimeout), nil, 0)
+		}
+		c.s.log.Debug("idle timeout", "conn", c.id)
+		c.closeBoth()
+		return false
+	case errors.Is(err, io.EOF):
+		// The client is done sending: pass the half-close on (a partial message is dropped,
+		// never forwarded) and let the store's last replies through for a while.
+		c.up.CloseWrite()
+		c.up.SetReadDeadline(c.s.now().Add(30 * time.Second))
+		return false
+	default:
+		c.closeBoth()
+		return false
+	}
+}
+
+// process decodes one read and forwards the complete messages in it; it reports whether the
+// connection lives on.
+func (c *conn) process(p []byte) bool {
+	c.bytesIn += uint64(len(p))
+	if c.raw {
+		return c.forward(p)
+	}
+	fwd := 0 // p[:fwd] completes carry's message and holds whole messages after it
+	for i := 0; i < len(p); {
+		n, msg, err := c.dec.Scan(p[i:])
+		i += n
+		if err != nil {
+			return c.violation(err.(*protocol.Violation), p, fwd)
+		}
+		if msg != nil {
+			fwd = i
+			c.s.m.byOp[msg.Generation][msg.Op].Inc()
+			if c.untalk == nil {
+				c.untalk = c.s.markTalker(c.src.Addr())
+			}
+		}
+	}
+	if fwd > 0 {
+		start := c.s.now()
+		if !c.forwardCarry(p[:fwd]) {
+			return false
+		}
+		c.s.m.latency.Observe(c.s.now().Sub(start).Seconds())
+	}
+	tail := p[fwd:]
+	if len(tail) == 0 {
+		return true
+	}
+	if c.dec.PartialBytes() == uint64(len(tail)) {
+		c.msgStart = c.s.now() // the message in progress began in this read
+	}
+	return c.keep(tail)
+}
+
+// forwardCarry writes carry (the start of a message) and then p, in one writev.
+func (c *conn) forwardCarry(p []byte) bool {
+	if len(c.carry) == 0 {
+		return c.forward(p)
+	}
+	c.vecArr = [2][]byte{c.carry, p}
+	c.vec = c.vecArr[:]
+	n, err := c.vec.WriteTo(c.up)
+	c.s.m.bytesC2S.Add(float64(n))
+	c.carry = c.carry[:0]
+	if cap(c.carry) > keepCarry {
+		c.releaseCarry()
+	}
+	if err != nil {
+		c.closeBoth()
+		return false
+	}
+	return true
+}
+
+func (c *conn) forward(p []byte) bool {
+	n, err := c.up.Write(p)
+	c.s.m.bytesC2S.Add(float64(n))
+	if err != nil {
+		c.closeBoth()
+		return false
+	}
+	return true
+}
+
+// keep appends the start of an incomplete message to carry, taking budget for any growth. The
+// decoder guarantees the message in progress is within limits.max-message-bytes.
+func (c *conn) keep(tail []byte) bool {
+	need := len(c.carry) + len(tail)
+	if need > cap(c.carry) {
+		limit := int(c.st.dec.Limits.MaxMessageBytes)
+		newCap := min(max(2*cap(c.carry), need, 512), max(limit, need))
+		grow := int64(newCap - cap(c.carry))
+		ctx, cancel := context.WithDeadline(context.Background(), c.msgStart.Add(c.st.cfg.Timeouts.Message))
+		if c.st.cfg.Timeouts.Message <= 0 {
+			ctx, cancel = context.WithCancel(context.Background())
+		}
+		err := c.s.buf.acquire(ctx, grow)
+		cancel()
+		if err != nil {
+			return c.violation(c.dec.Expire(protocol.RuleMessageTimeout), tail, 0)
+		}
+		c.held += grow
+		nc := make([]byte, len(c.carry), newCap)
+		copy(nc, c.carry)
+		c.carry = nc
+	}
+	c.carry = append(c.carry, tail...)
+	return true
+}
+
+func (c *conn) releaseCarry() {
+	c.s.buf.release(c.held)
+	c.held = 0
+	c.carry = nil
+}
+
+// violation records v; p[:fwd] holds complete valid messages still to forward and p[fwd:] the
+// start of the offending one (after carry). In enforce mode the connection closes without a byte
+// of the offending message reaching the store; in monitor mode everything is forwarded and the
+// connection goes on undecoded. It reports whether the connection lives on.
+func (c *conn) violation(v *protocol.Violation, p []byte, fwd int) bool {
+	if fwd > 0 && !c.forwardCarry(p[:fwd]) {
+		return false
+	}
+	var first [audit.MaxFirstBytes]byte
+	n := copy(first[:], c.carry)
+	n += copy(first[n:], p[fwd:])
+	c.s.recordViolation(c, v, first[:n])
+	if !c.st.monitor {
+		c.closeBoth()
+		return false
+	}
+	c.raw = true
+	if len(c.carry) > 0 && !c.forward(c.carry) {
+		return false
+	}
+	c.releaseCarry()
+	return c.forward(p[fwd:])
+}
+
+// pipeStoreToClient passes the store's bytes to the client untouched.
+func (c *conn) pipeStoreToClient() {
+	defer close(c.s2cDone)
+	defer c.closeBoth()
+	rc, err := c.up.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		if err := waitReadable(rc); err != nil {
+			return
+		}
+		bp := readBufs.Get().(*[]byte)
+		n, err := c.up.Read(*bp)
+		if n > 0 {
+			w, werr := c.client.Write((*bp)[:n])
+			c.s.m.bytesS2C.Add(float64(w))
+			if werr != nil {
+				err = werr
+			}
+		}
+		readBufs.Put(bp)
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
+	mode, action := "enforce", audit.ActionBlocked
+	if c.st.monitor {
+		mode, action = "monitor", audit.ActionWouldBlock
+	}
+	s.m.violations.WithLabelValues(string(v.Rule), mode).Inc()
+	gen := v.Generation.String()
+	if _, known := c.dec.Generation(); !known {
+		gen = "unknown"
+	}
+	e := s.event(c.src, c.dst, action, string(v.Rule))
+	e.ConnID, e.Generation, e.Op = c.id, gen, v.Op.String()
+	if v.Field != protocol.FieldNone {
+		e.Field = v.Field.String()
+		e.Declared = new(v.Declared)
+		if v.Limit != 0 {
+			e.Limit = new(v.Limit)
+		}
+	}
+	e.Offset, e.MessageIndex, e.BytesSeen = new(v.Offset), new(v.Index), new(c.bytesIn)
+	e.FirstBytes = append(audit.HexBytes(nil), first...)
+	e.Mode = audit.Mode(mode)
+	s.writeAudit(e)
+	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", mode)
+	if !c.st.monitor && s.gate.Violation(c.src.Addr()) {
+		s.m.bans.Inc()
+		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
+		b.ConnID, b.Mode = c.id, audit.ModeEnforce
+		s.writeAudit(b)
+		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(),
+			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
+	}
+}
+
+func (s *Server) refuse(src, dst netip.AddrPort, reason RefuseReason) {
+	s.m.refused.WithLabelValues(string(reason)).Inc()
+	e := s.event(src, dst, audit.ActionDenied, string(reason))
+	s.writeAudit(e)
+}
+
+func (s *Server) event(src, dst netip.AddrPort, action audit.Action, reason string) audit.Event {
+	return audit.Event{
+		Timestamp: s.now(), Action: action, Reason: reason,
+		SourceIP: src.Addr(), SourcePort: src.Port(), DestIP: dst.Addr(), DestPort: dst.Port(),
+		CommunityID: audit.CommunityID(src.Addr(), src.Port(), dst.Addr(), dst.Port()),
+	}
+}
+
+func (s *Server) writeAudit(e audit.Event) {
+	if s.audit == nil {
+		return
+	}
+	if err := s.audit.Write(e); err != nil {
+		s.m.auditDropped.Inc()
+		s.log.Error("audit write failed", "err", err)
+	}
+}

@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"runtime"
+	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+const namespace = "storeguard"
+
+// metrics are the proxy's Prometheus series. Labels are bounded: op, generation, rule, reason,
+// direction, mode; never a source address or a key.
+type metrics struct {
+	reg *prometheus.Registry
+
+	accepted     prometheus.Counter
+	active       prometheus.Gauge
+	refused      *prometheus.CounterVec
+	messages     *prometheus.CounterVec
+	byOp         [protocol.LatestGeneration + 1][32]prometheus.Counter // [generation][op], resolved once: no map lookup per message
+	bytesC2S     prometheus.Counter
+	bytesS2C     prometheus.Counter
+	violations   *prometheus.CounterVec
+	bans         prometheus.Counter
+	bansActive   prometheus.GaugeFunc
+	dialFailures prometheus.Counter
+	latency      prometheus.Histogram
+	reloads      *prometheus.CounterVec
+	panics       prometheus.Counter
+	buffered     prometheus.GaugeFunc
+	auditDropped prometheus.Counter
+}
+
+func newMetrics(bansActive, buffered func() float64) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	f := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: namespace, Name: name, Help: help}
+	}
+	m.accepted = prometheus.NewCounter(prometheus.CounterOpts(f("connections_accepted_total", "Client connections admitted.")))
+	m.active = prometheus.NewGauge(prometheus.GaugeOpts(f("connections_active", "Client connections open now.")))
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts(f("connections_refused_total",
+		"Client connections refused at accept, by reason.")), []string{"reason"})
+	m.messages = prometheus.NewCounterVec(prometheus.CounterOpts(f("messages_total",
+		"Complete client messages forwarded (or, in monitor mode, seen), by op and generation.")), []string{"op", "generation"})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts(f("bytes_total",
+		"Bytes forwarded, by direction.")), []string{"direction"})
+	m.bytesC2S = bytes.WithLabelValues("client_to_store")
+	m.bytesS2C = bytes.WithLabelValues("store_to_client")
+	m.violations = prometheus.NewCounterVec(prometheus.CounterOpts(f("violations_total",
+		"Protocol violations, by rule and mode (enforce: blocked; monitor: would have been).")), []string{"rule", "mode"})
+	m.bans = prometheus.NewCounter(prometheus.CounterOpts(f("bans_total", "Sources banned for repeated violations.")))
+	m.bansActive = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("bans_active", "Sources banned now.")), bansActive)
+	m.dialFailures = prometheus.NewCounter(prometheus.CounterOpts(f("upstream_dial_failures_total",
+		"Failed connections to the upstream store.")))
+	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "forward_latency_seconds",
+		Help:    "Time from reading the last byte of a batch of complete messages to having written it to the store.",
+		Buckets: prometheus.ExponentialBuckets(2e-6, 2, 18)})
+	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts(f("config_reloads_total",
+		"Configuration reloads, by result.")), []string{"result"})
+	m.panics = prometheus.NewCounter(prometheus.CounterOpts(f("panics_recovered_total",
+		"Panics recovered in connection handlers.")))
+	m.buffered = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("buffered_bytes",
+		"Bytes of partial client messages held, against caps.buffer-budget-bytes.")), buffered)
+	m.auditDropped = prometheus.NewCounter(prometheus.CounterOpts(f("audit_write_errors_total",
+		"Audit events that could not be written.")))
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
+		[]string{"version", "goversion"})
+	build.WithLabelValues(Version(), runtime.Version()).Set(1)
+
+	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
+		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, build,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// Pre-create every series so dashboards and alerts see zeros, not absences.
+	for g := protocol.G0; g <= protocol.LatestGeneration; g++ {
+		for _, op := range protocol.Ops() {
+			m.byOp[g][op] = m.messages.WithLabelValues(op.String(), g.String())
+		}
+	}
+	for _, r := range protocol.Rules() {
+		m.violations.WithLabelValues(string(r), "enforce")
+		m.violations.WithLabelValues(string(r), "monitor")
+	}
+	for _, r := range refuseReasons {
+		m.refused.WithLabelValues(string(r))
+	}
+	m.reloads.WithLabelValues("ok")
+	m.reloads.WithLabelValues("failed")
+	return m
+}
+
+// Version is the module version of the running binary, or "devel".
+func Version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}

@@ -1,0 +1,607 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// fakeStore records every byte each connection sends it and answers each read with reply (if
+// set). It is a stand-in for unit tests; the interop suite runs real torch.
+type fakeStore struct {
+	t     *testing.T
+	ln    net.Listener
+	reply []byte
+	mu    sync.Mutex
+	conns []*bytes.Buffer
+	skip  int // connections before the test's own (the auto probe)
+}
+
+func newFakeStore(t *testing.T, addr string) *fakeStore {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := &fakeStore{t: t, ln: ln}
+	go fs.serve()
+	t.Cleanup(func() { ln.Close() })
+	return fs
+}
+
+func (fs *fakeStore) serve() {
+	for {
+		c, err := fs.ln.Accept()
+		if err != nil {
+			return
+		}
+		buf := &bytes.Buffer{}
+		fs.mu.Lock()
+		fs.conns = append(fs.conns, buf)
+		fs.mu.Unlock()
+		go func() {
+			defer c.Close()
+			b := make([]byte, 4096)
+			for {
+				n, err := c.Read(b)
+				if n > 0 {
+					fs.mu.Lock()
+					buf.Write(b[:n])
+					fs.mu.Unlock()
+					if fs.reply != nil {
+						c.Write(fs.reply)
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// received returns what connection i sent, "" if it does not exist.
+func (fs *fakeStore) received(i int) []byte {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if i+fs.skip >= len(fs.conns) {
+		return nil
+	}
+	return append([]byte(nil), fs.conns[i+fs.skip].Bytes()...)
+}
+
+func (fs *fakeStore) numConns() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return len(fs.conns) - fs.skip
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) events(t *testing.T) []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	sc := bufio.NewScanner(bytes.NewReader(s.b.Bytes()))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("audit line %q: %v", sc.Text(), err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+type harness struct {
+	t      *testing.T
+	srv    *Server
+	store  *fakeStore
+	audit  *syncBuffer
+	addr   string
+	cancel context.CancelFunc
+	done   chan struct{} // closed when Serve returns
+}
+
+func testConfig(upstream string) config.Config {
+	c := config.Default()
+	c.Listen, c.Upstream, c.MetricsListen = "127.0.0.1:0", upstream, "127.0.0.1:0"
+	c.Generation = "1.13"
+	c.Timeouts.Drain = 2 * time.Second
+	return c
+}
+
+func start(t *testing.T, mutate func(*config.Config)) *harness {
+	t.Helper()
+	store := newFakeStore(t, "127.0.0.1:0")
+	cfg := testConfig(store.ln.Addr().String())
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h := &harness{t: t, store: store, audit: &syncBuffer{}, done: make(chan struct{})}
+	aw := audit.New(h.audit, audit.Options{})
+	srv, err := New(cfg, Options{Audit: aw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	h.srv, h.addr = srv, srv.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { srv.Serve(ctx); close(h.done) }()
+	if cfg.Generation == "auto" {
+		// auto asks the store once whether it speaks G1 (one byte, 0x0B); keep that
+		// connection out of the test's way.
+		eventually(t, "the legacy generation probe", func() bool { return bytes.Equal(store.received(0), []byte{0x0B}) })
+		store.skip = 1
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-h.done:
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return after cancel")
+		}
+	})
+	return h
+}
+
+func (h *harness) dial() net.Conn {
+	h.t.Helper()
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// closedByPeer waits for the proxy to close c, failing if it sends anything or stays open.
+func closedByPeer(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 64)
+	n, err := c.Read(b)
+	if n > 0 {
+		t.Fatalf("proxy sent %x toward the client", b[:n])
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("connection still open")
+	}
+}
+
+// eventually polls cond until it holds or 5 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func (h *harness) metric(name string) string {
+	h.t.Helper()
+	resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + "/metrics")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			return strings.TrimPrefix(line, name+" ")
+		}
+	}
+	return ""
+}
+
+func enc(t *testing.T, g protocol.Generation, rs ...protocol.Request) []byte {
+	t.Helper()
+	var b []byte
+	for _, r := range rs {
+		var err error
+		if b, err = protocol.Append(b, g, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+func unhex(t *testing.T, s string) []byte {
+	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestForwardsValidTrafficBothWays(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	h.store.reply = []byte("reply")
+	c := h.dial()
+	msgs := protocol.AppendHandshake(nil, protocol.G3, 77)
+	msgs = append(msgs, enc(t, protocol.G3,
+		protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: []byte("v")},
+		protocol.Request{Op: protocol.OpMultiSet, Keys: [][]byte{[]byte("/a"), []byte("/b")}, Values: [][]byte{{1}, {}}})...)
+	// Byte by byte: the store must still see whole messages only, and all of them.
+	for _, b := range msgs {
+		if _, err := c.Write([]byte{b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "all bytes at the store", func() bool { return bytes.Equal(h.store.received(0), msgs) })
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "reply" {
+		t.Fatalf("client read %q, %v", got, err)
+	}
+	if v := h.metric(`storeguard_messages_total{generation="G3",op="multi_set"}`); v != "1" {
+		t.Errorf("multi_set counted %q", v)
+	}
+}
+
+func TestPartialMessageNeverReachesStore(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "1.13" })
+	c := h.dial()
+	set := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/key"), Value: []byte("value")})
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	c.Write(append(get, set[:len(set)-1]...))
+	eventually(t, "the complete message", func() bool { return bytes.Equal(h.store.received(0), get) })
+	time.Sleep(50 * time.Millisecond)
+	if got := h.store.received(0); !bytes.Equal(got, get) {
+		t.Fatalf("store received %x; the partial SET must stay in the proxy", got)
+	}
+	c.Write(set[len(set)-1:])
+	eventually(t, "the completed SET", func() bool { return bytes.Equal(h.store.received(0), append(get, set...)) })
+}
+
+// TestEveryRuleBlocks: for each rule, valid messages before the bad one reach the store, not one
+// byte of the bad one does, the client sees a close and nothing else, and the audit log and the
+// metrics have it.
+func TestEveryRuleBlocks(t *testing.T) {
+	g3valid := append(protocol.AppendHandshake(nil, protocol.G3, 1), enc(t, protocol.G3,
+		protocol.Request{Op: protocol.OpAdd, Key: []byte("init/"), Int: 1})...)
+	g0valid := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: []byte("v")})
+	cases := []struct {
+		rule   protocol.Rule
+		gen    string
+		mutate func(*config.Config)
+		valid  []byte
+		bad    string
+		offset uint64
+	}{
+		{rule: protocol.RuleKeyTooLong, gen: "1.13", valid: g0valid, bad: "03 00000b06e0000000 000000", offset: 21},
+		{rule: protocol.RuleKeyTooLong, gen: "auto", valid: g0valid, bad: "03 00000b06e0000000 000000", offset: 21},
+		{rule: protocol.RuleValueTooLong, gen: "2.6", valid: g3valid, bad: "01 0100000000000000 6b 0000000001000000",
+			offset: uint64(len(g3valid)) + 10},
+		{rule: protocol.RuleTooManyKeys, gen: "2.6", valid: g3valid, bad: "06 0000000001000000", offset: uint64(len(g3valid)) + 1},
+		{rule: protocol.RuleMessageTooLarge, gen: "2.6", valid: g3valid, bad: "06 0010000000000000",
+			mutate: func(c *config.Config) { c.Limits.MaxMessageBytes = 20000 }, offset: uint64(len(g3valid)) + 1},
+		{rule: protocol.RuleUnknownOpcode, gen: "2.6", valid: g3valid, bad: "0e", offset: uint64(len(g3valid))},
+		{rule: protocol.RuleValidateMissing, gen: "2.6", bad: "0d 01000000"[0:0] + "03 0100000000000000 6b"},
+		{rule: protocol.RuleValidateBadMagic, gen: "2.6", bad: "00 cef78500", offset: 1},
+		{rule: protocol.RuleValidateRepeated, gen: "2.6", valid: g3valid, bad: "00 cef7853c", offset: uint64(len(g3valid))},
+		{rule: protocol.RulePingBeforeValidate, gen: "2.6", bad: "0d 01000000"},
+		{rule: protocol.RuleOpNotInBackend, gen: "2.9", valid: g3valid, bad: "0f 0100000000000000 71",
+			mutate: func(c *config.Config) { c.Backend = config.BackendLegacy }, offset: uint64(len(g3valid))},
+		{rule: protocol.RuleWatchKeyBlocked, gen: "G0", valid: g0valid, bad: "07 0200000000000000 2f77", offset: 20},
+		{rule: protocol.RuleZeroCount, gen: "G0", valid: g0valid, bad: "04 0000000000000000",
+			mutate: func(c *config.Config) { c.Limits.RejectZeroCount = true }, offset: 21},
+		{rule: protocol.RuleMessageTimeout, gen: "G0", valid: g0valid, bad: "00 0300000000000000 2f6b",
+			mutate: func(c *config.Config) { c.Timeouts.Message = 200 * time.Millisecond }, offset: 20},
+		{rule: protocol.RuleFirstMessageTimeout, gen: "2.6",
+			mutate: func(c *config.Config) { c.Timeouts.FirstMessage = 200 * time.Millisecond }},
+	}
+	for _, tc := range cases {
+		t.Run(string(tc.rule)+"/"+tc.gen, func(t *testing.T) {
+			h := start(t, func(c *config.Config) {
+				c.Generation = tc.gen
+				if tc.mutate != nil {
+					tc.mutate(c)
+				}
+			})
+			c := h.dial()
+			if len(tc.valid) > 0 {
+				c.Write(tc.valid)
+				eventually(t, "the valid messages", func() bool { return bytes.Equal(h.store.received(0), tc.valid) })
+			}
+			bad := unhex(t, tc.bad)
+			c.Write(bad)
+			closedByPeer(t, c)
+			if got := h.store.received(0); !bytes.Equal(got, tc.valid) {
+				t.Fatalf("store received %x, want exactly the valid prefix %x", got, tc.valid)
+			}
+			var ev map[string]any
+			eventually(t, "the audit event", func() bool {
+				evs := h.audit.events(t)
+				if len(evs) > 0 {
+					ev = evs[0]
+				}
+				return ev != nil
+			})
+			if ev["event.action"] != "blocked" || ev["event.reason"] != string(tc.rule) ||
+				ev["storeguard.offset"] != float64(tc.offset) || ev["source.ip"] != "127.0.0.1" ||
+				ev["network.community_id"] == "" || ev["storeguard.mode"] != "enforce" {
+				t.Errorf("audit event %v; want rule %s offset %d", ev, tc.rule, tc.offset)
+			}
+			if len(bad) > 0 && tc.rule != protocol.RuleFirstMessageTimeout {
+				want := hex.EncodeToString(bad[:min(len(bad), 32)])
+				if tc.rule == protocol.RuleValidateBadMagic || tc.rule == protocol.RuleUnknownOpcode {
+					want = hex.EncodeToString(bad)
+				}
+				if ev["storeguard.first_bytes"] != want {
+					t.Errorf("first bytes %v, want %s", ev["storeguard.first_bytes"], want)
+				}
+			}
+			if v := h.metric(`storeguard_violations_total{mode="enforce",rule="` + string(tc.rule) + `"}`); v != "1" {
+				t.Errorf("violations metric %q", v)
+			}
+		})
+	}
+}
+
+func TestMonitorModeForwardsAndRecords(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Mode = config.ModeMonitor })
+	c := h.dial()
+	probe := unhex(t, "03 00000b06e0000000 000000")
+	more := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	c.Write(probe)
+	c.Write(more)
+	want := append(append([]byte{}, probe...), more...)
+	eventually(t, "everything forwarded", func() bool { return bytes.Equal(h.store.received(0), want) })
+	evs := h.audit.events(t)
+	if len(evs) != 1 || evs[0]["event.action"] != "would_block" || evs[0]["event.reason"] != "key_too_long" ||
+		evs[0]["storeguard.declared"] != float64(0xE0060B0000) || evs[0]["storeguard.limit"] != float64(8192) {
+		t.Fatalf("events %v", evs)
+	}
+	if v := h.metric(`storeguard_violations_total{mode="monitor",rule="key_too_long"}`); v != "1" {
+		t.Errorf("metric %q", v)
+	}
+	if v := h.metric(`storeguard_bans_total`); v != "0" {
+		t.Errorf("monitor mode banned: %q", v)
+	}
+}
+
+func TestAccessLists(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(*config.Config)
+		reason string
+	}{
+		{"deny", func(c *config.Config) { c.Access.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")} }, "denied"},
+		{"allow", func(c *config.Config) { c.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")} }, "not_allowed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, tc.mutate)
+			c := h.dial()
+			c.Write([]byte{0x06})
+			closedByPeer(t, c)
+			if n := h.store.numConns(); n != 0 {
+				t.Fatalf("store saw %d connections", n)
+			}
+			if v := h.metric(`storeguard_connections_refused_total{reason="` + tc.reason + `"}`); v != "1" {
+				t.Errorf("refused metric %q", v)
+			}
+			evs := h.audit.events(t)
+			if len(evs) != 1 || evs[0]["event.action"] != "denied" || evs[0]["event.reason"] != tc.reason {
+				t.Errorf("events %v", evs)
+			}
+		})
+	}
+}
+
+func TestPerSourceConnectionCap(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Caps.PerSourceConnections = 2 })
+	a, b := h.dial(), h.dial()
+	a.Write([]byte{0x06})
+	b.Write([]byte{0x06})
+	eventually(t, "two upstream connections", func() bool { return h.store.numConns() == 2 })
+	third := h.dial()
+	closedByPeer(t, third)
+	if v := h.metric(`storeguard_connections_refused_total{reason="source_connections"}`); v != "1" {
+		t.Errorf("refused metric %q", v)
+	}
+	a.Close()
+	eventually(t, "a slot freed", func() bool { return h.metric("storeguard_connections_active") == "1" })
+	d := h.dial()
+	d.Write([]byte{0x06})
+	eventually(t, "a new upstream connection", func() bool { return h.store.numConns() == 3 })
+}
+
+func TestBanAfterRepeatedViolations(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Generation = "1.13"
+		c.Ban.Violations, c.Ban.Window, c.Ban.Duration = 2, time.Minute, time.Minute
+	})
+	for range 2 {
+		c := h.dial()
+		c.Write(unhex(t, "ff"))
+		closedByPeer(t, c)
+	}
+	c := h.dial()
+	closedByPeer(t, c)
+	if v := h.metric(`storeguard_connections_refused_total{reason="banned"}`); v != "1" {
+		t.Errorf("refused metric %q", v)
+	}
+	if v := h.metric(`storeguard_bans_total`); v != "1" {
+		t.Errorf("bans %q", v)
+	}
+	if v := h.metric(`storeguard_bans_active`); v != "1" {
+		t.Errorf("active bans %q", v)
+	}
+	var banned int
+	for _, e := range h.audit.events(t) {
+		if e["event.action"] == "banned" {
+			banned++
+		}
+	}
+	if banned != 1 {
+		t.Errorf("%d banned events", banned)
+	}
+}
+
+func TestReload(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "1.13" })
+	live := h.dial()
+	live.Write([]byte{0x06})
+	eventually(t, "live connection", func() bool { return h.store.numConns() == 1 })
+
+	bad := testConfig(h.store.ln.Addr().String())
+	bad.Listen = h.addr // fine
+	bad.Generation = "G9"
+	if err := h.srv.Reload(bad); err == nil {
+		t.Fatal("a bad generation reloaded")
+	}
+	if v := h.metric(`storeguard_config_reloads_total{result="failed"}`); v != "1" {
+		t.Errorf("failed reloads %q", v)
+	}
+	good := testConfig(h.store.ln.Addr().String())
+	good.Generation = "1.13"
+	good.Access.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	if err := h.srv.Reload(good); err != nil {
+		t.Fatal(err)
+	}
+	if v := h.metric(`storeguard_config_reloads_total{result="ok"}`); v != "1" {
+		t.Errorf("ok reloads %q", v)
+	}
+	closedByPeer(t, h.dial())
+	// The live connection keeps running under the config it was accepted with.
+	live.Write([]byte{0x06})
+	eventually(t, "live connection still forwards", func() bool { return bytes.Equal(h.store.received(0), []byte{6, 6}) })
+}
+
+func TestDrainOnShutdown(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.Drain = 300 * time.Millisecond })
+	c := h.dial()
+	c.Write([]byte{0x06})
+	eventually(t, "connection up", func() bool { return h.store.numConns() == 1 })
+	began := time.Now()
+	h.cancel()
+	if _, err := net.DialTimeout("tcp", h.addr, time.Second); err == nil {
+		// The listener may take a moment to close; a second try must fail.
+		time.Sleep(100 * time.Millisecond)
+		if c2, err := net.Dial("tcp", h.addr); err == nil {
+			c2.Close()
+			t.Error("still accepting after shutdown")
+		}
+	}
+	closedByPeer(t, c)
+	if d := time.Since(began); d < 250*time.Millisecond {
+		t.Errorf("connection closed after %v, before the drain time", d)
+	}
+	select {
+	case <-h.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+}
+
+func TestUpstreamDownAndBack(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.UpstreamDial = time.Second })
+	addr := h.store.ln.Addr().String()
+	h.store.ln.Close()
+	c := h.dial()
+	closedByPeer(t, c)
+	if v := h.metric("storeguard_upstream_dial_failures_total"); v != "1" {
+		t.Errorf("dial failures %q", v)
+	}
+	resp, err := http.Get("http://" + h.srv.MetricsAddr().String() + "/readyz")
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("readyz with the store down: %v %v", resp.Status, err)
+	}
+	store := newFakeStore(t, addr)
+	c = h.dial()
+	c.Write([]byte{0x06})
+	eventually(t, "forwarded to the store that came back", func() bool { return bytes.Equal(store.received(0), []byte{6}) })
+	resp, err = http.Get("http://" + h.srv.MetricsAddr().String() + "/readyz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("readyz with the store up: %v %v", resp.Status, err)
+	}
+}
+
+// TestSilentG0CallbackConnectionSpared: torch <= 2.0 opens a second connection per store that
+// never sends a byte; with a first-message deadline it must survive when its source has a working
+// connection, and a lone silent connection must not.
+func TestSilentG0CallbackConnectionSpared(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.FirstMessage = 150 * time.Millisecond })
+	lone := h.dial()
+	closedByPeer(t, lone)
+	main := h.dial()
+	main.Write([]byte{0x06})
+	eventually(t, "main connection forwarded", func() bool {
+		for i := range h.store.numConns() {
+			if bytes.Equal(h.store.received(i), []byte{6}) {
+				return true
+			}
+		}
+		return false
+	})
+	callback := h.dial()
+	time.Sleep(400 * time.Millisecond)
+	callback.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := callback.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("silent callback connection closed: %v", err)
+	}
+}
+
+func TestBudgetBoundsBufferedBytes(t *testing.T) {
+	h := start(t, func(c *config.Config) {
+		c.Generation = "1.13"
+		c.Caps.BufferBudgetBytes = 64 << 10
+		c.Timeouts.Message = 500 * time.Millisecond
+	})
+	// Two clients each start a 48 KiB value: the second must wait for budget, and both partial
+	// messages time out without the budget ever being exceeded.
+	head := func() []byte {
+		b := protocol.AppendBytes([]byte{0x00}, []byte("/big"))
+		return append(b, 0x00, 0xC0, 0, 0, 0, 0, 0, 0) // value length 48 KiB
+	}
+	for range 2 {
+		c := h.dial()
+		c.Write(append(head(), make([]byte, 40<<10)...))
+	}
+	max := 0.0
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		var v float64
+		if _, err := fmt.Sscan(h.metric("storeguard_buffered_bytes"), &v); err == nil && v > max {
+			max = v
+		}
+	}
+	if max > 64<<10 {
+		t.Errorf("buffered %v bytes, budget %d", max, 64<<10)
+	}
+	if max == 0 {
+		t.Error("nothing was buffered: the test did not exercise the budget")
+	}
+}

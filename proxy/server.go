@@ -1,0 +1,332 @@
+// Package proxy is storeguard's inline guard: it owns the store's public port, decodes every
+// client message with package protocol, forwards only complete valid messages to the real
+// TCPStore, and passes the store's replies back untouched.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// settings is one validated configuration, swapped atomically on reload. A connection keeps the
+// settings it was accepted under.
+type settings struct {
+	cfg     config.Config
+	dec     protocol.Config
+	monitor bool
+}
+
+func newSettings(c config.Config) (*settings, error) {
+	gen, err := protocol.ParseGeneration(c.Generation)
+	if err != nil {
+		return nil, fmt.Errorf("generation: %w", err)
+	}
+	backend, err := protocol.ParseBackend(string(c.Backend))
+	if err != nil {
+		return nil, fmt.Errorf("backend: %w", err)
+	}
+	lim := protocol.Limits{
+		MaxKeyBytes:     uint64(c.Limits.MaxKeyBytes),
+		MaxValueBytes:   uint64(c.Limits.MaxValueBytes),
+		MaxKeys:         uint64(c.Limits.MaxKeys),
+		MaxMessageBytes: uint64(c.Limits.MaxMessageBytes),
+		BlockWatchKey:   c.Limits.BlockWatchKey,
+		RejectZeroCount: c.Limits.RejectZeroCount,
+	}
+	if err := lim.Validate(); err != nil {
+		return nil, fmt.Errorf("limits: %w", err)
+	}
+	return &settings{
+		cfg:     c,
+		dec:     protocol.Config{Gen: gen, Backend: backend, Limits: lim},
+		monitor: c.Mode == config.ModeMonitor,
+	}, nil
+}
+
+func (st *settings) gate() GateConfig {
+	c := st.cfg
+	return GateConfig{
+		Allow: c.Access.Allow, Deny: c.Access.Deny,
+		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
+		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
+		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration,
+	}
+}
+
+var refuseReasons = []RefuseReason{RefuseDenied, RefuseNotAllowed, RefuseBanned, RefuseMaxConnections,
+	RefuseSourceConnections, RefuseSourceRate, RefuseSourceTable, refuseDraining}
+
+// refuseDraining: a connection accepted while the server shuts down.
+const refuseDraining RefuseReason = "draining"
+
+// Options are a Server's collaborators.
+type Options struct {
+	Logger *slog.Logger
+	// Audit receives blocked, would_block, denied and banned events. Nil discards them (the
+	// counters still count).
+	Audit *audit.Writer
+	Clock func() time.Time
+}
+
+// Server is the guard proxy.
+type Server struct {
+	log   *slog.Logger
+	audit *audit.Writer
+	now   func() time.Time
+	set   atomic.Pointer[settings]
+	gate  *Gate
+	buf   *budget
+	m     *metrics
+
+	// legacyGen is how auto reads a connection without VALIDATE, learned from the store
+	// (probeLegacyGeneration); G0 until known.
+	legacyGen atomic.Uint32
+
+	ln        net.Listener
+	metricsLn net.Listener
+	nextID    atomic.Uint64
+	handlers  sync.WaitGroup
+	draining  atomic.Bool
+
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	talkers map[netip.Addr]int // sources with a connection that has completed a message
+}
+
+// New validates cfg and builds a server; Listen and Serve start it.
+func New(cfg config.Config, opts Options) (*Server, error) {
+	st, err := newSettings(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock,
+		conns: make(map[*conn]struct{}), talkers: make(map[netip.Addr]int)}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.set.Store(st)
+	s.gate = NewGate(st.gate(), s.now)
+	s.buf = newBudget(cfg.Caps.BufferBudgetBytes)
+	s.m = newMetrics(
+		func() float64 { return float64(s.gate.Stats().ActiveBans) },
+		func() float64 { return float64(s.buf.inUse()) })
+	s.legacyGen.Store(uint32(protocol.G0))
+	return s, nil
+}
+
+// Listen opens the proxy listener and, if configured, the metrics listener.
+func (s *Server) Listen() error {
+	c := s.set.Load().cfg
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	s.ln = ln
+	if c.MetricsListen != "" {
+		mln, err := net.Listen("tcp", c.MetricsListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("metrics-listen: %w", err)
+		}
+		s.metricsLn = mln
+	}
+	return nil
+}
+
+// Addr is the proxy listener's address, after Listen.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// MetricsAddr is the metrics listener's address, or nil.
+func (s *Server) MetricsAddr() net.Addr {
+	if s.metricsLn == nil {
+		return nil
+	}
+	return s.metricsLn.Addr()
+}
+
+// Run listens and serves until ctx ends, then drains.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Listen(); err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// Serve accepts connections until ctx ends; then it stops accepting, lets live connections run
+// for timeouts.drain, closes what is left and returns.
+func (s *Server) Serve(ctx context.Context) error {
+	st := s.set.Load()
+	s.log.Info("storeguard serving", "listen", s.ln.Addr().String(), "upstream", st.cfg.Upstream,
+		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", Version())
+	s.warnExposure(st.cfg.Upstream)
+	if st.dec.Gen.Auto {
+		go s.probeLegacyGeneration(ctx, st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial)
+	}
+	var httpSrv *http.Server
+	if s.metricsLn != nil {
+		httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go httpSrv.Serve(s.metricsLn)
+	}
+	go s.sweepLoop(ctx)
+
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
+	var err error
+	for {
+		c, aerr := s.ln.Accept()
+		if aerr != nil {
+			if ctx.Err() == nil && !errors.Is(aerr, net.ErrClosed) {
+				var ne net.Error
+				if errors.As(aerr, &ne) && ne.Timeout() {
+					continue
+				}
+				// EMFILE and friends: back off instead of spinning.
+				s.log.Error("accept failed", "err", aerr)
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			break
+		}
+		s.handlers.Add(1)
+		go s.handle(c.(*net.TCPConn))
+	}
+	s.draining.Store(true)
+	s.drain(s.set.Load().cfg.Timeouts.Drain)
+	if httpSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		httpSrv.Shutdown(sctx)
+		cancel()
+	}
+	return err
+}
+
+// drain waits for live connections to end by themselves, then closes the rest.
+func (s *Server) drain(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { s.handlers.Wait(); close(done) }()
+	s.mu.Lock()
+	n := len(s.conns)
+	s.mu.Unlock()
+	s.log.Info("draining", "connections", n, "timeout", timeout.String())
+	select {
+	case <-done:
+		return
+	case <-time.After(timeout):
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		c.closeBoth()
+	}
+	s.mu.Unlock()
+	<-done
+}
+
+// Reload swaps in a new configuration for new connections; live ones keep theirs. The listen
+// addresses cannot change without a restart: a reload that changes them fails.
+func (s *Server) Reload(cfg config.Config) error {
+	err := s.reload(cfg)
+	if err != nil {
+		s.m.reloads.WithLabelValues("failed").Inc()
+		s.log.Error("config reload failed; keeping the running config", "err", err)
+		return err
+	}
+	s.m.reloads.WithLabelValues("ok").Inc()
+	s.log.Info("config reloaded")
+	return nil
+}
+
+func (s *Server) reload(cfg config.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	st, err := newSettings(cfg)
+	if err != nil {
+		return err
+	}
+	old := s.set.Load().cfg
+	if cfg.Listen != old.Listen || cfg.MetricsListen != old.MetricsListen {
+		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")
+	}
+	s.gate.Update(st.gate())
+	s.buf.setLimit(cfg.Caps.BufferBudgetBytes)
+	s.set.Store(st)
+	return nil
+}
+
+func (s *Server) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.gate.Sweep()
+			if s.audit != nil {
+				s.audit.Flush()
+			}
+		}
+	}
+}
+
+func (s *Server) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		st := s.set.Load()
+		if s.draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		c, err := net.DialTimeout("tcp", st.cfg.Upstream, min(st.cfg.Timeouts.UpstreamDial, 2*time.Second))
+		if err != nil {
+			http.Error(w, "upstream unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		c.Close()
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// MetricsHandler serves the proxy's metrics, for embedding and tests.
+func (s *Server) MetricsHandler() http.Handler { return s.httpHandler() }
+
+// markTalker records that src has a connection that completed a message; done undoes it.
+func (s *Server) markTalker(src netip.Addr) (done func()) {
+	s.mu.Lock()
+	s.talkers[src]++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		if s.talkers[src]--; s.talkers[src] <= 0 {
+			delete(s.talkers, src)
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *Server) isTalker(src netip.Addr) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.talkers[src] > 0
+}

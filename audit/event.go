@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
+	"github.com/storeguard/storeguard/protocol"
 	"net/netip"
 	"time"
 )
@@ -116,4 +117,30 @@ func CommunityID(srcIP netip.Addr, srcPort uint16, dstIP netip.Addr, dstPort uin
 	buf = binary.BigEndian.AppendUint16(buf, dstPort)
 	sum := sha1.Sum(buf)
 	return "1:" + base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// ViolationEvent is the event of a protocol violation on the flow src → dst, as serve and replay
+// both record it. first holds the offending message's first bytes; seen, the stream's bytes so far.
+func ViolationEvent(v *protocol.Violation, generationKnown bool, src, dst netip.AddrPort, action Action, mode Mode,
+	first []byte, seen uint64) Event {
+	gen := v.Generation.String()
+	if !generationKnown {
+		gen = "unknown"
+	}
+	e := Event{
+		Action: action, Reason: string(v.Rule), Mode: mode,
+		SourceIP: src.Addr(), SourcePort: src.Port(), DestIP: dst.Addr(), DestPort: dst.Port(),
+		CommunityID: CommunityID(src.Addr(), src.Port(), dst.Addr(), dst.Port()),
+		Generation:  gen, Op: v.Op.String(),
+		Offset: new(v.Offset), MessageIndex: new(v.Index), BytesSeen: new(seen),
+		FirstBytes: append(HexBytes(nil), first[:min(len(first), MaxFirstBytes)]...),
+	}
+	if v.Field != protocol.FieldNone {
+		e.Field = v.Field.String()
+		e.Declared = new(v.Declared)
+		if v.Limit != 0 {
+			e.Limit = new(v.Limit)
+		}
+	}
+	return e
 }

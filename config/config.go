@@ -7,6 +7,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/storeguard/storeguard/protocol"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -164,4 +165,29 @@ func levelName(l slog.Level) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// Decoder returns the protocol decoder settings of c: generation, backend and limits. LegacyGen is
+// left for the caller (the proxy learns it from the store; replay assumes G0).
+func (c Config) Decoder() (protocol.Config, error) {
+	gen, err := protocol.ParseGeneration(c.Generation)
+	if err != nil {
+		return protocol.Config{}, &FieldError{Key: "generation", Msg: err.Error()}
+	}
+	backend, err := protocol.ParseBackend(string(c.Backend))
+	if err != nil {
+		return protocol.Config{}, &FieldError{Key: "backend", Msg: err.Error()}
+	}
+	lim := protocol.Limits{
+		MaxKeyBytes:     uint64(c.Limits.MaxKeyBytes),
+		MaxValueBytes:   uint64(c.Limits.MaxValueBytes),
+		MaxKeys:         uint64(c.Limits.MaxKeys),
+		MaxMessageBytes: uint64(c.Limits.MaxMessageBytes),
+		BlockWatchKey:   c.Limits.BlockWatchKey,
+		RejectZeroCount: c.Limits.RejectZeroCount,
+	}
+	if err := lim.Validate(); err != nil {
+		return protocol.Config{}, &FieldError{Key: "limits", Msg: err.Error()}
+	}
+	return protocol.Config{Gen: gen, Backend: backend, Limits: lim}, nil
 }

@@ -381,22 +381,9 @@ func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
 		mode, action = "monitor", audit.ActionWouldBlock
 	}
 	s.m.violations.WithLabelValues(string(v.Rule), mode).Inc()
-	gen := v.Generation.String()
-	if _, known := c.dec.Generation(); !known {
-		gen = "unknown"
-	}
-	e := s.event(c.src, c.dst, action, string(v.Rule))
-	e.ConnID, e.Generation, e.Op = c.id, gen, v.Op.String()
-	if v.Field != protocol.FieldNone {
-		e.Field = v.Field.String()
-		e.Declared = new(v.Declared)
-		if v.Limit != 0 {
-			e.Limit = new(v.Limit)
-		}
-	}
-	e.Offset, e.MessageIndex, e.BytesSeen = new(v.Offset), new(v.Index), new(c.bytesIn)
-	e.FirstBytes = append(audit.HexBytes(nil), first...)
-	e.Mode = audit.Mode(mode)
+	_, known := c.dec.Generation()
+	e := audit.ViolationEvent(v, known, c.src, c.dst, action, audit.Mode(mode), first, c.bytesIn)
+	e.Timestamp, e.ConnID = s.now(), c.id
 	s.writeAudit(e)
 	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", mode)
 	if !c.st.monitor && s.gate.Violation(c.src.Addr()) {

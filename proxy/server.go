@@ -30,30 +30,11 @@ type settings struct {
 }
 
 func newSettings(c config.Config) (*settings, error) {
-	gen, err := protocol.ParseGeneration(c.Generation)
+	dec, err := c.Decoder()
 	if err != nil {
-		return nil, fmt.Errorf("generation: %w", err)
+		return nil, err
 	}
-	backend, err := protocol.ParseBackend(string(c.Backend))
-	if err != nil {
-		return nil, fmt.Errorf("backend: %w", err)
-	}
-	lim := protocol.Limits{
-		MaxKeyBytes:     uint64(c.Limits.MaxKeyBytes),
-		MaxValueBytes:   uint64(c.Limits.MaxValueBytes),
-		MaxKeys:         uint64(c.Limits.MaxKeys),
-		MaxMessageBytes: uint64(c.Limits.MaxMessageBytes),
-		BlockWatchKey:   c.Limits.BlockWatchKey,
-		RejectZeroCount: c.Limits.RejectZeroCount,
-	}
-	if err := lim.Validate(); err != nil {
-		return nil, fmt.Errorf("limits: %w", err)
-	}
-	return &settings{
-		cfg:     c,
-		dec:     protocol.Config{Gen: gen, Backend: backend, Limits: lim},
-		monitor: c.Mode == config.ModeMonitor,
-	}, nil
+	return &settings{cfg: c, dec: dec, monitor: c.Mode == config.ModeMonitor}, nil
 }
 
 func (st *settings) gate() GateConfig {

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -75,13 +77,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: tc, src: src, dst: dst, start: s.now(),
 		s2cDone: make(chan struct{})}
-	defer func() {
-		if r := recover(); r != nil {
-			s.m.panics.Inc()
-			s.log.Error("connection handler panicked", "conn", c.id, "panic", r)
-			c.closeBoth()
-		}
-	}()
+	defer s.recoverConn(c)
 	dc := st.dec
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
@@ -90,7 +86,10 @@ func (s *Server) handle(tc *net.TCPConn) {
 	up, err := d.Dial("tcp", st.cfg.Upstream)
 	if err != nil {
 		s.m.dialFailures.Inc()
-		s.log.Warn("upstream dial failed; closing client", "conn", c.id, "upstream", st.cfg.Upstream, "err", err)
+		if s.dialLog.allow(s.now()) {
+			s.log.Warn("upstream dial failed; closing client (logged at most once a second)", "conn", c.id,
+				"upstream", st.cfg.Upstream, "err", err)
+		}
 		tc.Close()
 		return
 	}
@@ -104,6 +103,24 @@ func (s *Server) handle(tc *net.TCPConn) {
 	if c.untalk != nil {
 		c.untalk()
 	}
+}
+
+// recoverConn turns a panic in a connection's goroutine into a closed connection and a count:
+// hostile input must never stop the proxy.
+func (s *Server) recoverConn(c *conn) {
+	if r := recover(); r != nil {
+		s.m.panics.Inc()
+		s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
+		c.closeBoth()
+	}
+}
+
+// everySecond lets one event through per second, for logs a flood could otherwise fill.
+type everySecond struct{ last atomic.Int64 }
+
+func (e *everySecond) allow(now time.Time) bool {
+	t, prev := now.Unix(), e.last.Load()
+	return t != prev && e.last.CompareAndSwap(prev, t)
 }
 
 func (s *Server) track(c *conn, on bool) {
@@ -351,6 +368,7 @@ func (c *conn) violation(v *protocol.Violation, p []byte, fwd int) bool {
 func (c *conn) pipeStoreToClient() {
 	defer close(c.s2cDone)
 	defer c.closeBoth()
+	defer c.s.recoverConn(c)
 	rc, err := c.up.SyscallConn()
 	if err != nil {
 		return

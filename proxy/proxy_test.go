@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -604,4 +605,44 @@ func TestBudgetBoundsBufferedBytes(t *testing.T) {
 	if max == 0 {
 		t.Error("nothing was buffered: the test did not exercise the budget")
 	}
+}
+
+func TestWatchReloadOnFileChangeAndSignal(t *testing.T) {
+	h := start(t, nil)
+	path := t.TempDir() + "/storeguard.yaml"
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := "listen: " + h.addr + "\nupstream: " + h.store.ln.Addr().String() + "\nmetrics-listen: " +
+		h.srv.MetricsAddr().String() + "\ngeneration: \"1.13\"\n"
+	write(base)
+	load := func() (config.Config, error) { return config.Load(config.Options{File: path, Env: []string{}}) }
+	hup := make(chan os.Signal, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.srv.WatchReload(ctx, load, path, hup)
+	time.Sleep(100 * time.Millisecond) // let it hash the file as it is now
+
+	write(base + "access:\n  deny: [127.0.0.1/32]\n")
+	eventually(t, "reload on file change", func() bool {
+		return h.metric(`storeguard_config_reloads_total{result="ok"}`) == "1"
+	})
+	closedByPeer(t, h.dial())
+
+	write(base + "limits:\n  max-key-bytes: 0\n")
+	eventually(t, "failed reload on a bad file", func() bool {
+		return h.metric(`storeguard_config_reloads_total{result="failed"}`) == "1"
+	})
+	closedByPeer(t, h.dial()) // the deny list of the last good config still holds
+
+	write(base)
+	hup <- syscall.SIGHUP
+	eventually(t, "reload on SIGHUP", func() bool {
+		return h.metric(`storeguard_config_reloads_total{result="ok"}`) == "2"
+	})
+	c := h.dial()
+	c.Write([]byte{0x06})
+	eventually(t, "forwarding after the deny list was lifted", func() bool { return h.store.numConns() == 1 })
 }

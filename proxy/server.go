@@ -76,6 +76,7 @@ type Server struct {
 	// (probeLegacyGeneration); G0 until known.
 	legacyGen atomic.Uint32
 
+	dialLog   everySecond
 	ln        net.Listener
 	metricsLn net.Listener
 	nextID    atomic.Uint64
@@ -241,7 +242,7 @@ func (s *Server) reload(cfg config.Config) error {
 		return err
 	}
 	old := s.set.Load().cfg
-	if cfg.Listen != old.Listen || cfg.MetricsListen != old.MetricsListen {
+	if !sameAddr(cfg.Listen, old.Listen, s.ln) || !sameAddr(cfg.MetricsListen, old.MetricsListen, s.metricsLn) {
 		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")
 	}
 	s.gate.Update(st.gate())
@@ -310,4 +311,16 @@ func (s *Server) isTalker(src netip.Addr) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.talkers[src] > 0
+}
+
+// sameAddr reports whether a reloaded listen address names the socket already open: the same
+// string, or the address the listener actually got (":0" in the config, a real port now).
+func sameAddr(next, prev string, ln net.Listener) bool {
+	if next == prev {
+		return true
+	}
+	if ln == nil || next == "" {
+		return false
+	}
+	return next == ln.Addr().String()
 }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
+# nftables, iproute2, python3-torch), Go modules, pytest, and the real-torch environments of
+# interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { echo "install-deps: $*" >&2; }
+
+need=()
+command -v haproxy >/dev/null || need+=(haproxy)
+command -v tshark >/dev/null || need+=(tshark)
+command -v nft >/dev/null || need+=(nftables)
+command -v ip >/dev/null || need+=(iproute2)
+command -v prlimit >/dev/null || need+=(util-linux)
+/usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+if [ ${#need[@]} -gt 0 ]; then
+  log "apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=900 update -qq >&2
+  # tshark asks whether non-root users may capture; answer no without a prompt.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+
+go mod download
+python3 -c 'import pytest' 2>/dev/null || { log "pip install pytest"; python3 -m pip install -q pytest >&2; }
+scripts/torch-envs.sh >/dev/null

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs every storeguard test, installing what the tests need first:
+#   unit and end-to-end Go tests with -race, each fuzz target for a bounded time, the deployment
+#   kit's checks, and the real-torch interop suite. Ends with pytest's summary line.
+# Env: FUZZTIME (default 15s per target), SKIP_INSTALL=1, SKIP_INTEROP=1 (for quick local runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FUZZTIME=${FUZZTIME:-15s}
+step() { printf '\n== %s\n' "$*"; }
+
+if [ "${SKIP_INSTALL:-}" != 1 ]; then
+  step "installing what the tests need"
+  scripts/install-deps.sh
+fi
+
+step "go vet"
+go vet ./...
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted"; exit 1; fi
+
+step "go test -race"
+go test -race -count=1 ./...
+
+step "fuzzing, $FUZZTIME per target"
+for pkg in $(go list ./...); do
+  dir=$(go list -f '{{.Dir}}' "$pkg")
+  for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
+    echo "-- $target ($pkg)"
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1 | tail -2
+  done
+done
+
+step "deployment kit"
+[ -x scripts/promtool-check.sh ] && scripts/promtool-check.sh
+go build -o "${TMPDIR:-/tmp}/storeguard-test" ./cmd/storeguard
+[ -x scripts/netns-e2e.sh ] && STOREGUARD_BIN="${TMPDIR:-/tmp}/storeguard-test" scripts/netns-e2e.sh
+
+if [ "${SKIP_INTEROP:-}" != 1 ]; then
+  step "interop with real torch"
+  STOREGUARD_BIN="${TMPDIR:-/tmp}/storeguard-test" python3 -m pytest -q interop
+fi

@@ -71,7 +71,7 @@ func TestDefaults(t *testing.T) {
 		{"backend", got.Backend, BackendAuto},
 		{"mode", got.Mode, ModeEnforce},
 		{"limits", got.Limits, Limits{8192, 8388608, 131072, 33554432, true, false}},
-		{"timeouts", got.Timeouts, Timeouts{5 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second}},
+		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second}},
 		{"access", got.Access, Access{}},
 		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute}},

@@ -57,7 +57,7 @@ type conn struct {
 func (s *Server) handle(tc *net.TCPConn) {
 	defer s.handlers.Done()
 	src := netip.AddrPortFrom(addrPort(tc.RemoteAddr()).Addr().Unmap(), addrPort(tc.RemoteAddr()).Port())
-	dst := addrPort(tc.LocalAddr())
+	dst := originalDst(tc)
 	if s.draining.Load() {
 		s.refuse(src, dst, refuseDraining)
 		tc.Close()
@@ -82,8 +82,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
 
-	d := net.Dialer{Timeout: st.cfg.Timeouts.UpstreamDial}
-	up, err := d.Dial("tcp", st.cfg.Upstream)
+	up, err := dialUpstream(st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial, c.client)
 	if err != nil {
 		s.m.dialFailures.Inc()
 		if s.dialLog.allow(s.now()) {
@@ -121,6 +120,75 @@ type everySecond struct{ last atomic.Int64 }
 func (e *everySecond) allow(now time.Time) bool {
 	t, prev := now.Unix(), e.last.Load()
 	return t != prev && e.last.CompareAndSwap(prev, t)
+}
+
+// dialUpstream connects to the store, retrying refused connections until timeout: workers often
+// start before the master's store listens, and torch retries a refused connect but not a
+// connection that is accepted and then closed, which is what the guard would otherwise do to
+// them. It gives up early if the client leaves.
+func dialUpstream(addr string, timeout time.Duration, client *net.TCPConn) (net.Conn, error) {
+	deadline := time.Now().Add(timeout)
+	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		up, err := net.DialTimeout("tcp", addr, time.Until(deadline))
+		if err == nil {
+			return up, nil
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < backoff || clientGone(client) {
+			return nil, err
+		}
+		time.Sleep(backoff)
+	}
+}
+
+// clientGone reports whether the client has closed its side, without consuming its bytes.
+func clientGone(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return true
+	}
+	gone := false
+	rc.Read(func(fd uintptr) bool {
+		var one byte
+		n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&one)), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		gone = e == 0 && n == 0 || e != 0 && e != syscall.EAGAIN && e != syscall.EINTR
+		return true
+	})
+	return gone
+}
+
+// originalDst is the address the client dialled: after an nftables/iptables REDIRECT (the
+// transparent sidecar of configs/) the socket's local address is the proxy port, and the
+// kernel keeps the original in SO_ORIGINAL_DST.
+func originalDst(c *net.TCPConn) netip.AddrPort {
+	local := addrPort(c.LocalAddr())
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return local
+	}
+	orig := local
+	rc.Control(func(fd uintptr) {
+		const soOriginalDst = 80 // SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST
+		var sa [28]byte           // sockaddr_in or sockaddr_in6
+		n := uint32(len(sa))
+		level := syscall.SOL_IP
+		if local.Addr().Is6() && !local.Addr().Is4In6() {
+			level = syscall.SOL_IPV6
+		}
+		_, _, e := syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, uintptr(level), soOriginalDst,
+			uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&n)), 0)
+		if e != 0 {
+			return
+		}
+		port := uint16(sa[2])<<8 | uint16(sa[3])
+		switch {
+		case sa[0] == syscall.AF_INET && n >= 8:
+			orig = netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), port)
+		case sa[0] == syscall.AF_INET6 && n >= 24:
+			orig = netip.AddrPortFrom(netip.AddrFrom16([16]byte(sa[8:24])), port)
+		}
+	})
+	return orig
 }
 
 func (s *Server) track(c *conn, on bool) {

@@ -646,3 +646,24 @@ func TestWatchReloadOnFileChangeAndSignal(t *testing.T) {
 	c.Write([]byte{0x06})
 	eventually(t, "forwarding after the deny list was lifted", func() bool { return h.store.numConns() == 1 })
 }
+
+// TestWorkerBeforeStore: a client that connects before the store listens is held until the store
+// comes up, not closed (torch retries a refused connect, not a closed connection).
+func TestWorkerBeforeStore(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Timeouts.UpstreamDial = 10 * time.Second })
+	addr := h.store.ln.Addr().String()
+	h.store.ln.Close()
+	c := h.dial()
+	c.Write([]byte{0x06})
+	time.Sleep(300 * time.Millisecond)
+	store := newFakeStore(t, addr)
+	store.reply = []byte("12345678")
+	eventually(t, "the held message at the late store", func() bool { return bytes.Equal(store.received(0), []byte{6}) })
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 8)); err != nil {
+		t.Fatalf("no reply through the late store: %v", err)
+	}
+	if v := h.metric("storeguard_upstream_dial_failures_total"); v != "0" {
+		t.Errorf("dial failures %q", v)
+	}
+}

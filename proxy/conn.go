@@ -169,7 +169,7 @@ func originalDst(c *net.TCPConn) netip.AddrPort {
 	orig := local
 	rc.Control(func(fd uintptr) {
 		const soOriginalDst = 80 // SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST
-		var sa [28]byte           // sockaddr_in or sockaddr_in6
+		var sa [28]byte          // sockaddr_in or sockaddr_in6
 		n := uint32(len(sa))
 		level := syscall.SOL_IP
 		if local.Addr().Is6() && !local.Addr().Is4In6() {

@@ -12,6 +12,7 @@ command -v tshark >/dev/null || need+=(tshark)
 command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
@@ -24,4 +25,6 @@ fi
 
 go mod download
 python3 -c 'import pytest' 2>/dev/null || { log "pip install pytest"; python3 -m pip install -q pytest >&2; }
+python3 -c 'import kubernetes_validate, yaml' 2>/dev/null \
+  || { log "pip install kubernetes-validate"; python3 -m pip install -q kubernetes-validate pyyaml >&2; }
 scripts/torch-envs.sh >/dev/null

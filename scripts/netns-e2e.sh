@@ -20,9 +20,11 @@
 #
 # Env: STOREGUARD_BIN   storeguard binary (default: go build ./cmd/storeguard into a temp dir)
 #      TORCH_PY         python with torch (default /usr/bin/python3, Debian's python3-torch 1.13)
-#      E2E_FW           nft | iptables (default nft when the nft command exists, else iptables)
+#      E2E_FW           nft | iptables (default nft when the nft command exists, else iptables);
+#                       with iptables, IPTABLES=iptables-legacy selects the legacy backend
 #      STORE_PORT=29500 PROXY_PORT=29499 METRICS_PORT=9529
 #      E2E_KEEP=1       keep the work dir (audit log, process logs) after the run
+#      E2E_NO_INSTALL=1 do not apt-get install nftables when neither nft nor iptables is present (then: SKIP)
 # Exit: 0 on pass, or with a line starting "SKIP" when namespaces cannot be made here; 1 on failure.
 set -euo pipefail
 
@@ -83,6 +85,14 @@ fi
 ip netns add "$NS_W" || skip "'ip netns add' failed for the second namespace"
 
 E2E_FW=${E2E_FW:-}
+if ! command -v nft >/dev/null && ! command -v iptables >/dev/null && [ "${E2E_NO_INSTALL:-0}" != 1 ] \
+	&& [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+	log "installing nftables (E2E_NO_INSTALL=1 to skip instead)"
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q install --no-install-recommends nftables >&2 \
+		|| { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q update >&2 \
+		     && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q install --no-install-recommends nftables >&2; } \
+		|| log "apt-get install nftables failed"
+fi
 if [ -z "$E2E_FW" ]; then
 	if command -v nft >/dev/null; then E2E_FW=nft; elif command -v iptables >/dev/null; then E2E_FW=iptables; fi
 fi
@@ -249,6 +259,9 @@ http_ok() { inm "$TORCH_PY" -c "import urllib.request,sys; urllib.request.urlope
 metric() { inm "$TORCH_PY" "$WORK/metric.py" "http://127.0.0.1:$METRICS_PORT/metrics" "$@"; }
 
 # --- firewall -------------------------------------------------------------------
+# iptables variant: IPTABLES=iptables-legacy (and IP6TABLES) pass through to configs/iptables/storeguard.sh.
+IPT4=${IPTABLES:-iptables}
+IPT6=${IP6TABLES:-$(echo "$IPT4" | sed 's/iptables/ip6tables/')}
 fw_add() {
 	case $E2E_FW in
 		nft) sed -e "s/^define store_port = [0-9]*/define store_port = $STORE_PORT/" \
@@ -261,8 +274,8 @@ fw_add() {
 fw_remove_redirect() {
 	case $E2E_FW in
 		nft) inm nft flush chain inet storeguard prerouting;;
-		iptables) inm iptables -w -t nat -F STOREGUARD-PREROUTING
-		          [ "$V6" = off ] || inm ip6tables -w -t nat -F STOREGUARD-PREROUTING;;
+		iptables) inm "$IPT4" -w -t nat -F STOREGUARD-PREROUTING
+		          [ "$V6" = off ] || inm "$IPT6" -w -t nat -F STOREGUARD-PREROUTING;;
 	esac
 }
 fw_remove_all() {
@@ -277,7 +290,7 @@ fw_count() {
 		nft) local chain=prerouting; [ "$1" = drop ] && chain=input
 		     inm nft list chain inet storeguard "$chain" | sed -n 's/.*counter packets \([0-9]*\).*/\1/p' | awk '{s+=$1} END {print s+0}';;
 		iptables) local t=nat c=STOREGUARD-PREROUTING; [ "$1" = drop ] && { t=filter; c=STOREGUARD-INPUT; }
-		     { inm iptables -w -t $t -L $c -n -v -x; [ "$V6" = off ] || inm ip6tables -w -t $t -L $c -n -v -x; } 2>/dev/null \
+		     { inm "$IPT4" -w -t $t -L $c -n -v -x; [ "$V6" = off ] || inm "$IPT6" -w -t $t -L $c -n -v -x; } 2>/dev/null \
 		         | awk '$1 ~ /^[0-9]+$/ {s+=$1} END {print s+0}';;
 	esac
 }
@@ -348,8 +361,8 @@ else
 	tail -n 15 "$WORK/rank0.log" "$WORK/rank1.log" >&2
 fi
 R1=$(fw_count redirect)
-ACC=$(metric storeguard_connections_accepted_total)
-MSGS=$(metric storeguard_messages_total)
+ACC=$(metric storeguard_connections_accepted_total) || ACC=-1
+MSGS=$(metric storeguard_messages_total) || MSGS=-1
 if [ "$R1" -gt "$R0" ] && [ "$ACC" -ge 1 ] && [ "$MSGS" -ge 1 ]; then
 	pass "A2 rank 1's store traffic went through storeguard (redirected packets $R0 -> $R1, accepted $ACC, messages $MSGS)"
 else
@@ -381,7 +394,7 @@ if ev=$("$TORCH_PY" "$WORK/audit_check.py" "$AUDIT" "$W_ADDR" "$RULES" "$EXPECT_
 else
 	fail "B3 audit event for $RULES from $W_ADDR${EXPECT_GEN:+ generation $EXPECT_GEN}: $ev"
 fi
-VIOL=$(metric storeguard_violations_total mode=enforce)
+VIOL=$(metric storeguard_violations_total mode=enforce) || VIOL=-1
 [ "$VIOL" -ge 1 ] && pass "B4 storeguard_violations_total{mode=enforce} = $VIOL" || fail "B4 violations metric is $VIOL"
 
 got=$(inm "$TORCH_PY" "$WORK/client.py" 127.0.0.1 "$STORE_PORT" master)

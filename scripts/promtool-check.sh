@@ -30,7 +30,7 @@ install_promtool() {
 		[ "$(id -u)" = 0 ] || { command -v sudo >/dev/null && sudo="sudo"; }
 		if [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; then
 			log "installing Debian package prometheus (for promtool)"
-			local apt=(env DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 -y -q)
+			local apt=(env DEBIAN_FRONTEND=noninteractive ${sudo:+"$sudo"} apt-get -o DPkg::Lock::Timeout=600 -y -q)
 			# policy-rc.d 101: the package must not start a Prometheus server on this machine.
 			local prc=/usr/sbin/policy-rc.d made_prc=0
 			if [ ! -e $prc ] && [ "$(id -u)" = 0 ]; then printf '#!/bin/sh\nexit 101\n' >$prc && chmod +x $prc && made_prc=1; fi

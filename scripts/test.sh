@@ -31,11 +31,14 @@ for pkg in $(go list ./...); do
 done
 
 step "deployment kit"
-[ -x scripts/promtool-check.sh ] && scripts/promtool-check.sh
-go build -o "${TMPDIR:-/tmp}/storeguard-test" ./cmd/storeguard
-[ -x scripts/netns-e2e.sh ] && STOREGUARD_BIN="${TMPDIR:-/tmp}/storeguard-test" scripts/netns-e2e.sh
+BIN="${TMPDIR:-/tmp}/storeguard-test"
+go build -o "$BIN" ./cmd/storeguard
+scripts/promtool-check.sh
+STOREGUARD_BIN="$BIN" python3 configs/kubernetes/validate.py
+configs/systemd/verify.sh
+STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh
 
 if [ "${SKIP_INTEROP:-}" != 1 ]; then
   step "interop with real torch"
-  STOREGUARD_BIN="${TMPDIR:-/tmp}/storeguard-test" python3 -m pytest -q interop
+  STOREGUARD_BIN="$BIN" python3 -m pytest -q interop
 fi

@@ -18,7 +18,7 @@ func main() {
 		SilenceErrors: true,
 		Version:       proxy.Version(),
 	}
-	root.AddCommand(newServeCommand(), config.NewCommand(), audit.NewCommand(), newProbeCommand())
+	root.AddCommand(newServeCommand(), config.NewCommand(), audit.NewCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "storeguard:", err)
 		os.Exit(exitCode(err))

@@ -1,0 +1,256 @@
+package replay
+
+import (
+	"cmp"
+	"container/heap"
+	"container/list"
+	"encoding/binary"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/reassembly"
+)
+
+// capture is the state of one capture file: its streams, the reassembler and the clock.
+type capture struct {
+	r    *Replayer
+	file string
+	pd   *packetDecoder
+	asm  *reassembly.Assembler
+
+	streams map[tuple]*stream // the current stream of each 4-tuple, decided ones lingering
+	live    list.List         // undecided streams, least recently active first
+	done    list.List         // decided streams lingering, least recently active first
+	timers  timerHeap         // undecided streams with a deadline
+	talkers map[netip.Addr]int
+
+	now       time.Time // capture clock: the latest timestamp seen
+	started   bool
+	lastFlush time.Time
+	flushing  bool
+	decided   []*stream // decided, to report
+	unhook    []*stream // decided, to remove from the reassembler
+	ac        captureContext
+	rst       layers.TCP
+	creating  *stream // the stream whose segment the reassembler is given
+}
+
+type tuple struct{ src, dst netip.AddrPort }
+
+// captureContext satisfies reassembly.AssemblerContext. Stream callbacks use the capture clock
+// instead, so one value serves every packet.
+type captureContext struct{ ci gopacket.CaptureInfo }
+
+func (c *captureContext) GetCaptureInfo() gopacket.CaptureInfo { return c.ci }
+
+func (r *Replayer) newCapture(file string) *capture {
+	c := &capture{r: r, file: file, pd: newPacketDecoder(), streams: map[tuple]*stream{},
+		talkers: map[netip.Addr]int{}}
+	a := reassembly.NewAssembler(reassembly.NewStreamPool(c))
+	a.MaxBufferedPagesPerConnection = r.opts.MaxBufferedPagesPerConnection
+	a.MaxBufferedPagesTotal = r.opts.MaxBufferedPagesTotal
+	c.asm = a
+	return c
+}
+
+// New is the reassembly.StreamFactory. segment makes every stream before the reassembler sees
+// it; a flow that is not the one being fed (a reset to a connection already gone) gets none.
+func (c *capture) New(flow, _ gopacket.Flow, _ *layers.TCP, _ reassembly.AssemblerContext) reassembly.Stream {
+	if c.creating == nil || flow != c.creating.flow {
+		return nil
+	}
+	return c.creating
+}
+
+// segment handles one TCP segment decoded into c.pd.
+func (c *capture) segment(ci gopacket.CaptureInfo) {
+	pd := c.pd
+	if !c.r.isPort(pd.dst.Port()) {
+		return // the store's direction, or another service
+	}
+	if ts := ci.Timestamp; ts.After(c.now) || !c.started {
+		c.now = ts
+	}
+	if !c.started {
+		c.started, c.lastFlush = true, c.now
+	}
+	c.r.clock = c.now
+	c.tick()
+
+	tcp := &pd.tcp
+	key := tuple{pd.src, pd.dst}
+	s := c.streams[key]
+	switch {
+	case tcp.SYN && !tcp.ACK:
+		if s != nil && (s.midstream || s.isn != tcp.Seq) {
+			// A new connection on the same 4-tuple: the old one ended unseen.
+			if !s.done {
+				s.observe()
+			}
+			c.forget(s)
+			s = nil
+		}
+		if s == nil {
+			s = c.newStream(key, true, tcp.Seq)
+		}
+	case s == nil:
+		if len(tcp.Payload) == 0 {
+			return // an ACK or FIN of a connection begun before the capture: nothing to judge
+		}
+		s = c.newStream(key, false, 0)
+	}
+	s.last = c.now
+	if s.done {
+		c.done.MoveToBack(s.elem)
+		return
+	}
+	c.live.MoveToBack(s.elem)
+	switch {
+	case s.midstream:
+		s.bytes += uint64(len(tcp.Payload))
+		if tcp.FIN || tcp.RST {
+			s.decide(VerdictIncomplete, ReasonMidstream, s.last)
+		}
+	case pd.truncated:
+		s.truncated = true // drop it: the hole it leaves is reported as a gap
+	default:
+		c.ac.ci = ci
+		c.creating = s
+		c.asm.AssembleWithContext(s.flow, tcp, &c.ac)
+		c.creating = nil
+	}
+	c.settle(false)
+}
+
+// tick fires the deadlines that have passed and, every flushEvery, flushes reassembly and ends
+// idle streams.
+func (c *capture) tick() {
+	for len(c.timers) > 0 && !c.now.Before(c.timers[0].due) {
+		s := heap.Pop(&c.timers).(*stream)
+		s.expireDue(c.now, false)
+	}
+	c.settle(false)
+	if c.now.Sub(c.lastFlush) < flushEvery {
+		return
+	}
+	c.lastFlush = c.now
+	o := c.r.opts
+	c.flushing = true
+	c.asm.FlushWithOptions(reassembly.FlushOptions{T: c.now.Add(-o.ReorderWait), TC: c.now.Add(-o.IdleClose)})
+	c.flushing = false
+	idle := c.now.Add(-o.IdleClose)
+	for e := c.live.Front(); e != nil && e.Value.(*stream).last.Before(idle); e = c.live.Front() {
+		c.letGo(e.Value.(*stream))
+	}
+	linger := c.now.Add(-doneLinger)
+	for e := c.done.Front(); e != nil && e.Value.(*stream).last.Before(linger); e = c.done.Front() {
+		c.forget(e.Value.(*stream))
+	}
+	c.settle(true)
+}
+
+// settle reports decided streams, in order of id when a flush decided them (the reassembler
+// visits connections in map order), and unhooks them from the reassembler.
+func (c *capture) settle(sortByID bool) {
+	if sortByID && len(c.decided) > 1 {
+		slices.SortFunc(c.decided, func(a, b *stream) int { return cmp.Compare(a.id, b.id) })
+	}
+	for _, s := range c.decided {
+		c.r.emit(s.result())
+		if s.violation != nil {
+			c.r.writeAudit(s.event)
+		}
+	}
+	c.decided = c.decided[:0]
+	for _, s := range c.unhook {
+		c.unhookStream(s)
+	}
+	c.unhook = c.unhook[:0]
+}
+
+// end judges the streams still open when the capture ends, oldest first.
+func (c *capture) end() {
+	open := make([]*stream, 0, c.live.Len())
+	for e := c.live.Front(); e != nil; e = e.Next() {
+		open = append(open, e.Value.(*stream))
+	}
+	slices.SortFunc(open, func(a, b *stream) int { return cmp.Compare(a.id, b.id) })
+	for _, s := range open {
+		s.observe()
+	}
+	c.unhook = c.unhook[:0] // the reassembler goes with the capture
+	c.settle(false)
+}
+
+func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
+	c.r.nextID++
+	s := &stream{c: c, id: c.r.nextID, key: key, start: c.now, last: c.now, timer: -1}
+	var id [8]byte
+	binary.BigEndian.PutUint64(id[:], s.id)
+	// The reassembler's key for this stream alone, so that a reused 4-tuple is a new stream.
+	s.flow = gopacket.NewFlow(endpointStream, id[:], nil)
+	s.dec.Reset(c.r.dec)
+	if syn {
+		s.isn, s.next, s.seen = isn, isn+1, isn+1
+	} else {
+		s.midstream = true
+	}
+	if c.live.Len() >= c.r.opts.MaxStreams {
+		c.letGo(c.live.Front().Value.(*stream))
+		c.settle(false)
+	}
+	c.streams[key] = s
+	s.elem = c.live.PushBack(s)
+	if syn {
+		s.schedule()
+	}
+	return s
+}
+
+// letGo judges a stream that is idle (or the least recently active one over MaxStreams) and
+// forgets its 4-tuple, so that anything it sends later is judged as a new, midstream, stream
+// rather than swallowed.
+func (c *capture) letGo(s *stream) {
+	s.observe()
+	c.forget(s)
+}
+
+// forget drops a decided stream's 4-tuple.
+func (c *capture) forget(s *stream) {
+	if c.streams[s.key] == s {
+		delete(c.streams, s.key)
+	}
+	if s.done {
+		c.done.Remove(s.elem)
+	}
+}
+
+// endpointStream types the reassembler flows that name one stream each.
+const endpointStream gopacket.EndpointType = 0x5347
+
+// unhookStream frees the reassembler's connection of a decided stream at once, rather than when
+// it has been idle for IdleClose: a reset at the next expected byte closes the client half
+// (dropping any out-of-order pages), a reset the other way closes the half never fed.
+func (c *capture) unhookStream(s *stream) {
+	if s.midstream {
+		return // never given to the reassembler
+	}
+	c.ac.ci = gopacket.CaptureInfo{Timestamp: c.now}
+	c.feedReset(s.flow, s.key.src.Port(), s.key.dst.Port(), s.next)
+	c.feedReset(s.flow.Reverse(), s.key.dst.Port(), s.key.src.Port(), 0)
+}
+
+func (c *capture) feedReset(flow gopacket.Flow, from, to uint16, seq uint32) {
+	var h [20]byte
+	binary.BigEndian.PutUint16(h[0:], from)
+	binary.BigEndian.PutUint16(h[2:], to)
+	binary.BigEndian.PutUint32(h[4:], seq)
+	h[12], h[13] = 5<<4, 0x04 // data offset 5 words; RST
+	if err := c.rst.DecodeFromBytes(h[:], gopacket.NilDecodeFeedback); err != nil {
+		return
+	}
+	c.asm.AssembleWithContext(flow, &c.rst, &c.ac)
+}

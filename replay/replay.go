@@ -1,0 +1,214 @@
+// Package replay runs serve's guard over recorded traffic: pcap or pcapng files (gzip too) are
+// reassembled into TCP streams with gopacket, and every client-to-server stream to a TCPStore port
+// goes through the same protocol.Decoder, limits and message deadlines as a live connection.
+//
+// What replay can and cannot tell:
+//   - Only the client-to-server direction is decoded; the store's replies are ignored.
+//   - A stream whose SYN is not in the capture is reported incomplete (midstream): where its
+//     messages begin cannot be known, and replay does not guess.
+//   - Bytes missing from the capture (a lost segment, a segment cut by the snap length, an IP
+//     fragment) stop decoding there: incomplete (gap), unless a violation came first.
+//   - Deadlines run on capture time. A message in progress that gets no completing bytes within
+//     timeouts.message is message_timeout, as serve would have judged it live; at a close or at
+//     the end of the capture only if the capture went on past the deadline. A stream that sends
+//     nothing is never a violation by itself; timeouts.first-message applies only when set, with
+//     serve's allowance for G0's silent second connection. timeouts.idle is not applied: serve
+//     closes an idle connection without a violation, and replay keeps judging what follows.
+//   - With generation auto, a stream that does not begin with VALIDATE is read as G0: serve asks
+//     the store whether it speaks G0 or G1, which a capture cannot. Pass --generation 2.1 (G1)
+//     for torch 2.1 clients.
+//   - Admission policy (access lists, caps, bans) is serve's, not the decoder's: replay judges
+//     every stream.
+//
+// Each file is a capture of its own: streams do not continue from one file into the next (merge
+// rotated parts with mergecap -a first).
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// Options tune a replay. The zero value uses cfg's ports and the defaults below.
+type Options struct {
+	// Ports are the TCPStore server ports; a TCP segment to one of them is client-to-server.
+	// Empty means cfg.Replay.Ports.
+	Ports []uint16
+	// AuditFile receives the audit events serve would have written (mode replay), with capture
+	// timestamps, rotated and sampled per cfg.Audit. "" writes none.
+	AuditFile string
+	// OnStream receives each stream's result as soon as it is decided. An error stops the replay.
+	OnStream func(StreamResult) error
+
+	// ReorderWait is how long, in capture time, reassembly waits for a missing segment before
+	// calling it a gap. Default 60s.
+	ReorderWait time.Duration
+	// IdleClose ends a stream that has had no packet for this long in capture time; if it goes
+	// on later it is a new, midstream stream. Default 2h: TCPStore connections idle for long.
+	IdleClose time.Duration
+	// MaxStreams bounds the streams held at once; beyond it the least recently active ends as
+	// if idle. Default 262144.
+	MaxStreams int
+	// Reassembly buffer limits, in pages of 1900 bytes (out-of-order data waiting for a hole to
+	// fill). Defaults 1024 per connection and 65536 in all (about 125 MB).
+	MaxBufferedPagesPerConnection int
+	MaxBufferedPagesTotal         int
+}
+
+const (
+	defaultReorderWait = 60 * time.Second
+	defaultIdleClose   = 2 * time.Hour
+	defaultMaxStreams  = 1 << 18
+	defaultPagesPerCon = 1024
+	defaultPagesTotal  = 1 << 16
+	// flushEvery is the capture-time interval between reassembly flushes and idle sweeps.
+	flushEvery = 5 * time.Second
+	// doneLinger is how long a decided stream's 4-tuple keeps swallowing its trailing packets
+	// (the last ACK after a FIN, the rest of a rejected stream) so they do not open a new stream.
+	doneLinger = 2 * time.Minute
+)
+
+// Replay replays files in order, each a capture of its own, and returns what it saw. On a
+// corrupt or truncated file it stops with a *CaptureError, after reporting the streams decided
+// so far, the file's open streams included (judged as at the end of a capture).
+func Replay(ctx context.Context, cfg config.Config, files []string, opts Options) (Summary, error) {
+	r, err := New(cfg, opts)
+	if err != nil {
+		return Summary{}, err
+	}
+	var readErr error
+	for _, f := range files {
+		if readErr = r.ReadFile(ctx, f); readErr != nil {
+			break
+		}
+	}
+	return r.Summary(), errors.Join(readErr, r.Close())
+}
+
+// Replayer replays captures one after another with one configuration and one audit log.
+type Replayer struct {
+	cfg     config.Config
+	dec     protocol.Config
+	opts    Options
+	ports   [1024]uint64 // bit set of server ports
+	audit   *audit.Writer
+	action  audit.Action
+	sum     Summary
+	nextID  uint64
+	clock   time.Time // capture time, for the audit writer
+	emitErr error
+}
+
+// New checks cfg and opts and opens the audit file, if any.
+func New(cfg config.Config, opts Options) (*Replayer, error) {
+	dec, err := cfg.Decoder()
+	if err != nil {
+		return nil, err
+	}
+	// serve learns G0 vs G1 from the store; a capture cannot ask it (see the package comment).
+	dec.LegacyGen = protocol.G0
+	if opts.ReorderWait <= 0 {
+		opts.ReorderWait = defaultReorderWait
+	}
+	if opts.IdleClose <= 0 {
+		opts.IdleClose = defaultIdleClose
+	}
+	if opts.MaxStreams <= 0 {
+		opts.MaxStreams = defaultMaxStreams
+	}
+	if opts.MaxBufferedPagesPerConnection <= 0 {
+		opts.MaxBufferedPagesPerConnection = defaultPagesPerCon
+	}
+	if opts.MaxBufferedPagesTotal <= 0 {
+		opts.MaxBufferedPagesTotal = defaultPagesTotal
+	}
+	r := &Replayer{cfg: cfg, dec: dec, opts: opts, action: audit.ActionBlocked}
+	if cfg.Mode == config.ModeMonitor {
+		r.action = audit.ActionWouldBlock
+	}
+	ports := opts.Ports
+	if len(ports) == 0 {
+		ports = cfg.Replay.Ports
+	}
+	if len(ports) == 0 {
+		return nil, errors.New("replay: no server port to select TCPStore streams by")
+	}
+	for _, p := range ports {
+		if p == 0 {
+			return nil, errors.New("replay: port 0 is not a server port")
+		}
+		r.ports[p/64] |= 1 << (p % 64)
+	}
+	if opts.AuditFile != "" {
+		a := cfg.Audit
+		w, err := audit.Open(opts.AuditFile, audit.Options{MaxBytes: a.MaxBytes, MaxBackups: a.MaxBackups,
+			SampleFirst: a.SampleFirst, SampleEvery: a.SampleEvery, SampleWindow: a.SampleWindow,
+			Clock: func() time.Time { return r.clock }})
+		if err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		r.audit = w
+	}
+	return r, nil
+}
+
+func (r *Replayer) isPort(p uint16) bool { return r.ports[p/64]&(1<<(p%64)) != 0 }
+
+// Summary counts what has been replayed so far.
+func (r *Replayer) Summary() Summary { return r.sum }
+
+// Close flushes and closes the audit log.
+func (r *Replayer) Close() error {
+	if r.audit == nil {
+		return nil
+	}
+	err := r.audit.Close()
+	r.audit = nil
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	return nil
+}
+
+func (r *Replayer) emit(res StreamResult) {
+	r.sum.add(&res)
+	if r.opts.OnStream != nil && r.emitErr == nil {
+		r.emitErr = r.opts.OnStream(res)
+	}
+}
+
+func (r *Replayer) writeAudit(e audit.Event) {
+	if r.audit == nil {
+		return
+	}
+	if err := r.audit.Write(e); err != nil && r.emitErr == nil {
+		r.emitErr = fmt.Errorf("audit: %w", err)
+	}
+}
+
+// CaptureError is a capture that cannot be read to its end.
+type CaptureError struct {
+	File   string
+	Packet uint64 // 1-based number of the packet that could not be read; 0 for the file header
+	Offset int64  // byte offset of that packet's record (of the decompressed data for gzip); -1 if unknown
+	Err    error
+}
+
+func (e *CaptureError) Error() string {
+	where := "file header"
+	if e.Packet > 0 {
+		where = fmt.Sprintf("packet %d", e.Packet)
+	}
+	if e.Offset >= 0 {
+		where += fmt.Sprintf(" at byte offset %d", e.Offset)
+	}
+	return fmt.Sprintf("%s: %s: %v", e.File, where, e.Err)
+}
+
+func (e *CaptureError) Unwrap() error { return e.Err }

@@ -1,0 +1,300 @@
+package replay
+
+import (
+	"container/heap"
+	"container/list"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/reassembly"
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// stream is one client-to-server TCP stream and the decoder serve would have run on it.
+type stream struct {
+	c     *capture
+	id    uint64
+	key   tuple
+	flow  gopacket.Flow // the reassembler's key
+	start time.Time
+	last  time.Time // capture time of its latest packet
+	elem  *list.Element
+
+	midstream bool   // no SYN: not decoded
+	isn       uint32 // initial sequence number
+	next      uint32 // sequence number of the next byte to decode
+	seen      uint32 // end of the furthest byte seen; beyond next while a hole waits to be filled
+	truncated bool   // a segment was dropped because the snap length cut it
+
+	dec      protocol.Decoder
+	bytes    uint64
+	counts   [32]uint64                // complete messages by protocol.Op
+	head     [audit.MaxFirstBytes]byte // the first bytes of the message in progress
+	headN    int
+	msgStart time.Time // capture time the message in progress began
+	spared   bool      // first-message deadline waived, as serve does for G0's silent connection
+	talker   bool      // has completed a message; counted in capture.talkers
+	due      time.Time // deadline while in capture.timers
+	timer    int       // index in capture.timers, -1 when not there
+
+	done      bool
+	verdict   Verdict
+	reason    string
+	end       time.Time
+	violation *protocol.Violation
+	event     audit.Event
+}
+
+// Accept takes every segment: checksums are not checked, and the synthetic resets of
+// unhookStream force the never-fed server half to start.
+func (s *stream) Accept(tcp *layers.TCP, _ gopacket.CaptureInfo, dir reassembly.TCPFlowDirection, _ reassembly.Sequence,
+	start *bool, _ reassembly.AssemblerContext) bool {
+	if dir == reassembly.TCPDirServerToClient {
+		*start = true
+		return true
+	}
+	if end := tcp.Seq + uint32(len(tcp.Payload)); int32(end-s.seen) > 0 {
+		s.seen = end
+	}
+	return true
+}
+
+// ReassembledSG decodes the next in-order bytes.
+func (s *stream) ReassembledSG(sg reassembly.ScatterGather, _ reassembly.AssemblerContext) {
+	dir, _, end, skip := sg.Info()
+	if dir == reassembly.TCPDirServerToClient || s.done {
+		return
+	}
+	n, _ := sg.Lengths()
+	if skip != 0 {
+		// The reassembler gave up waiting for a hole (or its page limits forced it on): the
+		// framing after it cannot be trusted.
+		s.next += uint32(max(skip, 0) + n)
+		s.decide(VerdictIncomplete, s.gapReason(), s.last)
+		return
+	}
+	s.next += uint32(n)
+	if n > 0 {
+		s.feed(sg.Fetch(n))
+	}
+	if end && !s.done {
+		s.observe()
+	}
+}
+
+// ReassemblyComplete is the reassembler letting go of the stream: after unhookStream, or when
+// it has been idle for IdleClose.
+func (s *stream) ReassemblyComplete(reassembly.AssemblerContext) bool {
+	if !s.done {
+		s.c.letGo(s)
+	}
+	return true
+}
+
+// feed decodes p, the next bytes of the stream, arriving at the capture clock's time.
+func (s *stream) feed(p []byte) {
+	now := s.c.now
+	if s.expireDue(now, true) {
+		return // the message in progress timed out before these bytes came
+	}
+	s.bytes += uint64(len(p))
+	fwd := 0 // p[:fwd] ends with a complete message
+	for i := 0; i < len(p); {
+		n, msg, err := s.dec.Scan(p[i:])
+		i += n
+		if err != nil {
+			v, _ := err.(*protocol.Violation)
+			s.reject(v, s.firstBytes(p[fwd:]), now)
+			return
+		}
+		if msg != nil {
+			fwd, s.headN = i, 0
+			if int(msg.Op) < len(s.counts) {
+				s.counts[msg.Op]++
+			}
+			if !s.talker {
+				s.talker = true
+				s.c.talkers[s.key.src.Addr()]++
+			}
+		}
+	}
+	if tail := p[fwd:]; len(tail) > 0 && s.dec.InMessage() {
+		if s.dec.PartialBytes() == uint64(len(tail)) {
+			s.msgStart = now // the message in progress began in these bytes
+		}
+		s.headN += copy(s.head[s.headN:], tail)
+	}
+	s.schedule()
+}
+
+// firstBytes is what serve logs as storeguard.first_bytes: the offending message from its start.
+func (s *stream) firstBytes(rest []byte) []byte {
+	b := make([]byte, 0, audit.MaxFirstBytes)
+	b = append(b, s.head[:s.headN]...)
+	return append(b, rest[:min(len(rest), cap(b)-len(b))]...)
+}
+
+// deadline is when serve's read deadline would fire in the stream's state; zero for none.
+func (s *stream) deadline() time.Time {
+	t := s.c.r.cfg.Timeouts
+	switch {
+	case s.done || s.midstream:
+	case s.dec.InMessage() && t.Message > 0:
+		return s.msgStart.Add(t.Message)
+	case s.dec.Offset() == 0 && t.FirstMessage > 0 && !s.spared:
+		return s.start.Add(t.FirstMessage)
+	}
+	return time.Time{}
+}
+
+// expireDue applies a deadline that has passed by now and reports whether the stream is decided.
+// Unless bytes are being delivered, a hole waiting to be filled defers the judgement: the bytes
+// behind it may have come in time, and the gap will be reported if they never do.
+func (s *stream) expireDue(now time.Time, delivering bool) bool {
+	if s.done {
+		return true
+	}
+	d := s.deadline()
+	if d.IsZero() || now.Before(d) || (!delivering && s.holePending()) {
+		return false
+	}
+	if s.dec.InMessage() {
+		s.reject(s.dec.Expire(protocol.RuleMessageTimeout), s.firstBytes(nil), d)
+		return true
+	}
+	// torch <= 2.0 opens a second connection per store that never sends a byte: serve spares a
+	// silent connection whose source already has a working one.
+	g := s.c.r.dec.Gen
+	if (g.Auto || g.Gen == protocol.G0) && s.c.talkers[s.key.src.Addr()] > 0 {
+		s.spared = true
+		s.schedule()
+		return false
+	}
+	s.reject(s.dec.Expire(protocol.RuleFirstMessageTimeout), nil, d)
+	return true
+}
+
+func (s *stream) holePending() bool { return int32(s.seen-s.next) > 0 }
+
+func (s *stream) gapReason() string {
+	if s.truncated {
+		return ReasonSnaplen
+	}
+	return ReasonGap
+}
+
+// observe judges a stream that will get no more bytes: closed, idle, evicted, or the capture
+// ended, at the capture clock's time.
+func (s *stream) observe() {
+	switch {
+	case s.done:
+	case s.midstream:
+		s.decide(VerdictIncomplete, ReasonMidstream, s.last)
+	case s.holePending():
+		s.decide(VerdictIncomplete, s.gapReason(), s.last)
+	case s.expireDue(s.c.now, true):
+	default:
+		s.decide(VerdictPass, "", s.last)
+	}
+}
+
+func (s *stream) reject(v *protocol.Violation, first []byte, at time.Time) {
+	_, known := s.dec.Generation()
+	s.violation = v
+	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, s.c.r.action, audit.ModeReplay, first, s.bytes)
+	s.event.Timestamp, s.event.ConnID = at, s.id
+	end := at
+	if s.last.After(end) {
+		end = s.last
+	}
+	s.decide(VerdictReject, "", end)
+}
+
+// decide records the verdict and queues the stream for reporting.
+func (s *stream) decide(v Verdict, reason string, end time.Time) {
+	if s.done {
+		return
+	}
+	c := s.c
+	s.done, s.verdict, s.reason, s.end = true, v, reason, end
+	if s.timer >= 0 {
+		heap.Remove(&c.timers, s.timer)
+	}
+	c.live.Remove(s.elem)
+	s.elem = c.done.PushBack(s)
+	if s.talker {
+		a := s.key.src.Addr()
+		if c.talkers[a]--; c.talkers[a] <= 0 {
+			delete(c.talkers, a)
+		}
+	}
+	c.decided = append(c.decided, s)
+	c.unhook = append(c.unhook, s)
+}
+
+// schedule puts the stream's deadline, if any, in the capture's timer heap.
+func (s *stream) schedule() {
+	c := s.c
+	d := s.deadline()
+	switch {
+	case d.IsZero():
+		if s.timer >= 0 {
+			heap.Remove(&c.timers, s.timer)
+		}
+	case s.timer >= 0:
+		s.due = d
+		heap.Fix(&c.timers, s.timer)
+	default:
+		s.due = d
+		heap.Push(&c.timers, s)
+	}
+}
+
+func (s *stream) result() StreamResult {
+	gen := "unknown"
+	if g, ok := s.dec.Generation(); ok {
+		gen = g.String()
+	}
+	msgs := make(map[string]uint64)
+	for op, n := range s.counts {
+		if n > 0 {
+			msgs[protocol.Op(op).String()] = n
+		}
+	}
+	r := StreamResult{Src: s.key.src, Dst: s.key.dst, Generation: gen, Messages: msgs, Verdict: s.verdict,
+		Reason: s.reason, Start: s.start, End: s.end, Bytes: s.bytes, ID: s.id, File: s.c.file}
+	if s.violation != nil {
+		r.Violation = newViolation(s.violation)
+	}
+	return r
+}
+
+// timerHeap orders streams by deadline, then id, so that equal deadlines fire in a fixed order.
+type timerHeap []*stream
+
+func (h timerHeap) Len() int { return len(h) }
+func (h timerHeap) Less(i, j int) bool {
+	if !h[i].due.Equal(h[j].due) {
+		return h[i].due.Before(h[j].due)
+	}
+	return h[i].id < h[j].id
+}
+func (h timerHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].timer, h[j].timer = i, j
+}
+func (h *timerHeap) Push(x any) {
+	s := x.(*stream)
+	s.timer = len(*h)
+	*h = append(*h, s)
+}
+func (h *timerHeap) Pop() any {
+	old := *h
+	s := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	s.timer = -1
+	return s
+}

@@ -28,6 +28,7 @@ func FuzzDecode(f *testing.F) {
 		s, _ := sampleStream(f, g)
 		f.Add(s, uint8(g), uint16(7))
 	}
+	addGoldenSeeds(f)
 	for _, h := range attackSeeds {
 		for _, g := range []uint8{0, 1, 3, 6, 255} {
 			f.Add(unhex(f, h), g, uint16(3))

@@ -505,6 +505,8 @@ func TestParseGeneration(t *testing.T) {
 		{"2.7", GenSetting{Gen: G3}, ""},
 		{"2.8", GenSetting{Gen: G4}, ""},
 		{"2.10", GenSetting{Gen: G5}, ""},
+		{"2.11", GenSetting{Gen: G5}, ""},
+		{"2.12", GenSetting{Gen: G6}, ""},
 		{"2.15", GenSetting{Gen: G6}, ""},
 		{"G7", GenSetting{}, "not a generation"},
 		{"1.12", GenSetting{}, "older than 1.13"},

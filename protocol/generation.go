@@ -135,7 +135,7 @@ var releaseGenerations = []struct {
 	major, minor int
 	gen          Generation
 }{
-	{1, 13, G0}, {2, 0, G0}, {2, 1, G1}, {2, 2, G2}, {2, 5, G3}, {2, 8, G4}, {2, 10, G5}, {2, 11, G6},
+	{1, 13, G0}, {2, 0, G0}, {2, 1, G1}, {2, 2, G2}, {2, 5, G3}, {2, 8, G4}, {2, 10, G5}, {2, 12, G6},
 }
 
 // GenerationOfRelease returns the generation a torch release speaks.

@@ -9,6 +9,7 @@
 # Env:   STOREGUARD_TORCH_CACHE  root of the venvs and the uv cache (default /var/cache/storeguard/torch)
 #        STOREGUARD_NO_DEBIAN=1  skip Debian's python3-torch
 #        STOREGUARD_PYTHON       interpreter for the venvs (default python3)
+#        STOREGUARD_VERIFY=1     re-check every existing env by importing torch
 #
 # PyPI torch wheels pull the CUDA libraries (several GB) even for CPU use. uv
 # hard-links installed files from its cache, so UV_CACHE_DIR lives under the
@@ -55,7 +56,12 @@ find_uv() {
   if command -v uv >/dev/null; then UV=$(command -v uv); return; fi
   if [ -x "$CACHE/.tools/bin/uv" ]; then UV="$CACHE/.tools/bin/uv"; return; fi
   log "installing uv into $CACHE/.tools"
-  "$PY" -m venv "$CACHE/.tools" >&2
+  if ! "$PY" -m venv "$CACHE/.tools" >&2; then
+    # Debian's python3 lacks ensurepip/venv until python3-venv is installed
+    rm -rf "$CACHE/.tools"
+    env DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=900 -y -q install python3-venv >&2
+    "$PY" -m venv "$CACHE/.tools" >&2
+  fi
   "$CACHE/.tools/bin/pip" install -q uv >&2
   UV="$CACHE/.tools/bin/uv"
 }
@@ -65,7 +71,9 @@ find_uv() {
 env_for() {
   local v=$1; shift
   local dir="$CACHE/$v" py="$CACHE/$v/bin/python" want="torch==$v $*"
-  if [ -f "$dir/.storeguard-ok" ] && "$py" -c "$VERIFY" >/dev/null 2>&1; then
+  # fast path: installed and verified before (STOREGUARD_VERIFY=1 re-imports torch to check)
+  if [ -f "$dir/.storeguard-ok" ] && [ -x "$py" ] \
+     && { [ "${STOREGUARD_VERIFY:-0}" != 1 ] || "$py" -c "$VERIFY" >/dev/null 2>&1; }; then
     if [ "$(cat "$dir/.storeguard-ok")" = "$want" ]; then echo "$v $py"; return 0; fi
   else
     rm -rf "$dir"

@@ -50,8 +50,10 @@ type conn struct {
 	spared   bool // a silent G0 callback connection, let past the first-message deadline
 	untalk   func()
 
-	closeOnce sync.Once
-	s2cDone   chan struct{}
+	mu      sync.Mutex // guards up and closed against dialStore
+	closed  bool
+	upReady chan struct{} // closed once dialStore is done; up is then set, or the dial failed
+	s2cDone chan struct{}
 }
 
 func (s *Server) handle(tc *net.TCPConn) {
@@ -76,28 +78,21 @@ func (s *Server) handle(tc *net.TCPConn) {
 
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: tc, src: src, dst: dst, start: s.now(),
-		s2cDone: make(chan struct{})}
+		upReady: make(chan struct{}), s2cDone: make(chan struct{})}
 	defer s.recoverConn(c)
 	dc := st.dec
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
 
-	up, err := dialUpstream(st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial, c.client)
-	if err != nil {
-		s.m.dialFailures.Inc()
-		if s.dialLog.allow(s.now()) {
-			s.log.Warn("upstream dial failed; closing client (logged at most once a second)", "conn", c.id,
-				"upstream", st.cfg.Upstream, "err", err)
-		}
-		tc.Close()
-		return
-	}
-	c.up = up.(*net.TCPConn)
 	s.track(c, true)
 	defer s.track(c, false)
-	go c.pipeStoreToClient()
+	// The store is dialled while the client's first bytes are already being decoded: a hostile
+	// message is refused at once even while the store is still starting.
+	go c.dialStore()
 	c.pipeClientToStore()
-	<-c.s2cDone
+	if c.awaitUp() {
+		<-c.s2cDone
+	}
 	c.releaseCarry()
 	if c.untalk != nil {
 		c.untalk()
@@ -125,36 +120,19 @@ func (e *everySecond) allow(now time.Time) bool {
 // dialUpstream connects to the store, retrying refused connections until timeout: workers often
 // start before the master's store listens, and torch retries a refused connect but not a
 // connection that is accepted and then closed, which is what the guard would otherwise do to
-// them. It gives up early if the client leaves.
-func dialUpstream(addr string, timeout time.Duration, client *net.TCPConn) (net.Conn, error) {
+// them. It gives up early once stop reports true (the client left or was refused).
+func dialUpstream(addr string, timeout time.Duration, stop func() bool) (net.Conn, error) {
 	deadline := time.Now().Add(timeout)
 	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		up, err := net.DialTimeout("tcp", addr, time.Until(deadline))
 		if err == nil {
 			return up, nil
 		}
-		if !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < backoff || clientGone(client) {
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < backoff || stop() {
 			return nil, err
 		}
 		time.Sleep(backoff)
 	}
-}
-
-// clientGone reports whether the client has closed its side, without consuming its bytes.
-func clientGone(c *net.TCPConn) bool {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return true
-	}
-	gone := false
-	rc.Read(func(fd uintptr) bool {
-		var one byte
-		n, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&one)), 1,
-			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-		gone = e == 0 && n == 0 || e != 0 && e != syscall.EAGAIN && e != syscall.EINTR
-		return true
-	})
-	return gone
 }
 
 // originalDst is the address the client dialled: after an nftables/iptables REDIRECT (the
@@ -209,12 +187,56 @@ func addrPort(a net.Addr) netip.AddrPort {
 }
 
 func (c *conn) closeBoth() {
-	c.closeOnce.Do(func() {
-		c.client.Close()
-		if c.up != nil {
-			c.up.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.client.Close()
+	if c.up != nil {
+		c.up.Close()
+	}
+}
+
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// dialStore connects to the store and starts the reply direction; on failure it closes the client.
+func (c *conn) dialStore() {
+	defer close(c.upReady)
+	s, st := c.s, c.st
+	up, err := dialUpstream(st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial, c.isClosed)
+	if err != nil {
+		if c.isClosed() {
+			return // the client left or was refused: not the store's failure
 		}
-	})
+		s.m.dialFailures.Inc()
+		if s.dialLog.allow(s.now()) {
+			s.log.Warn("upstream dial failed; closing client (logged at most once a second)", "conn", c.id,
+				"upstream", st.cfg.Upstream, "err", err)
+		}
+		c.closeBoth()
+		return
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		up.Close()
+		return
+	}
+	c.up = up.(*net.TCPConn)
+	c.mu.Unlock()
+	go c.pipeStoreToClient()
+}
+
+// awaitUp waits for dialStore and reports whether the store is connected.
+func (c *conn) awaitUp() bool {
+	<-c.upReady
+	return c.up != nil
 }
 
 // pipeClientToStore reads the client, decodes, and forwards complete valid messages.
@@ -298,6 +320,10 @@ func (c *conn) endRead(err error) bool {
 	case errors.Is(err, io.EOF):
 		// The client is done sending: pass the half-close on (a partial message is dropped,
 		// never forwarded) and let the store's last replies through for a while.
+		if !c.awaitUp() {
+			c.closeBoth()
+			return false
+		}
 		c.up.CloseWrite()
 		c.up.SetReadDeadline(c.s.now().Add(30 * time.Second))
 		return false
@@ -351,6 +377,9 @@ func (c *conn) forwardCarry(p []byte) bool {
 	if len(c.carry) == 0 {
 		return c.forward(p)
 	}
+	if !c.awaitUp() {
+		return false
+	}
 	c.vecArr = [2][]byte{c.carry, p}
 	c.vec = c.vecArr[:]
 	n, err := c.vec.WriteTo(c.up)
@@ -367,6 +396,9 @@ func (c *conn) forwardCarry(p []byte) bool {
 }
 
 func (c *conn) forward(p []byte) bool {
+	if !c.awaitUp() {
+		return false
+	}
 	n, err := c.up.Write(p)
 	c.s.m.bytesC2S.Add(float64(n))
 	if err != nil {

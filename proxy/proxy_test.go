@@ -580,7 +580,7 @@ func TestBudgetBoundsBufferedBytes(t *testing.T) {
 	h := start(t, func(c *config.Config) {
 		c.Generation = "1.13"
 		c.Caps.BufferBudgetBytes = 64 << 10
-		c.Timeouts.Message = 500 * time.Millisecond
+		c.Timeouts.Message = 3 * time.Second
 	})
 	// Two clients each start a 48 KiB value: the second must wait for budget, and both partial
 	// messages time out without the budget ever being exceeded.
@@ -592,18 +592,20 @@ func TestBudgetBoundsBufferedBytes(t *testing.T) {
 		c := h.dial()
 		c.Write(append(head(), make([]byte, 40<<10)...))
 	}
-	max := 0.0
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	buffered := func() float64 {
 		var v float64
-		if _, err := fmt.Sscan(h.metric("storeguard_buffered_bytes"), &v); err == nil && v > max {
-			max = v
+		fmt.Sscan(h.metric("storeguard_buffered_bytes"), &v)
+		return v
+	}
+	eventually(t, "partial messages held", func() bool { return buffered() > 0 })
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if v := buffered(); v > 64<<10 {
+			t.Fatalf("buffered %v bytes, budget %d", v, 64<<10)
 		}
 	}
-	if max > 64<<10 {
-		t.Errorf("buffered %v bytes, budget %d", max, 64<<10)
-	}
-	if max == 0 {
-		t.Error("nothing was buffered: the test did not exercise the budget")
+	eventually(t, "budget released after the message deadline", func() bool { return buffered() == 0 })
+	if v := h.metric(`storeguard_violations_total{mode="enforce",rule="message_timeout"}`); v != "2" {
+		t.Errorf("message timeouts %q, want 2", v)
 	}
 }
 
@@ -665,5 +667,22 @@ func TestWorkerBeforeStore(t *testing.T) {
 	}
 	if v := h.metric("storeguard_upstream_dial_failures_total"); v != "0" {
 		t.Errorf("dial failures %q", v)
+	}
+}
+
+// TestHostileBeforeStoreIsUp: while the store is not up yet, a hostile message is refused at
+// once, not held for the dial.
+func TestHostileBeforeStoreIsUp(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Timeouts.UpstreamDial = 30 * time.Second })
+	h.store.ln.Close()
+	c := h.dial()
+	c.Write(unhex(t, "03 00000b06e0000000 000000"))
+	began := time.Now()
+	closedByPeer(t, c)
+	if d := time.Since(began); d > 2*time.Second {
+		t.Errorf("closed after %v: held for the dial", d)
+	}
+	if v := h.metric("storeguard_upstream_dial_failures_total"); v != "0" {
+		t.Errorf("a refused client counted as a dial failure: %q", v)
 	}
 }

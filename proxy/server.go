@@ -260,9 +260,6 @@ func (s *Server) sweepLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			s.gate.Sweep()
-			if s.audit != nil {
-				s.audit.Flush()
-			}
 		}
 	}
 }

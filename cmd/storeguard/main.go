@@ -25,8 +25,19 @@ func main() {
 	}
 }
 
-// exitCoder lets a command choose its exit status (replay: 1 = violations found, 2 = error).
+// exitCoder lets a command choose its exit status (replay, probe: 1 = violations found or
+// exposed, 2 = error).
 type exitCoder interface{ ExitCode() int }
+
+// exitError carries a command's exit status to main.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
+func (e exitError) ExitCode() int { return e.code }
 
 func exitCode(err error) int {
 	if ec, ok := err.(exitCoder); ok {

@@ -12,15 +12,6 @@ import (
 	"github.com/storeguard/storeguard/probe"
 )
 
-// exitError carries a command's exit status.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e exitError) Error() string { return e.err.Error() }
-func (e exitError) ExitCode() int { return e.code }
-
 func newProbeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "probe --target HOST:PORT --generation G",

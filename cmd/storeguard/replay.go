@@ -64,22 +64,12 @@ func newReplayCommand() *cobra.Command {
 			err = ferr
 		}
 		if err != nil {
-			return replayExit{2, err}
+			return exitError{2, err}
 		}
 		if sum.Reject > 0 {
-			return replayExit{1, errors.New(sum.String())}
+			return exitError{1, errors.New(sum.String())}
 		}
 		return nil
 	}
 	return cmd
 }
-
-// replayExit carries replay's exit status to main: 1 = violations found, 2 = error.
-type replayExit struct {
-	code int
-	err  error
-}
-
-func (e replayExit) Error() string { return e.err.Error() }
-func (e replayExit) Unwrap() error { return e.err }
-func (e replayExit) ExitCode() int { return e.code }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/audit"
@@ -69,6 +70,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	go srv.WatchReload(ctx, load, path, hup)
+	go aw.FlushEvery(ctx, 5*time.Second) // ends sampling windows on time: suppressed counts get written
 	if err := srv.Serve(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}

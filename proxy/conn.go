@@ -248,12 +248,9 @@ func (c *conn) pipeClientToStore() {
 	}
 	for {
 		c.setDeadline()
-		err := waitReadable(rc)
-		if err == nil {
-			bp := readBufs.Get().(*[]byte)
-			var n int
-			n, err = c.client.Read(*bp)
-			ok := n == 0 || c.process((*bp)[:n])
+		bp, n, err := readPooled(rc)
+		if n > 0 {
+			ok := c.process((*bp)[:n])
 			readBufs.Put(bp)
 			if !ok {
 				return
@@ -265,14 +262,43 @@ func (c *conn) pipeClientToStore() {
 	}
 }
 
-// waitReadable blocks until the socket has data, EOF or an error, without holding a buffer.
-func waitReadable(rc syscall.RawConn) error {
-	var one byte
-	return rc.Read(func(fd uintptr) bool {
-		_, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&one)), 1,
-			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-		return e != syscall.EAGAIN && e != syscall.EINTR
+// readPooled reads what the socket has into a pooled buffer, taking the buffer only once data is
+// there: while the socket would block, the buffer goes back to the pool, so an idle connection
+// holds none. The caller returns the buffer when n > 0. It costs the same system calls as a
+// plain Read (a read that would block, then the read that succeeds).
+func readPooled(rc syscall.RawConn) (bp *[]byte, n int, err error) {
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		if bp == nil {
+			bp = readBufs.Get().(*[]byte)
+		}
+		for {
+			n, rerr = syscall.Read(int(fd), *bp)
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		if rerr == syscall.EAGAIN {
+			readBufs.Put(bp)
+			bp = nil
+			return false
+		}
+		return true
 	})
+	switch {
+	case err != nil:
+	case rerr != nil:
+		err = os.NewSyscallError("read", rerr)
+	case n == 0:
+		err = io.EOF
+	}
+	if n <= 0 {
+		if bp != nil {
+			readBufs.Put(bp)
+		}
+		return nil, 0, err
+	}
+	return bp, n, err
 }
 
 // setDeadline arms the read deadline the connection's state calls for: the message deadline while
@@ -474,19 +500,15 @@ func (c *conn) pipeStoreToClient() {
 		return
 	}
 	for {
-		if err := waitReadable(rc); err != nil {
-			return
-		}
-		bp := readBufs.Get().(*[]byte)
-		n, err := c.up.Read(*bp)
+		bp, n, err := readPooled(rc)
 		if n > 0 {
 			w, werr := c.client.Write((*bp)[:n])
 			c.s.m.bytesS2C.Add(float64(w))
+			readBufs.Put(bp)
 			if werr != nil {
-				err = werr
+				return
 			}
 		}
-		readBufs.Put(bp)
 		if err != nil {
 			return
 		}

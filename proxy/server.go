@@ -77,6 +77,7 @@ type Server struct {
 	legacyGen atomic.Uint32
 
 	dialLog   everySecond
+	acceptLog everySecond
 	ln        net.Listener
 	metricsLn net.Listener
 	nextID    atomic.Uint64
@@ -178,8 +179,10 @@ func (s *Server) Serve(ctx context.Context) error {
 				if errors.As(aerr, &ne) && ne.Timeout() {
 					continue
 				}
-				// EMFILE and friends: back off instead of spinning.
-				s.log.Error("accept failed", "err", aerr)
+				// EMFILE and friends: back off instead of spinning, and log once a second.
+				if s.acceptLog.allow(s.now()) {
+					s.log.Error("accept failed (logged at most once a second)", "err", aerr)
+				}
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}

@@ -79,17 +79,22 @@ func (s *Server) handle(tc *net.TCPConn) {
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: tc, src: src, dst: dst, start: s.now(),
 		upReady: make(chan struct{}), s2cDone: make(chan struct{})}
-	defer s.recoverConn(c)
 	dc := st.dec
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
 
 	s.track(c, true)
 	defer s.track(c, false)
+	defer c.finish()
+	defer s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
 	// The store is dialled while the client's first bytes are already being decoded: a hostile
 	// message is refused at once even while the store is still starting.
 	go c.dialStore()
 	c.pipeClientToStore()
+}
+
+// finish waits for the reply direction to end and gives back what the connection held.
+func (c *conn) finish() {
 	if c.awaitUp() {
 		<-c.s2cDone
 	}

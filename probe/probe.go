@@ -25,6 +25,10 @@ type Case struct {
 	// Freeze marks a partial message: instead of waiting for a close, the probe checks that a
 	// second, valid client still gets answers while the partial message is held open.
 	Freeze bool
+	// Expected is how many reply bytes the valid handshake in front of the hostile message earns
+	// (PING's 4-byte echo from G3 on): a guard forwards the handshake, and the store may answer it
+	// before the guard closes the connection.
+	Expected int
 }
 
 // Options choose the probe's cases.
@@ -42,6 +46,10 @@ type Options struct {
 func Cases(o Options) []Case {
 	g, lim := o.Gen, o.Limits
 	hs := protocol.AppendHandshake(nil, g, 1) // VALIDATE (+PING) where the generation has them
+	echo := 0
+	if _, ok := protocol.WireOf(g, protocol.OpPing); ok {
+		echo = 4
+	}
 	op := func(op protocol.Op) byte {
 		w, _ := protocol.WireOf(g, op)
 		return w
@@ -72,6 +80,11 @@ func Cases(o Options) []Case {
 		{Name: "banner_http", Description: "an HTTP request, as scanners send", Bytes: []byte("GET / HTTP/1.0\r\n\r\n")},
 		{Name: "banner_tls", Description: "a TLS ClientHello record header, as scanners send",
 			Bytes: []byte{0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03}},
+	}
+	for i := range cases {
+		if len(hs) > 0 && bytes.HasPrefix(cases[i].Bytes, hs) && !cases[i].Freeze {
+			cases[i].Expected = echo
+		}
 	}
 	if g.Validated() {
 		cases = append(cases,
@@ -115,7 +128,7 @@ func Run(target string, o Options) ([]Result, error) {
 		if c.Freeze {
 			r.Verdict, r.Detail, err = checkFreeze(target, c.Bytes, o)
 		} else {
-			r.Verdict, r.Detail, err = checkClose(target, c.Bytes, o.Timeout)
+			r.Verdict, r.Detail, err = checkClose(target, c.Bytes, c.Expected, o.Timeout)
 		}
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", c.Name, err)
@@ -125,8 +138,9 @@ func Run(target string, o Options) ([]Result, error) {
 	return out, nil
 }
 
-// checkClose sends b and waits for the peer to close without answering.
-func checkClose(target string, b []byte, timeout time.Duration) (Verdict, string, error) {
+// checkClose sends b and waits for the peer to close without answering beyond the expected
+// handshake reply.
+func checkClose(target string, b []byte, expected int, timeout time.Duration) (Verdict, string, error) {
 	c, err := net.DialTimeout("tcp", target, timeout)
 	if err != nil {
 		return "", "", err
@@ -137,17 +151,23 @@ func checkClose(target string, b []byte, timeout time.Duration) (Verdict, string
 		// Closed before we finished writing: refused by the guard.
 		return Blocked, "closed while sending: " + err.Error(), nil
 	}
+	var got []byte
 	buf := make([]byte, 64)
-	n, err := c.Read(buf)
-	switch {
-	case n > 0:
-		return Exposed, fmt.Sprintf("the store answered %x", buf[:n]), nil
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return Exposed, fmt.Sprintf("the connection stayed open for %v: the message was accepted and the store waits for more", timeout), nil
-	case errors.Is(err, io.EOF):
-		return Blocked, "closed without an answer", nil
-	default:
-		return Blocked, "closed without an answer: " + err.Error(), nil
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		switch {
+		case len(got) > expected:
+			return Exposed, fmt.Sprintf("the store answered %x", got[expected:]), nil
+		case err == nil:
+			continue
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return Exposed, fmt.Sprintf("the connection stayed open for %v: the message was accepted and the store waits for more", timeout), nil
+		case errors.Is(err, io.EOF):
+			return Blocked, "closed without an answer", nil
+		default:
+			return Blocked, "closed without an answer: " + err.Error(), nil
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -12,6 +13,11 @@ import (
 )
 
 func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes one command line and returns its exit status.
+func run(args []string, stdout, stderr io.Writer) int {
 	root := &cobra.Command{
 		Use:           "storeguard",
 		Short:         "A guard proxy for PyTorch's TCPStore (MASTER_PORT)",
@@ -19,10 +25,14 @@ func main() {
 		Version:       proxy.Version(),
 	}
 	root.AddCommand(newServeCommand(), config.NewCommand(), audit.NewCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand())
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "storeguard:", err)
-		os.Exit(exitCode(err))
+		fmt.Fprintln(stderr, "storeguard:", err)
+		return exitCode(err)
 	}
+	return 0
 }
 
 // exitCoder lets a command choose its exit status (replay, probe: 1 = violations found or

@@ -167,6 +167,11 @@ func levelName(l slog.Level) (string, bool) {
 	return "", false
 }
 
+// Deadlines returns serve's per-stream time limits (timeouts.message, timeouts.first-message).
+func (c Config) Deadlines() protocol.Deadlines {
+	return protocol.Deadlines{Message: c.Timeouts.Message, FirstMessage: c.Timeouts.FirstMessage}
+}
+
 // Decoder returns the protocol decoder settings of c: generation, backend and limits. LegacyGen is
 // left for the caller (the proxy learns it from the store; replay assumes G0).
 func (c Config) Decoder() (protocol.Config, error) {

@@ -122,7 +122,7 @@ func TestGoldenRealTraffic(t *testing.T) {
 				if !cfg.Gen.Auto {
 					continue
 				}
-				if gen, _ := NewDecoderAfter(cfg, g.stream).Generation(); g.gen >= G2 && gen > g.gen {
+				if gen, _ := decoderAfter(cfg, g.stream).Generation(); g.gen >= G2 && gen > g.gen {
 					t.Errorf("auto narrowed to %s, above the release's %s", gen, g.gen)
 				}
 			}
@@ -149,8 +149,8 @@ func TestGoldenRealTraffic(t *testing.T) {
 	}
 }
 
-// NewDecoderAfter returns a decoder that has consumed stream, for tests.
-func NewDecoderAfter(cfg Config, stream []byte) *Decoder {
+// decoderAfter returns a decoder that has consumed stream, for tests.
+func decoderAfter(cfg Config, stream []byte) *Decoder {
 	d := NewDecoder(cfg)
 	for p := stream; len(p) > 0; {
 		n, _, err := d.Scan(p)

@@ -142,6 +142,3 @@ var firstGeneration = func() (t [numOps]Generation) {
 		}
 	}
 }()
-
-// FirstGeneration returns the oldest generation that has op.
-func FirstGeneration(op Op) Generation { return firstGeneration[op] }

@@ -58,7 +58,8 @@ type conn struct {
 
 func (s *Server) handle(tc *net.TCPConn) {
 	defer s.handlers.Done()
-	src := netip.AddrPortFrom(addrPort(tc.RemoteAddr()).Addr().Unmap(), addrPort(tc.RemoteAddr()).Port())
+	remote := addrPort(tc.RemoteAddr())
+	src := netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
 	dst := originalDst(tc)
 	if s.draining.Load() {
 		s.refuse(src, dst, refuseDraining)
@@ -310,16 +311,12 @@ func readPooled(rc syscall.RawConn) (bp *[]byte, n int, err error) {
 // a message is in progress, else the first-message deadline before any message, else the idle
 // timeout; none by default, since a WAIT may last hours.
 func (c *conn) setDeadline() {
-	t := c.st.cfg.Timeouts
 	var dl time.Time
-	switch {
-	case c.raw:
-	case c.dec.InMessage() && t.Message > 0:
-		dl = c.msgStart.Add(t.Message)
-	case c.dec.Offset() == 0 && t.FirstMessage > 0 && !c.spared:
-		dl = c.start.Add(t.FirstMessage)
-	case t.Idle > 0:
-		dl = c.s.now().Add(t.Idle)
+	if !c.raw {
+		dl = c.st.cfg.Deadlines().Next(&c.dec, c.start, c.msgStart, c.spared)
+		if idle := c.st.cfg.Timeouts.Idle; dl.IsZero() && idle > 0 {
+			dl = c.s.now().Add(idle)
+		}
 	}
 	if !dl.Equal(c.deadline) {
 		c.deadline = dl
@@ -331,23 +328,17 @@ func (c *conn) setDeadline() {
 func (c *conn) endRead(err error) bool {
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		t := c.st.cfg.Timeouts
-		switch {
-		case c.dec.InMessage():
-			return c.violation(c.dec.Expire(protocol.RuleMessageTimeout), nil, 0)
-		case c.dec.Offset() == 0 && t.FirstMessage > 0 && !c.spared:
-			// torch <= 2.0 opens a second connection per store that never sends a byte. Spare
-			// a silent connection whose source already has a working one.
-			g := c.st.dec.Gen
-			if (g.Auto || g.Gen == protocol.G0) && c.s.isTalker(c.src.Addr()) {
-				c.spared = true
-				return true
-			}
-			return c.violation(c.dec.Expire(protocol.RuleFirstMessageTimeout), nil, 0)
+		dl := c.st.cfg.Deadlines()
+		if dl.Next(&c.dec, c.start, c.msgStart, c.spared).IsZero() {
+			c.s.log.Debug("idle timeout", "conn", c.id)
+			c.closeBoth()
+			return false
 		}
-		c.s.log.Debug("idle timeout", "conn", c.id)
-		c.closeBoth()
-		return false
+		if !c.dec.InMessage() && protocol.MaySpareSilent(c.st.dec.Gen, c.s.isTalker(c.src.Addr())) {
+			c.spared = true
+			return true
+		}
+		return c.violation(dl.Expire(&c.dec), nil, 0)
 	case errors.Is(err, io.EOF):
 		// The client is done sending: pass the half-close on (a partial message is dropped,
 		// never forwarded) and let the store's last replies through for a while.

@@ -143,14 +143,6 @@ func (s *Server) MetricsAddr() net.Addr {
 	return s.metricsLn.Addr()
 }
 
-// Run listens and serves until ctx ends, then drains.
-func (s *Server) Run(ctx context.Context) error {
-	if err := s.Listen(); err != nil {
-		return err
-	}
-	return s.Serve(ctx)
-}
-
 // Serve accepts connections until ctx ends; then it stops accepting, lets live connections run
 // for timeouts.drain, closes what is left and returns.
 func (s *Server) Serve(ctx context.Context) error {
@@ -289,9 +281,6 @@ func (s *Server) httpHandler() http.Handler {
 	})
 	return mux
 }
-
-// MetricsHandler serves the proxy's metrics, for embedding and tests.
-func (s *Server) MetricsHandler() http.Handler { return s.httpHandler() }
 
 // markTalker records that src has a connection that completed a message; done undoes it.
 func (s *Server) markTalker(src netip.Addr) (done func()) {

@@ -138,15 +138,10 @@ func (s *stream) firstBytes(rest []byte) []byte {
 
 // deadline is when serve's read deadline would fire in the stream's state; zero for none.
 func (s *stream) deadline() time.Time {
-	t := s.c.r.cfg.Timeouts
-	switch {
-	case s.done || s.midstream:
-	case s.dec.InMessage() && t.Message > 0:
-		return s.msgStart.Add(t.Message)
-	case s.dec.Offset() == 0 && t.FirstMessage > 0 && !s.spared:
-		return s.start.Add(t.FirstMessage)
+	if s.done || s.midstream {
+		return time.Time{}
 	}
-	return time.Time{}
+	return s.c.r.cfg.Deadlines().Next(&s.dec, s.start, s.msgStart, s.spared)
 }
 
 // expireDue applies a deadline that has passed by now and reports whether the stream is decided.
@@ -161,18 +156,15 @@ func (s *stream) expireDue(now time.Time, delivering bool) bool {
 		return false
 	}
 	if s.dec.InMessage() {
-		s.reject(s.dec.Expire(protocol.RuleMessageTimeout), s.firstBytes(nil), d)
+		s.reject(s.c.r.cfg.Deadlines().Expire(&s.dec), s.firstBytes(nil), d)
 		return true
 	}
-	// torch <= 2.0 opens a second connection per store that never sends a byte: serve spares a
-	// silent connection whose source already has a working one.
-	g := s.c.r.dec.Gen
-	if (g.Auto || g.Gen == protocol.G0) && s.c.talkers[s.key.src.Addr()] > 0 {
+	if protocol.MaySpareSilent(s.c.r.dec.Gen, s.c.talkers[s.key.src.Addr()] > 0) {
 		s.spared = true
 		s.schedule()
 		return false
 	}
-	s.reject(s.dec.Expire(protocol.RuleFirstMessageTimeout), nil, d)
+	s.reject(s.c.r.cfg.Deadlines().Expire(&s.dec), nil, d)
 	return true
 }
 

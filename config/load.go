@@ -372,6 +372,7 @@ func (d *decoder) decode(c *Config) {
 	d.str("generation", &c.Generation)
 	d.lower("backend", (*string)(&c.Backend))
 	d.lower("mode", (*string)(&c.Mode))
+	d.int("event-loops", &c.EventLoops)
 
 	d.int64("limits.max-key-bytes", &c.Limits.MaxKeyBytes)
 	d.int64("limits.max-value-bytes", &c.Limits.MaxValueBytes)

@@ -21,6 +21,7 @@ const (
 	maxBudgetBytes  = 1 << 48
 	maxCount        = 1 << 30
 	maxConnections  = 1 << 24
+	maxEventLoops   = 1024
 	maxRate         = 1e9
 )
 
@@ -55,6 +56,7 @@ func (c Config) validate() []error {
 	}
 	oneOf(&v, "backend", string(c.Backend), BackendAuto, BackendLegacy, BackendLibUV)
 	oneOf(&v, "mode", string(c.Mode), ModeEnforce, ModeMonitor)
+	v.between("event-loops", int64(c.EventLoops), -1, maxEventLoops)
 
 	l := c.Limits
 	v.between("limits.max-key-bytes", l.MaxKeyBytes, 1, maxKeyBytes)

@@ -110,6 +110,7 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"generation":     str(c.Generation),
 		"backend":        str(string(c.Backend)),
 		"mode":           str(string(c.Mode)),
+		"event-loops":    num(int64(c.EventLoops)),
 
 		"limits.max-key-bytes":        num(c.Limits.MaxKeyBytes),
 		"limits.max-value-bytes":      num(c.Limits.MaxValueBytes),

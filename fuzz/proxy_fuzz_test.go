@@ -5,6 +5,7 @@ package fuzz
 import (
 	"bytes"
 	"context"
+	"flag"
 	"io"
 	"net"
 	"sync"
@@ -51,6 +52,10 @@ type guarded struct {
 	store *recorder
 }
 
+// eventLoops is event-loops for the proxies: scripts/test.sh runs the package with loops (the
+// default) and without (-event-loops=-1).
+var eventLoops = flag.Int("event-loops", 0, "event-loops for the proxies under test")
+
 var (
 	setupOnce sync.Once
 	guards    []guarded
@@ -64,6 +69,7 @@ func setup(t testing.TB) {
 			cfg := config.Default()
 			cfg.Listen, cfg.MetricsListen, cfg.Upstream = "127.0.0.1:0", "", store.ln.Addr().String()
 			cfg.Generation = g.String()
+			cfg.EventLoops = *eventLoops
 			cfg.Limits.MaxMessageBytes = 1 << 16
 			cfg.Limits.MaxValueBytes = 1 << 14
 			cfg.Limits.MaxKeyBytes = 1 << 10

@@ -46,6 +46,20 @@ func (b *budget) acquire(ctx context.Context, n int64) error {
 	return nil
 }
 
+// tryAcquire takes n bytes if acquire would not wait.
+func (b *budget) tryAcquire(n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.limit && b.used > 0 {
+		return false
+	}
+	b.used += n
+	return true
+}
+
 func (b *budget) release(n int64) {
 	if n <= 0 {
 		return

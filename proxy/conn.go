@@ -50,10 +50,26 @@ type conn struct {
 	spared   bool // a silent G0 callback connection, let past the first-message deadline
 	untalk   func()
 
-	mu      sync.Mutex // guards up and closed against dialStore
-	closed  bool
-	upReady chan struct{} // closed once dialStore is done; up is then set, or the dial failed
-	s2cDone chan struct{}
+	mu         sync.Mutex // guards up, closed, lp, kick, s2cStarted and (while in a loop) client
+	closed     bool
+	upReady    chan struct{} // closed once dialStore is done; up is then set, or the dial failed
+	s2cStarted bool          // the reply direction's goroutine runs (or ran)
+	s2cDone    chan struct{}
+
+	// Event-loop forwarding (loop.go). kick: the store is connected and the handler is to offer
+	// the connection to a loop. While lp is set, the loop owns cfd and ufd (client and up are
+	// closed) and the handler waits on back. What the loop could not finish is left in pendUp
+	// (bytes for the store), pendClient (bytes for the client) and resumeTail (the start of a
+	// message it could not keep), for the goroutines to finish first.
+	kick       bool
+	lp         *loop
+	inLoop     bool
+	registered bool // in its loop's epoll set; only the loop reads and writes it
+	back       chan struct{}
+	cfd, ufd   int32
+	pendUp     []byte
+	pendClient []byte
+	resumeTail []byte
 }
 
 func (s *Server) handle(tc *net.TCPConn) {
@@ -79,7 +95,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: tc, src: src, dst: dst, start: s.now(),
-		upReady: make(chan struct{}), s2cDone: make(chan struct{})}
+		upReady: make(chan struct{}), s2cDone: make(chan struct{}), back: make(chan struct{}, 1), cfd: -1, ufd: -1}
 	dc := st.dec
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
@@ -96,7 +112,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 
 // finish waits for the reply direction to end and gives back what the connection held.
 func (c *conn) finish() {
-	if c.awaitUp() {
+	if c.awaitUp() && c.replying() {
 		<-c.s2cDone
 	}
 	c.releaseCarry()
@@ -199,6 +215,10 @@ func (c *conn) closeBoth() {
 		return
 	}
 	c.closed = true
+	if c.lp != nil {
+		c.lp.requestClose(c) // the loop owns the sockets: it closes them
+		return
+	}
 	c.client.Close()
 	if c.up != nil {
 		c.up.Close()
@@ -235,8 +255,32 @@ func (c *conn) dialStore() {
 		return
 	}
 	c.up = up.(*net.TCPConn)
+	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
+		// Ask the handler, wherever it is, to offer the connection to a loop: wake it from a read.
+		c.kick = true
+		c.client.SetReadDeadline(time.Unix(1, 0))
+		c.mu.Unlock()
+		return
+	}
 	c.mu.Unlock()
+	c.startReplies()
+}
+
+// startReplies starts the reply direction's goroutine, once.
+func (c *conn) startReplies() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.s2cStarted || c.up == nil || c.closed {
+		return
+	}
+	c.s2cStarted = true
 	go c.pipeStoreToClient()
+}
+
+func (c *conn) replying() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s2cStarted
 }
 
 // awaitUp waits for dialStore and reports whether the store is connected.
@@ -253,6 +297,20 @@ func (c *conn) pipeClientToStore() {
 		return
 	}
 	for {
+		if c.takeKick() {
+			c.deadline = time.Unix(1, 0) // the kick moved the read deadline: setDeadline re-arms it
+			if c.adoptable() {
+				if !c.runInLoop() {
+					return
+				}
+				if rc, err = c.client.SyscallConn(); err != nil {
+					c.closeBoth()
+					return
+				}
+			} else {
+				c.startReplies()
+			}
+		}
 		c.setDeadline()
 		bp, n, err := readPooled(rc)
 		if n > 0 {
@@ -262,10 +320,136 @@ func (c *conn) pipeClientToStore() {
 				return
 			}
 		}
-		if err != nil && !c.endRead(err) {
-			return
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && c.kicked() {
+				continue
+			}
+			if !c.endRead(err) {
+				return
+			}
 		}
 	}
+}
+
+func (c *conn) kicked() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kick
+}
+
+func (c *conn) takeKick() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.kick
+	c.kick = false
+	return k
+}
+
+// adoptable reports whether a loop may take the connection now: the store is connected and the
+// client is between messages, with no deadline to watch.
+func (c *conn) adoptable() bool {
+	return c.up != nil && !c.raw && !c.dec.InMessage() && len(c.carry) == 0 && !c.needsDeadline() && !c.isClosed()
+}
+
+func (c *conn) needsDeadline() bool {
+	return !c.raw && !c.st.cfg.Deadlines().Next(&c.dec, c.start, c.msgStart, c.spared).IsZero()
+}
+
+// runInLoop hands the connection to an event loop and waits until the loop gives it back; it
+// reports whether the connection lives on, then with its goroutines.
+func (c *conn) runInLoop() bool {
+	cfd, err := detach(c.client)
+	if err != nil {
+		c.closeBoth()
+		return false
+	}
+	ufd, err := detach(c.up)
+	if err != nil {
+		syscall.Close(int(cfd))
+		c.closeBoth()
+		return false
+	}
+	l := c.s.loops.pick()
+	c.mu.Lock()
+	c.cfd, c.ufd = cfd, ufd
+	if c.closed {
+		c.closeDetached()
+		c.mu.Unlock()
+		return false
+	}
+	c.lp, c.inLoop = l, true
+	c.mu.Unlock()
+	l.adopt(c)
+	<-c.back
+	c.inLoop = false
+	if !c.reattach() {
+		return false
+	}
+	if len(c.pendUp) > 0 {
+		n, err := c.up.Write(c.pendUp)
+		c.s.m.bytesC2S.Add(float64(n))
+		c.pendUp = nil
+		if err != nil {
+			c.closeBoth()
+			return false
+		}
+	}
+	if t := c.resumeTail; t != nil {
+		c.resumeTail = nil
+		if !c.keep(t) {
+			return false
+		}
+	}
+	c.startReplies()
+	return true
+}
+
+// leaveLoop is called by the loop that lets c go, after it stopped watching c's sockets.
+func (c *conn) leaveLoop() {
+	c.mu.Lock()
+	c.lp = nil
+	if c.closed {
+		c.closeDetached()
+	}
+	c.mu.Unlock()
+	c.back <- struct{}{}
+}
+
+// closeDetached closes the descriptors a loop owned; c.mu is held.
+func (c *conn) closeDetached() {
+	if c.cfd >= 0 {
+		syscall.Close(int(c.cfd))
+		syscall.Close(int(c.ufd))
+	}
+	c.cfd, c.ufd = -1, -1
+}
+
+// reattach gives the sockets back to Go's poller after a loop; it reports whether the connection
+// lives on.
+func (c *conn) reattach() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		c.closeDetached()
+		return false
+	}
+	client, err := attach(c.cfd)
+	if err == nil {
+		c.cfd = -1
+		var up *net.TCPConn
+		if up, err = attach(c.ufd); err == nil {
+			c.client, c.up, c.ufd = client, up, -1
+			return true
+		}
+		client.Close()
+	}
+	c.s.log.Warn("could not take a connection back from its event loop; closing it", "conn", c.id, "err", err)
+	c.closed = true
+	if c.ufd >= 0 {
+		syscall.Close(int(c.ufd))
+	}
+	c.closeDetached()
+	return false
 }
 
 // readPooled reads what the socket has into a pooled buffer, taking the buffer only once data is
@@ -399,6 +583,14 @@ func (c *conn) forwardCarry(p []byte) bool {
 	if len(c.carry) == 0 {
 		return c.forward(p)
 	}
+	if c.inLoop {
+		ok := c.loopWrite(c.carry, p)
+		c.carry = c.carry[:0]
+		if cap(c.carry) > keepCarry {
+			c.releaseCarry()
+		}
+		return ok
+	}
 	if !c.awaitUp() {
 		return false
 	}
@@ -418,6 +610,9 @@ func (c *conn) forwardCarry(p []byte) bool {
 }
 
 func (c *conn) forward(p []byte) bool {
+	if c.inLoop {
+		return c.loopWrite(p, nil)
+	}
 	if !c.awaitUp() {
 		return false
 	}
@@ -430,6 +625,33 @@ func (c *conn) forward(p []byte) bool {
 	return true
 }
 
+// loopWrite writes a and then b to the store without waiting; what the store cannot take yet is
+// kept in pendUp, and everything after it too, for the goroutines to write.
+func (c *conn) loopWrite(a, b []byte) bool {
+	if len(a) == 0 {
+		a, b = b, nil
+	}
+	if len(a) == 0 {
+		return true
+	}
+	if len(c.pendUp) > 0 {
+		c.pendUp = append(append(c.pendUp, a...), b...)
+		return true
+	}
+	n, errno := writeFd(c.ufd, a, b)
+	c.s.m.bytesC2S.Add(float64(n))
+	if errno != 0 && errno != syscall.EAGAIN {
+		c.closeBoth()
+		return false
+	}
+	if n < len(a) {
+		c.pendUp = append(append([]byte(nil), a[n:]...), b...)
+	} else if n -= len(a); n < len(b) {
+		c.pendUp = append([]byte(nil), b[n:]...)
+	}
+	return true
+}
+
 // keep appends the start of an incomplete message to carry, taking budget for any growth. The
 // decoder guarantees the message in progress is within limits.max-message-bytes.
 func (c *conn) keep(tail []byte) bool {
@@ -438,14 +660,8 @@ func (c *conn) keep(tail []byte) bool {
 		limit := int(c.st.dec.Limits.MaxMessageBytes)
 		newCap := min(max(2*cap(c.carry), need, 512), max(limit, need))
 		grow := int64(newCap - cap(c.carry))
-		ctx, cancel := context.WithDeadline(context.Background(), c.msgStart.Add(c.st.cfg.Timeouts.Message))
-		if c.st.cfg.Timeouts.Message <= 0 {
-			ctx, cancel = context.WithCancel(context.Background())
-		}
-		err := c.s.buf.acquire(ctx, grow)
-		cancel()
-		if err != nil {
-			return c.violation(c.dec.Expire(protocol.RuleMessageTimeout), tail, 0)
+		if ok, alive := c.acquire(grow, tail); !ok {
+			return alive
 		}
 		c.held += grow
 		nc := make([]byte, len(c.carry), newCap)
@@ -454,6 +670,28 @@ func (c *conn) keep(tail []byte) bool {
 	}
 	c.carry = append(c.carry, tail...)
 	return true
+}
+
+// acquire takes n bytes of budget for keeping tail. In a loop, which must not wait, a spent
+// budget leaves tail to the handler (ok false, alive true); the handler waits until the message's
+// deadline, which is a violation when it passes (ok and alive false).
+func (c *conn) acquire(n int64, tail []byte) (ok, alive bool) {
+	if c.inLoop {
+		if c.s.buf.tryAcquire(n) {
+			return true, true
+		}
+		c.resumeTail = append([]byte(nil), tail...)
+		return false, true
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), c.msgStart.Add(c.st.cfg.Timeouts.Message))
+	if c.st.cfg.Timeouts.Message <= 0 {
+		ctx, cancel = context.WithCancel(context.Background())
+	}
+	defer cancel()
+	if err := c.s.buf.acquire(ctx, n); err != nil {
+		return false, c.violation(c.dec.Expire(protocol.RuleMessageTimeout), tail, 0)
+	}
+	return true, true
 }
 
 func (c *conn) releaseCarry() {
@@ -491,6 +729,14 @@ func (c *conn) pipeStoreToClient() {
 	defer close(c.s2cDone)
 	defer c.closeBoth()
 	defer c.s.recoverConn(c)
+	if len(c.pendClient) > 0 {
+		w, err := c.client.Write(c.pendClient)
+		c.s.m.bytesS2C.Add(float64(w))
+		c.pendClient = nil
+		if err != nil {
+			return
+		}
+	}
 	rc, err := c.up.SyscallConn()
 	if err != nil {
 		return

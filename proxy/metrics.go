@@ -32,7 +32,22 @@ type metrics struct {
 	panics       prometheus.Counter
 	buffered     prometheus.GaugeFunc
 	auditDropped prometheus.Counter
+	loopConns    prometheus.Gauge
+	handbacks    [numHandbacks]prometheus.Counter
 }
+
+// handback is why an event loop gave a connection back to its goroutines.
+type handback int
+
+const (
+	handbackPartial      handback = iota // a message in progress to time, or budget to wait for
+	handbackBackpressure                 // a peer that could not take a write at once
+	handbackEnd                          // end of stream, reset or error
+	handbackClosed                       // closed: a violation, drain, or the loop stopping
+	numHandbacks
+)
+
+var handbackNames = [numHandbacks]string{"partial", "backpressure", "end", "closed"}
 
 func newMetrics(bansActive, buffered func() float64) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
@@ -66,12 +81,19 @@ func newMetrics(bansActive, buffered func() float64) *metrics {
 		"Bytes of partial client messages held, against caps.buffer-budget-bytes.")), buffered)
 	m.auditDropped = prometheus.NewCounter(prometheus.CounterOpts(f("audit_write_errors_total",
 		"Audit events that could not be written.")))
+	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
+		"Connections an event loop forwards now (the others run on goroutines).")))
+	handbacks := prometheus.NewCounterVec(prometheus.CounterOpts(f("event_loop_handbacks_total",
+		"Connections an event loop gave back to goroutines, by reason.")), []string{"reason"})
+	for i, name := range handbackNames {
+		m.handbacks[i] = handbacks.WithLabelValues(name)
+	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
 		[]string{"version", "goversion"})
 	build.WithLabelValues(Version(), runtime.Version()).Set(1)
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
-		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, build,
+		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.loopConns, handbacks, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.

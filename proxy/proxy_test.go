@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -29,8 +30,8 @@ import (
 type fakeStore struct {
 	t     *testing.T
 	ln    net.Listener
-	reply []byte
 	mu    sync.Mutex
+	reply []byte
 	conns []*bytes.Buffer
 	skip  int // connections before the test's own (the auto probe)
 }
@@ -65,9 +66,10 @@ func (fs *fakeStore) serve() {
 				if n > 0 {
 					fs.mu.Lock()
 					buf.Write(b[:n])
+					reply := fs.reply
 					fs.mu.Unlock()
-					if fs.reply != nil {
-						c.Write(fs.reply)
+					if reply != nil {
+						c.Write(reply)
 					}
 				}
 				if err != nil {
@@ -76,6 +78,12 @@ func (fs *fakeStore) serve() {
 			}
 		}()
 	}
+}
+
+func (fs *fakeStore) setReply(b []byte) {
+	fs.mu.Lock()
+	fs.reply = b
+	fs.mu.Unlock()
 }
 
 // received returns what connection i sent, "" if it does not exist.
@@ -130,8 +138,14 @@ type harness struct {
 	done   chan struct{} // closed when Serve returns
 }
 
+// testEventLoops is event-loops for every test server: scripts/test.sh runs the package once with
+// loops (the default) and once without (-event-loops=-1), so both forwarding paths pass the same
+// tests.
+var testEventLoops = flag.Int("event-loops", 0, "event-loops for the test servers")
+
 func testConfig(upstream string) config.Config {
 	c := config.Default()
+	c.EventLoops = *testEventLoops
 	c.Listen, c.Upstream, c.MetricsListen = "127.0.0.1:0", upstream, "127.0.0.1:0"
 	c.Generation = "1.13"
 	c.Timeouts.Drain = 2 * time.Second
@@ -249,7 +263,7 @@ func unhex(t *testing.T, s string) []byte {
 
 func TestForwardsValidTrafficBothWays(t *testing.T) {
 	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
-	h.store.reply = []byte("reply")
+	h.store.setReply([]byte("reply"))
 	c := h.dial()
 	msgs := protocol.AppendHandshake(nil, protocol.G3, 77)
 	msgs = append(msgs, enc(t, protocol.G3,
@@ -659,7 +673,7 @@ func TestWorkerBeforeStore(t *testing.T) {
 	c.Write([]byte{0x06})
 	time.Sleep(300 * time.Millisecond)
 	store := newFakeStore(t, addr)
-	store.reply = []byte("12345678")
+	store.setReply([]byte("12345678"))
 	eventually(t, "the held message at the late store", func() bool { return bytes.Equal(store.received(0), []byte{6}) })
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(c, make([]byte, 8)); err != nil {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,7 @@ type Server struct {
 	nextID    atomic.Uint64
 	handlers  sync.WaitGroup
 	draining  atomic.Bool
+	loops     *loops // nil: connections are forwarded by their goroutines only
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -159,6 +161,18 @@ func (s *Server) Serve(ctx context.Context) error {
 		go httpSrv.Serve(s.metricsLn)
 	}
 	go s.sweepLoop(ctx)
+	if n := st.cfg.EventLoops; n >= 0 {
+		if n == 0 {
+			n = runtime.GOMAXPROCS(0)
+		}
+		ls, err := startLoops(s, n)
+		if err != nil {
+			s.log.Warn("event loops unavailable; forwarding with goroutines", "err", err)
+		} else {
+			s.loops = ls
+			defer ls.stop()
+		}
+	}
 
 	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
 	defer stop()

@@ -1,0 +1,335 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"runtime/debug"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// Event loops forward established connections. A connection starts with goroutines (its handler
+// reads and decodes the client while the store is dialled); once the store is connected and the
+// connection is between messages, its two sockets leave Go's poller for a loop, which waits on
+// many connections with one epoll_wait, reads, decodes and writes without waking a goroutine per
+// direction. Profiles showed those wake-ups (futex, scheduler, netpoll) cost more than the
+// forwarding itself on a small host.
+//
+// A loop never blocks on one connection. Whatever would make it wait hands the connection back to
+// its goroutines, which then handle it as before for the rest of its life: a write the peer cannot
+// take yet (the rest is kept and written first), a partial message that must meet its deadline or
+// that needs budget the loop cannot get at once, an end of stream, a reset or an error.
+type loop struct {
+	s      *Server
+	epfd   int
+	wakeR  int // the loop's side of its wake-up pipe
+	wakeW  int
+	buf    []byte
+	events []syscall.EpollEvent
+	conns  map[int32]*conn // by both of its file descriptors
+	done   chan struct{}
+
+	mu     sync.Mutex // guards the requests below
+	adopts []*conn
+	closes []*conn
+	stop   bool
+	woken  bool
+}
+
+// loops are a server's event loops; connections are spread over them in turn.
+type loops struct {
+	all  []*loop
+	next uint32
+	mu   sync.Mutex
+}
+
+func startLoops(s *Server, n int) (*loops, error) {
+	ls := &loops{}
+	for range n {
+		l, err := newLoop(s)
+		if err != nil {
+			ls.stop()
+			return nil, err
+		}
+		ls.all = append(ls.all, l)
+		go l.run()
+	}
+	return ls, nil
+}
+
+// pick is the loop the next connection goes to.
+func (ls *loops) pick() *loop {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.next++
+	return ls.all[int(ls.next)%len(ls.all)]
+}
+
+// stop ends the loops, handing any connection they still forward back to its goroutines.
+func (ls *loops) stop() {
+	for _, l := range ls.all {
+		l.request(func() { l.stop = true })
+		<-l.done
+	}
+}
+
+func newLoop(s *Server) (*loop, error) {
+	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("event loop: epoll_create1: %w", err)
+	}
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
+		syscall.Close(epfd)
+		return nil, fmt.Errorf("event loop: pipe2: %w", err)
+	}
+	l := &loop{s: s, epfd: epfd, wakeR: p[0], wakeW: p[1], buf: make([]byte, readSize),
+		events: make([]syscall.EpollEvent, 256), conns: map[int32]*conn{}, done: make(chan struct{})}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wakeR)}
+	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, l.wakeR, &ev); err != nil {
+		l.closeFds()
+		return nil, fmt.Errorf("event loop: epoll_ctl: %w", err)
+	}
+	return l, nil
+}
+
+func (l *loop) closeFds() {
+	syscall.Close(l.epfd)
+	syscall.Close(l.wakeR)
+	syscall.Close(l.wakeW)
+}
+
+// request runs change under the loop's lock and wakes the loop to act on it.
+func (l *loop) request(change func()) {
+	l.mu.Lock()
+	change()
+	wake := !l.woken
+	l.woken = true
+	l.mu.Unlock()
+	if wake {
+		syscall.Write(l.wakeW, []byte{1}) // a full pipe already wakes the loop
+	}
+}
+
+func (l *loop) adopt(c *conn)        { l.request(func() { l.adopts = append(l.adopts, c) }) }
+func (l *loop) requestClose(c *conn) { l.request(func() { l.closes = append(l.closes, c) }) }
+
+func (l *loop) run() {
+	defer close(l.done)
+	defer l.closeFds()
+	for {
+		n, err := syscall.EpollWait(l.epfd, l.events, -1)
+		if err != nil {
+			if err == syscall.EINTR {
+				continue
+			}
+			l.s.log.Error("event loop: epoll_wait failed; handing its connections back", "err", err)
+			l.releaseAll()
+			return
+		}
+		for _, ev := range l.events[:n] {
+			if ev.Fd == int32(l.wakeR) {
+				if l.serveRequests() {
+					return
+				}
+				continue
+			}
+			if c := l.conns[ev.Fd]; c != nil {
+				l.serveEvent(c, ev)
+			}
+		}
+	}
+}
+
+// serveRequests adopts and closes what was asked; it reports whether the loop is to stop.
+func (l *loop) serveRequests() (stop bool) {
+	var b [64]byte
+	for {
+		if n, _ := syscall.Read(l.wakeR, b[:]); n <= 0 {
+			break
+		}
+	}
+	l.mu.Lock()
+	adopts, closes, stop := l.adopts, l.closes, l.stop
+	l.adopts, l.closes, l.woken = nil, nil, false
+	l.mu.Unlock()
+	for _, c := range adopts {
+		l.register(c)
+	}
+	for _, c := range closes {
+		if c.registered { // else the loop already let it go
+			l.release(c, handbackClosed)
+		}
+	}
+	if stop {
+		l.releaseAll()
+	}
+	return stop
+}
+
+func (l *loop) releaseAll() {
+	for _, c := range l.conns {
+		if c.registered { // each connection is in the map twice
+			l.release(c, handbackClosed)
+		}
+	}
+}
+
+func (l *loop) register(c *conn) {
+	for _, fd := range [2]int32{c.cfd, c.ufd} {
+		ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: fd}
+		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
+			l.s.log.Warn("event loop: epoll_ctl failed; the connection stays with its goroutines",
+				"conn", c.id, "err", err)
+			syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
+			c.leaveLoop()
+			return
+		}
+	}
+	l.conns[c.cfd], l.conns[c.ufd] = c, c
+	c.registered = true
+	l.s.m.loopConns.Inc()
+}
+
+// release takes c out of the loop and hands it back to its goroutines, closing its sockets if
+// it was closed meanwhile.
+func (l *loop) release(c *conn, why handback) {
+	l.s.m.loopConns.Dec()
+	l.s.m.handbacks[why].Inc()
+	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
+	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.ufd), nil)
+	delete(l.conns, c.cfd)
+	delete(l.conns, c.ufd)
+	c.registered = false
+	c.leaveLoop()
+}
+
+// serveEvent reads what one of c's sockets has and passes it on; anything but a plain read and
+// complete writes hands c back to its goroutines.
+func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
+	defer func() {
+		if r := recover(); r != nil {
+			l.s.m.panics.Inc()
+			l.s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
+			c.closeBoth()
+			l.release(c, handbackClosed)
+		}
+	}()
+	if c.isClosed() {
+		l.release(c, handbackClosed)
+		return
+	}
+	if ev.Events&(syscall.EPOLLERR|syscall.EPOLLHUP|syscall.EPOLLRDHUP) != 0 {
+		l.release(c, handbackEnd) // the goroutines read what is left, then see the end
+		return
+	}
+	fromClient := ev.Fd == c.cfd
+	src := c.ufd
+	if fromClient {
+		src = c.cfd
+	}
+	n, errno := readFd(src, l.buf)
+	switch {
+	case n > 0:
+	case errno == syscall.EAGAIN || errno == syscall.EINTR:
+		return
+	default:
+		l.release(c, handbackEnd)
+		return
+	}
+	if fromClient {
+		switch {
+		case !c.process(l.buf[:n]):
+			l.release(c, handbackClosed)
+		case len(c.pendUp) > 0:
+			l.release(c, handbackBackpressure)
+		case c.resumeTail != nil || c.needsDeadline():
+			l.release(c, handbackPartial)
+		}
+		return
+	}
+	w, errno := writeFd(c.cfd, l.buf[:n], nil)
+	c.s.m.bytesS2C.Add(float64(w))
+	switch {
+	case w == n:
+	case errno == 0 || errno == syscall.EAGAIN:
+		c.pendClient = append([]byte(nil), l.buf[w:n]...)
+		l.release(c, handbackBackpressure)
+	default:
+		c.closeBoth()
+		l.release(c, handbackClosed)
+	}
+}
+
+func readFd(fd int32, p []byte) (int, syscall.Errno) {
+	n, err := syscall.Read(int(fd), p)
+	if err != nil {
+		return 0, err.(syscall.Errno)
+	}
+	if n == 0 {
+		return 0, syscall.ECONNRESET // end of stream: the goroutines see it for themselves
+	}
+	return n, 0
+}
+
+// writeFd writes a and then b (which may be empty) with one system call, without waiting.
+func writeFd(fd int32, a, b []byte) (int, syscall.Errno) {
+	if len(b) == 0 {
+		n, err := syscall.Write(int(fd), a)
+		if err != nil {
+			return 0, err.(syscall.Errno)
+		}
+		return n, 0
+	}
+	iov := [2]syscall.Iovec{{Base: &a[0]}, {Base: &b[0]}}
+	iov[0].SetLen(len(a))
+	iov[1].SetLen(len(b))
+	for {
+		n, _, e := syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != 0 {
+			return 0, e
+		}
+		return int(n), 0
+	}
+}
+
+// detach takes a socket away from Go's poller: it returns a duplicate descriptor, which the
+// caller owns, and closes tc (the socket lives on through the duplicate).
+func detach(tc *net.TCPConn) (int32, error) {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		r, _, e := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_DUPFD_CLOEXEC, 0)
+		if e != 0 {
+			derr = os.NewSyscallError("fcntl", e)
+			return
+		}
+		nfd = int(r)
+	}); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, derr
+	}
+	tc.Close()
+	return int32(nfd), nil
+}
+
+// attach gives a descriptor from detach back to Go's poller, closing the descriptor.
+func attach(fd int32) (*net.TCPConn, error) {
+	f := os.NewFile(uintptr(fd), "")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}

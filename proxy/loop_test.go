@@ -1,0 +1,187 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// These tests drive a connection into an event loop (event_loop_connections reads 1) and then
+// through each way out of it, checking that the bytes each side receives are exactly right.
+
+func (h *harness) loopConns() string { return h.metric("storeguard_event_loop_connections") }
+
+func (h *harness) handbacks(reason string) string {
+	return h.metric(`storeguard_event_loop_handbacks_total{reason="` + reason + `"}`)
+}
+
+// adopted sends the G3 handshake and waits until a loop forwards the connection.
+func (h *harness) adopted(c net.Conn) []byte {
+	h.t.Helper()
+	if *testEventLoops < 0 {
+		h.t.Skip("event loops are off (-event-loops=-1)")
+	}
+	hs := protocol.AppendHandshake(nil, protocol.G3, 5)
+	if _, err := c.Write(hs); err != nil {
+		h.t.Fatal(err)
+	}
+	eventually(h.t, "the handshake at the store", func() bool { return bytes.Equal(h.store.received(0), hs) })
+	eventually(h.t, "a loop forwarding the connection", func() bool { return h.loopConns() == "1" })
+	return hs
+}
+
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i % 251)
+	}
+	return b
+}
+
+func TestLoopForwardsBothWays(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	h.store.setReply([]byte("ok"))
+	c := h.dial()
+	sent := h.adopted(c)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil { // the store's answer to the handshake
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		m := enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte{'/', byte('a' + i%26)}})
+		sent = append(sent, m...)
+		c.Write(m)
+		got := make([]byte, 2)
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != "ok" {
+			t.Fatalf("reply %d: %q, %v", i, got, err)
+		}
+	}
+	if got := h.store.received(0); !bytes.Equal(got, sent) {
+		t.Fatalf("store received %d bytes, want the %d sent", len(got), len(sent))
+	}
+	if v := h.loopConns(); v != "1" {
+		t.Errorf("event_loop_connections %q after plain traffic, want 1", v)
+	}
+	c.Close()
+	eventually(t, "the loop letting the closed connection go", func() bool { return h.loopConns() == "0" })
+	if v := h.handbacks("end"); v != "1" {
+		t.Errorf("handbacks{end} %q, want 1", v)
+	}
+}
+
+// A message that spans reads leaves the loop, so its deadline is watched; it still arrives whole.
+func TestLoopPartialMessageHandsBack(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	c := h.dial()
+	sent := h.adopted(c)
+	set := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: pattern(100)})
+	c.Write(set[:40])
+	eventually(t, "the hand-back", func() bool { return h.handbacks("partial") == "1" })
+	if got := h.store.received(0); !bytes.Equal(got, sent) {
+		t.Fatalf("store received %x of a partial message", got[len(sent):])
+	}
+	c.Write(set[40:])
+	sent = append(sent, set...)
+	eventually(t, "the completed SET", func() bool { return bytes.Equal(h.store.received(0), sent) })
+}
+
+// A client that does not read its replies: the loop keeps what the client could not take and
+// hands the connection back; every byte still arrives, in order.
+func TestLoopBackpressureToClient(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	reply := pattern(8 << 20)
+	c := h.dial()
+	h.adopted(c)
+	h.store.setReply(reply)
+	c.Write(enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte("/big")}))
+	eventually(t, "the hand-back", func() bool { return h.handbacks("backpressure") == "1" })
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(reply))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, reply) {
+		t.Fatal("the client received the reply altered")
+	}
+}
+
+// A store that stops reading: the loop keeps what the store could not take and hands the
+// connection back; every byte still arrives, in order.
+func TestLoopBackpressureToStore(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan []byte, 1)
+	resume := make(chan struct{})
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		hs := protocol.AppendHandshake(nil, protocol.G3, 5)
+		io.ReadFull(s, make([]byte, len(hs)))
+		s.Write([]byte{0}) // the client waits for this before it floods
+		<-resume
+		b, _ := io.ReadAll(s)
+		got <- b
+	}()
+	h := start(t, func(c *config.Config) {
+		c.Generation, c.Upstream = "2.6", ln.Addr().String()
+		c.Timeouts.Message = 0 // no deadline: the loop keeps partial messages itself
+	})
+	if *testEventLoops < 0 {
+		t.Skip("event loops are off (-event-loops=-1)")
+	}
+	c := h.dial()
+	c.Write(protocol.AppendHandshake(nil, protocol.G3, 5))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a loop forwarding the connection", func() bool { return h.loopConns() == "1" })
+	var flood []byte
+	for i := 0; len(flood) < 16<<20; i++ {
+		flood = append(flood, enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet,
+			Key: []byte{'/', byte(i)}, Value: pattern(1000 + i%100)})...)
+	}
+	go func() { c.Write(flood); c.(*net.TCPConn).CloseWrite() }()
+	eventually(t, "the hand-back", func() bool { return h.handbacks("backpressure") == "1" })
+	close(resume)
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, flood) {
+			t.Fatalf("store received %d bytes, want the %d sent, unaltered", len(b), len(flood))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the store never received the flood")
+	}
+}
+
+// A violation while a loop forwards: the valid prefix reaches the store, nothing of the bad
+// message does, and the client sees a close.
+func TestLoopViolationCloses(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	c := h.dial()
+	sent := h.adopted(c)
+	valid := enc(t, protocol.G3, protocol.Request{Op: protocol.OpAdd, Key: []byte("init/"), Int: 1})
+	bad := enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte("/x")})[:9]
+	binary.LittleEndian.PutUint64(bad[1:], 0xE0060B0000) // the key length of PyTorch issue #106294
+	c.Write(append(append([]byte(nil), valid...), bad...))
+	closedByPeer(t, c)
+	if got, want := h.store.received(0), append(sent, valid...); !bytes.Equal(got, want) {
+		t.Fatalf("store received %x, want %x", got, want)
+	}
+	if v := h.metric(`storeguard_violations_total{mode="enforce",rule="key_too_long"}`); v != "1" {
+		t.Errorf("violations %q", v)
+	}
+	eventually(t, "the loop letting the connection go", func() bool { return h.loopConns() == "0" })
+}

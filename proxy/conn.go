@@ -24,6 +24,9 @@ const readSize = 16 << 10
 
 var readBufs = sync.Pool{New: func() any { b := make([]byte, readSize); return &b }}
 
+// replyGrace is how long the store's last replies may take after the client's end of stream.
+const replyGrace = 30 * time.Second
+
 // keepCarry is the largest partial-message buffer a connection keeps between messages; a larger
 // one goes back to the runtime (and its bytes to the budget) once its message is forwarded.
 const keepCarry = 4 << 10
@@ -64,7 +67,9 @@ type conn struct {
 	kick       bool
 	lp         *loop
 	inLoop     bool
-	registered bool // in its loop's epoll set; only the loop reads and writes it
+	registered bool        // in its loop's epoll set; only the loop reads and writes it
+	timer      *time.Timer // the loop's message deadline timer, firing at timerAt
+	timerAt    time.Time
 	back       chan struct{}
 	cfd, ufd   int32
 	pendUp     []byte
@@ -531,7 +536,7 @@ func (c *conn) endRead(err error) bool {
 			return false
 		}
 		c.up.CloseWrite()
-		c.up.SetReadDeadline(c.s.now().Add(30 * time.Second))
+		c.up.SetReadDeadline(c.s.now().Add(replyGrace))
 		return false
 	default:
 		c.closeBoth()

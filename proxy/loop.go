@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -19,8 +20,9 @@ import (
 //
 // A loop never blocks on one connection. Whatever would make it wait hands the connection back to
 // its goroutines, which then handle it as before for the rest of its life: a write the peer cannot
-// take yet (the rest is kept and written first), a partial message that must meet its deadline or
-// that needs budget the loop cannot get at once, an end of stream, a reset or an error.
+// take yet (the rest is kept and written first), or a partial message that needs budget the loop
+// cannot get at once. Message deadlines (a timer per connection with a message in progress), ends
+// of stream, errors and violations the loop handles itself, as the goroutines would.
 type loop struct {
 	s      *Server
 	epfd   int
@@ -34,6 +36,7 @@ type loop struct {
 	mu     sync.Mutex // guards the requests below
 	adopts []*conn
 	closes []*conn
+	due    []*conn // connections whose deadline timer fired
 	stop   bool
 	woken  bool
 }
@@ -152,15 +155,20 @@ func (l *loop) serveRequests() (stop bool) {
 		}
 	}
 	l.mu.Lock()
-	adopts, closes, stop := l.adopts, l.closes, l.stop
-	l.adopts, l.closes, l.woken = nil, nil, false
+	adopts, closes, due, stop := l.adopts, l.closes, l.due, l.stop
+	l.adopts, l.closes, l.due, l.woken = nil, nil, nil, false
 	l.mu.Unlock()
 	for _, c := range adopts {
 		l.register(c)
 	}
+	for _, c := range due {
+		if c.registered {
+			l.deadlineDue(c)
+		}
+	}
 	for _, c := range closes {
 		if c.registered { // else the loop already let it go
-			l.release(c, handbackClosed)
+			l.release(c, -1)
 		}
 	}
 	if stop {
@@ -172,7 +180,7 @@ func (l *loop) serveRequests() (stop bool) {
 func (l *loop) releaseAll() {
 	for _, c := range l.conns {
 		if c.registered { // each connection is in the map twice
-			l.release(c, handbackClosed)
+			l.release(c, handbackStop)
 		}
 	}
 }
@@ -193,11 +201,17 @@ func (l *loop) register(c *conn) {
 	l.s.m.loopConns.Inc()
 }
 
-// release takes c out of the loop and hands it back to its goroutines, closing its sockets if
-// it was closed meanwhile.
+// release takes c out of the loop and hands it back to its handler: to its goroutines for the rest
+// of its life (why says why), or, once closed (why is -1), to finish.
 func (l *loop) release(c *conn, why handback) {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer, c.timerAt = nil, time.Time{}
+	}
 	l.s.m.loopConns.Dec()
-	l.s.m.handbacks[why].Inc()
+	if why >= 0 {
+		l.s.m.handbacks[why].Inc()
+	}
 	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
 	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.ufd), nil)
 	delete(l.conns, c.cfd)
@@ -214,15 +228,11 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 			l.s.m.panics.Inc()
 			l.s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
 			c.closeBoth()
-			l.release(c, handbackClosed)
+			l.release(c, -1)
 		}
 	}()
 	if c.isClosed() {
-		l.release(c, handbackClosed)
-		return
-	}
-	if ev.Events&(syscall.EPOLLERR|syscall.EPOLLHUP|syscall.EPOLLRDHUP) != 0 {
-		l.release(c, handbackEnd) // the goroutines read what is left, then see the end
+		l.release(c, -1)
 		return
 	}
 	fromClient := ev.Fd == c.cfd
@@ -235,18 +245,24 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 	case n > 0:
 	case errno == syscall.EAGAIN || errno == syscall.EINTR:
 		return
-	default:
-		l.release(c, handbackEnd)
+	case errno == 0 && fromClient:
+		l.clientDone(c)
+		return
+	default: // the store's end of stream, or an error on either side
+		c.closeBoth()
+		l.release(c, -1)
 		return
 	}
 	if fromClient {
 		switch {
 		case !c.process(l.buf[:n]):
-			l.release(c, handbackClosed)
+			l.release(c, -1)
 		case len(c.pendUp) > 0:
 			l.release(c, handbackBackpressure)
-		case c.resumeTail != nil || c.needsDeadline():
+		case c.resumeTail != nil:
 			l.release(c, handbackPartial)
+		default:
+			l.watchDeadline(c)
 		}
 		return
 	}
@@ -259,17 +275,55 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 		l.release(c, handbackBackpressure)
 	default:
 		c.closeBoth()
-		l.release(c, handbackClosed)
+		l.release(c, -1)
 	}
 }
 
+// watchDeadline arms c's timer when a message in progress has a deadline (timeouts.message). The
+// timer only asks the loop to look: deadlineDue decides on the connection's state then.
+func (l *loop) watchDeadline(c *conn) {
+	dl := c.st.cfg.Deadlines().Next(&c.dec, c.start, c.msgStart, c.spared)
+	if dl.IsZero() || (!c.timerAt.IsZero() && !c.timerAt.After(dl)) {
+		return // none, or the timer fires by then already
+	}
+	c.timerAt = dl
+	d := dl.Sub(c.s.now())
+	if c.timer == nil {
+		c.timer = time.AfterFunc(d, func() { l.request(func() { l.due = append(l.due, c) }) })
+		return
+	}
+	c.timer.Reset(d)
+}
+
+// deadlineDue is c's timer firing: a message still in progress past its deadline is a violation;
+// one in progress with a later deadline re-arms the timer.
+func (l *loop) deadlineDue(c *conn) {
+	c.timerAt = time.Time{}
+	dl := c.st.cfg.Deadlines()
+	next := dl.Next(&c.dec, c.start, c.msgStart, c.spared)
+	switch {
+	case next.IsZero():
+	case c.s.now().Before(next):
+		l.watchDeadline(c)
+	case !c.violation(dl.Expire(&c.dec), nil, 0):
+		l.release(c, -1)
+	}
+}
+
+// clientDone handles the client's end of stream as the goroutines would: the half-close goes on
+// to the store (a partial message is dropped, never forwarded) and the store's last replies still
+// reach the client, for at most replyGrace; the store's own close then ends the connection.
+func (l *loop) clientDone(c *conn) {
+	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
+	syscall.Shutdown(int(c.ufd), syscall.SHUT_WR)
+	time.AfterFunc(replyGrace, c.closeBoth)
+}
+
+// readFd reads what fd has; n == 0 with errno 0 is the end of the stream.
 func readFd(fd int32, p []byte) (int, syscall.Errno) {
 	n, err := syscall.Read(int(fd), p)
 	if err != nil {
 		return 0, err.(syscall.Errno)
-	}
-	if n == 0 {
-		return 0, syscall.ECONNRESET // end of stream: the goroutines see it for themselves
 	}
 	return n, 0
 }

@@ -68,27 +68,88 @@ func TestLoopForwardsBothWays(t *testing.T) {
 	if v := h.loopConns(); v != "1" {
 		t.Errorf("event_loop_connections %q after plain traffic, want 1", v)
 	}
-	c.Close()
+	// The client's end of stream: the loop passes the half-close on, and the store's close ends
+	// the connection, with no hand-back.
+	c.(*net.TCPConn).CloseWrite()
+	closedByPeer(t, c)
 	eventually(t, "the loop letting the closed connection go", func() bool { return h.loopConns() == "0" })
-	if v := h.handbacks("end"); v != "1" {
-		t.Errorf("handbacks{end} %q, want 1", v)
+	for _, reason := range handbackNames {
+		if v := h.handbacks(reason); v != "0" {
+			t.Errorf("handbacks{%s} %q, want 0", reason, v)
+		}
 	}
 }
 
-// A message that spans reads leaves the loop, so its deadline is watched; it still arrives whole.
-func TestLoopPartialMessageHandsBack(t *testing.T) {
+// A message that spans reads stays in the loop, which keeps its start and watches its deadline;
+// it arrives whole.
+func TestLoopPartialMessageStays(t *testing.T) {
 	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
 	c := h.dial()
 	sent := h.adopted(c)
 	set := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: pattern(100)})
 	c.Write(set[:40])
-	eventually(t, "the hand-back", func() bool { return h.handbacks("partial") == "1" })
+	eventually(t, "the partial message held", func() bool { return h.metric("storeguard_buffered_bytes") != "0" })
 	if got := h.store.received(0); !bytes.Equal(got, sent) {
 		t.Fatalf("store received %x of a partial message", got[len(sent):])
 	}
 	c.Write(set[40:])
 	sent = append(sent, set...)
 	eventually(t, "the completed SET", func() bool { return bytes.Equal(h.store.received(0), sent) })
+	if v, p := h.loopConns(), h.handbacks("partial"); v != "1" || p != "0" {
+		t.Errorf("event_loop_connections %q, handbacks{partial} %q: want the loop to keep the connection", v, p)
+	}
+}
+
+// A message left incomplete past timeouts.message in a loop is a violation, as on goroutines.
+func TestLoopMessageDeadline(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6"; c.Timeouts.Message = 200 * time.Millisecond })
+	c := h.dial()
+	sent := h.adopted(c)
+	set := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: pattern(100)})
+	began := time.Now()
+	c.Write(set[:40])
+	closedByPeer(t, c)
+	if d := time.Since(began); d < 150*time.Millisecond {
+		t.Errorf("closed after %v, before the deadline", d)
+	}
+	if got := h.store.received(0); !bytes.Equal(got, sent) {
+		t.Fatalf("store received %x of a partial message", got[len(sent):])
+	}
+	if v := h.metric(`storeguard_violations_total{mode="enforce",rule="message_timeout"}`); v != "1" {
+		t.Errorf("message_timeout violations %q", v)
+	}
+}
+
+// A partial message needing budget that another connection holds: the loop cannot wait, so the
+// connection goes back to goroutines, which wait; both messages arrive whole.
+func TestLoopBudgetSpentHandsBack(t *testing.T) {
+	const budget = 64 << 10
+	h := start(t, func(c *config.Config) {
+		c.Generation = "2.6"
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, budget
+		c.Caps.BufferBudgetBytes = budget
+	})
+	a := h.dial()
+	sentA := h.adopted(a)
+	big := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/a"), Value: pattern(60 << 10)})
+	a.Write(big[:len(big)-10])
+	eventually(t, "a's partial message holding the budget", func() bool { return h.metric("storeguard_buffered_bytes") == "65536" })
+
+	b, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	hs := protocol.AppendHandshake(nil, protocol.G3, 6)
+	b.Write(hs)
+	eventually(t, "b in a loop", func() bool { return h.loopConns() == "2" })
+	small := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/b"), Value: pattern(100)})
+	b.Write(small[:30])
+	eventually(t, "the hand-back", func() bool { return h.handbacks("partial") == "1" })
+	b.Write(small[30:])
+	a.Write(big[len(big)-10:])
+	eventually(t, "a's message", func() bool { return bytes.Equal(h.store.received(0), append(sentA, big...)) })
+	eventually(t, "b's message", func() bool { return bytes.Equal(h.store.received(1), append(hs, small...)) })
 }
 
 // A client that does not read its replies: the loop keeps what the client could not take and

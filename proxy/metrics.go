@@ -40,14 +40,13 @@ type metrics struct {
 type handback int
 
 const (
-	handbackPartial      handback = iota // a message in progress to time, or budget to wait for
+	handbackPartial      handback = iota // a message in progress that needs budget the loop cannot get at once
 	handbackBackpressure                 // a peer that could not take a write at once
-	handbackEnd                          // end of stream, reset or error
-	handbackClosed                       // closed: a violation, drain, or the loop stopping
+	handbackStop                         // the server stopped its loops
 	numHandbacks
 )
 
-var handbackNames = [numHandbacks]string{"partial", "backpressure", "end", "closed"}
+var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop"}
 
 func newMetrics(bansActive, buffered func() float64) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}

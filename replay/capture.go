@@ -61,14 +61,15 @@ type packetSource interface {
 }
 
 func openSource(in io.Reader) (packetSource, error) {
-	br := bufio.NewReaderSize(in, 1<<20)
+	size := readBufferSize(in)
+	br := bufio.NewReaderSize(in, size)
 	magic, err := br.Peek(4)
 	if len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		gz, gerr := gzip.NewReader(br)
 		if gerr != nil {
 			return nil, fmt.Errorf("gzip: %w", gerr)
 		}
-		br = bufio.NewReaderSize(gz, 1<<20)
+		br = bufio.NewReaderSize(gz, size)
 		magic, err = br.Peek(4)
 	}
 	if err != nil {
@@ -96,6 +97,26 @@ func openSource(in io.Reader) (packetSource, error) {
 		return &ngSource{r: nr}, nil
 	}
 	return nil, fmt.Errorf("not a pcap or pcapng capture (starts with % x)", magic)
+}
+
+// readBufferSize is 1 MiB, or less for a smaller input of known size: a fuzzer's inputs, for
+// one, are a few hundred bytes.
+func readBufferSize(in io.Reader) int {
+	const most = 1 << 20
+	var size int64
+	switch r := in.(type) {
+	case interface{ Size() int64 }: // bytes.Reader, strings.Reader
+		size = r.Size()
+	case *os.File:
+		fi, err := r.Stat()
+		if err != nil || !fi.Mode().IsRegular() {
+			return most
+		}
+		size = fi.Size()
+	default:
+		return most
+	}
+	return int(min(most, max(4096, size)))
 }
 
 type pcapSource struct {
@@ -127,36 +148,43 @@ func (s *ngSource) next() ([]byte, gopacket.CaptureInfo, layers.LinkType, error)
 
 func (s *ngSource) offset() int64 { return -1 }
 
-// run reads src to its end, feeding every TCP segment to a server port to the streams.
+// run reads src to its end, feeding every TCP segment to a server port to the streams. A
+// goroutine reads ahead (readAhead) so that file reading overlaps the streams' work.
 func (c *capture) run(ctx context.Context, src packetSource) error {
+	ra := startReadAhead(src)
+	defer ra.stop()
 	var n uint64
 	for {
-		off := src.offset()
-		data, ci, lt, err := src.next()
-		if err != nil {
+		b := <-ra.full
+		for i := range b.pkts {
+			p := &b.pkts[i]
+			data := b.bytes(p)
+			n++
+			c.r.sum.Packets++
+			c.r.sum.Bytes += uint64(len(data))
+			if n%4096 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			if c.r.emitErr != nil {
+				return c.r.emitErr
+			}
+			if !c.pd.decode(data, p.lt) {
+				continue
+			}
+			c.segment(p.ci)
+		}
+		if err := b.err; err != nil {
 			if err == io.EOF {
 				return nil
 			}
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				err = fmt.Errorf("truncated capture: %w", err)
 			}
-			return &CaptureError{File: c.file, Packet: n + 1, Offset: off, Err: err}
+			return &CaptureError{File: c.file, Packet: n + 1, Offset: b.errOffset, Err: err}
 		}
-		n++
-		c.r.sum.Packets++
-		c.r.sum.Bytes += uint64(len(data))
-		if n%4096 == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-		}
-		if c.r.emitErr != nil {
-			return c.r.emitErr
-		}
-		if !c.pd.decode(data, lt) {
-			continue
-		}
-		c.segment(ci)
+		ra.free <- b
 	}
 }
 
@@ -172,6 +200,8 @@ type packetDecoder struct {
 	ip6     layers.IPv6
 	tcp     layers.TCP
 	parsers map[gopacket.LayerType]*gopacket.DecodingLayerParser
+	first   gopacket.LayerType // of the latest packet, whose parser is parser
+	parser  *gopacket.DecodingLayerParser
 	decoded []gopacket.LayerType
 
 	src, dst  netip.AddrPort
@@ -180,10 +210,16 @@ type packetDecoder struct {
 
 func newPacketDecoder() *packetDecoder {
 	d := &packetDecoder{parsers: map[gopacket.LayerType]*gopacket.DecodingLayerParser{}}
-	dls := []gopacket.DecodingLayer{&d.eth, &d.dot1q, &d.sll, &d.sll2, &d.loop, &d.ip4, &d.ip6, &d.tcp}
+	// A slice indexed by layer type finds each layer's decoder faster than the default map; the
+	// parsers differ only in their first layer and share it.
+	dlc := gopacket.DecodingLayerContainer(gopacket.DecodingLayerSparse(nil))
+	for _, dl := range []gopacket.DecodingLayer{&d.eth, &d.dot1q, &d.sll, &d.sll2, &d.loop, &d.ip4, &d.ip6, &d.tcp} {
+		dlc = dlc.Put(dl)
+	}
 	for _, first := range []gopacket.LayerType{layers.LayerTypeEthernet, layers.LayerTypeLinuxSLL,
 		layers.LayerTypeLinuxSLL2, layers.LayerTypeLoopback, layers.LayerTypeIPv4, layers.LayerTypeIPv6} {
-		p := gopacket.NewDecodingLayerParser(first, dls...)
+		p := gopacket.NewDecodingLayerParser(first)
+		p.SetDecodingLayerContainer(dlc)
 		p.IgnoreUnsupported = true
 		d.parsers[first] = p
 	}
@@ -221,7 +257,10 @@ func (d *packetDecoder) decode(data []byte, lt layers.LinkType) bool {
 	if !ok {
 		return false
 	}
-	p := d.parsers[first]
+	if first != d.first { // one link type is the rule: skip the map
+		d.first, d.parser = first, d.parsers[first]
+	}
+	p := d.parser
 	if err := p.DecodeLayers(data, &d.decoded); err != nil || len(d.decoded) == 0 {
 		return false
 	}

@@ -19,7 +19,7 @@ type capture struct {
 	r    *Replayer
 	file string
 	pd   *packetDecoder
-	asm  *reassembly.Assembler
+	asm  *reassembly.Assembler // nil until assembler makes it
 
 	streams map[tuple]*stream // the current stream of each 4-tuple, decided ones lingering
 	live    list.List         // undecided streams, least recently active first
@@ -34,8 +34,10 @@ type capture struct {
 	decided   []*stream // decided, to report
 	unhook    []*stream // decided, to remove from the reassembler
 	ac        captureContext
-	rst       layers.TCP
-	creating  *stream // the stream whose segment the reassembler is given
+	madeUp    layers.TCP
+	creating  *stream   // the stream whose segment the reassembler is given
+	recent    *stream   // the stream of the latest segment, while c.streams maps its 4-tuple to it
+	idle      []*stream // scratch for closeIdleBypassed
 }
 
 type tuple struct{ src, dst netip.AddrPort }
@@ -47,13 +49,20 @@ type captureContext struct{ ci gopacket.CaptureInfo }
 func (c *captureContext) GetCaptureInfo() gopacket.CaptureInfo { return c.ci }
 
 func (r *Replayer) newCapture(file string) *capture {
-	c := &capture{r: r, file: file, pd: newPacketDecoder(), streams: map[tuple]*stream{},
+	return &capture{r: r, file: file, pd: newPacketDecoder(), streams: map[tuple]*stream{},
 		talkers: map[netip.Addr]int{}}
-	a := reassembly.NewAssembler(reassembly.NewStreamPool(c))
-	a.MaxBufferedPagesPerConnection = r.opts.MaxBufferedPagesPerConnection
-	a.MaxBufferedPagesTotal = r.opts.MaxBufferedPagesTotal
-	c.asm = a
-	return c
+}
+
+// assembler returns the reassembler, made when a stream first needs it: a capture whose streams
+// all come in order never does.
+func (c *capture) assembler() *reassembly.Assembler {
+	if c.asm == nil {
+		a := reassembly.NewAssembler(reassembly.NewStreamPool(c))
+		a.MaxBufferedPagesPerConnection = c.r.opts.MaxBufferedPagesPerConnection
+		a.MaxBufferedPagesTotal = c.r.opts.MaxBufferedPagesTotal
+		c.asm = a
+	}
+	return c.asm
 }
 
 // New is the reassembly.StreamFactory. segment makes every stream before the reassembler sees
@@ -82,7 +91,7 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 
 	tcp := &pd.tcp
 	key := tuple{pd.src, pd.dst}
-	s := c.streams[key]
+	s := c.lookup(key)
 	switch {
 	case tcp.SYN && !tcp.ACK:
 		if s != nil && (s.midstream || s.isn != tcp.Seq) {
@@ -117,12 +126,102 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 	case pd.truncated:
 		s.truncated = true // drop it: the hole it leaves is reported as a gap
 	default:
-		c.ac.ci = ci
-		c.creating = s
-		c.asm.AssembleWithContext(s.flow, tcp, &c.ac)
-		c.creating = nil
+		c.feed(s, tcp, ci)
 	}
 	c.settle(false)
+}
+
+// lookup returns the current stream of a 4-tuple. Segments come in runs of one connection, so
+// the latest stream is tried before the map.
+func (c *capture) lookup(key tuple) *stream {
+	if s := c.recent; s != nil && s.key == key {
+		return s
+	}
+	s := c.streams[key]
+	if s != nil {
+		c.recent = s
+	}
+	return s
+}
+
+// route is where a stream's segments go.
+type route uint8
+
+const (
+	routeUnset       route = iota // no segment given yet
+	routeBypass                   // every segment so far came in order and went straight to the stream
+	routeReassembler              // the reassembler has the stream
+)
+
+// feed gives one segment of s to the reassembler or, while the stream has come in order, straight
+// to the stream, as the reassembler would have passed it on. Most segments of a capture are the
+// next bytes of their stream; the reassembler's per-segment cost is for the rest.
+func (c *capture) feed(s *stream, tcp *layers.TCP, ci gopacket.CaptureInfo) {
+	if s.route != routeReassembler {
+		if !c.r.opts.alwaysReassemble && c.inOrder(s, tcp, ci.Timestamp) {
+			return
+		}
+		if s.route == routeBypass {
+			c.handOver(s)
+		}
+		s.route = routeReassembler
+	}
+	c.ac.ci = ci
+	c.creating = s
+	c.assembler().AssembleWithContext(s.flow, tcp, &c.ac)
+	c.creating = nil
+}
+
+// inOrder handles, as the reassembler would, a segment that it would pass straight on: the
+// stream's first segment when it is a bare SYN, then, while nothing else came, the segment at the
+// next sequence number. It reports false for anything else (a retransmission, an overlap, a hole,
+// a SYN with data or a repeated SYN), which the reassembler must see.
+func (c *capture) inOrder(s *stream, tcp *layers.TCP, ts time.Time) bool {
+	switch {
+	case s.route == routeUnset:
+		if !tcp.SYN || tcp.FIN || tcp.RST || len(tcp.Payload) > 0 || tcp.Seq != s.isn {
+			return false
+		}
+		// The reassembler would start the half at isn+1, where s.next already is.
+		s.route, s.maxTS = routeBypass, ts
+		return true
+	case tcp.SYN || tcp.Seq != s.next:
+		return false
+	}
+	if ts.After(s.maxTS) {
+		s.maxTS = ts
+	}
+	if len(tcp.Payload) == 0 && !tcp.FIN && !tcp.RST {
+		return true // a bare ACK: nothing to pass on
+	}
+	s.see(tcp)
+	s.deliver(tcp.Payload, tcp.FIN || tcp.RST)
+	return true
+}
+
+// handOver gives the reassembler a stream that has so far bypassed it, in the state its in-order
+// segments would have left it in: a SYN just before the next byte starts the half there, at the
+// latest timestamp those segments had.
+func (c *capture) handOver(s *stream) {
+	c.ac.ci = gopacket.CaptureInfo{Timestamp: s.maxTS}
+	c.creating = s
+	c.feedSegment(s.flow, s.key.src.Port(), s.key.dst.Port(), s.next-1, tcpSYN)
+	c.creating = nil
+}
+
+// closeIdleBypassed ends the streams that bypass the reassembler and that it would have closed
+// in a flush: those with no segment since tc.
+func (c *capture) closeIdleBypassed(tc time.Time) {
+	c.idle = c.idle[:0]
+	for e := c.live.Front(); e != nil; e = e.Next() {
+		if s := e.Value.(*stream); s.route == routeBypass && s.maxTS.Before(tc) {
+			c.idle = append(c.idle, s)
+		}
+	}
+	for _, s := range c.idle {
+		c.letGo(s)
+	}
+	clear(c.idle)
 }
 
 // tick fires the deadlines that have passed and, every flushEvery, flushes reassembly and ends
@@ -139,9 +238,12 @@ func (c *capture) tick() {
 	c.lastFlush = c.now
 	o := c.r.opts
 	c.flushing = true
-	c.asm.FlushWithOptions(reassembly.FlushOptions{T: c.now.Add(-o.ReorderWait), TC: c.now.Add(-o.IdleClose)})
-	c.flushing = false
 	idle := c.now.Add(-o.IdleClose)
+	if c.asm != nil {
+		c.asm.FlushWithOptions(reassembly.FlushOptions{T: c.now.Add(-o.ReorderWait), TC: idle})
+	}
+	c.closeIdleBypassed(idle)
+	c.flushing = false
 	for e := c.live.Front(); e != nil && e.Value.(*stream).last.Before(idle); e = c.live.Front() {
 		c.letGo(e.Value.(*stream))
 	}
@@ -203,6 +305,7 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 		c.settle(false)
 	}
 	c.streams[key] = s
+	c.recent = s
 	s.elem = c.live.PushBack(s)
 	if syn {
 		s.schedule()
@@ -223,6 +326,9 @@ func (c *capture) forget(s *stream) {
 	if c.streams[s.key] == s {
 		delete(c.streams, s.key)
 	}
+	if c.recent == s {
+		c.recent = nil
+	}
 	if s.done {
 		c.done.Remove(s.elem)
 	}
@@ -235,22 +341,29 @@ const endpointStream gopacket.EndpointType = 0x5347
 // it has been idle for IdleClose: a reset at the next expected byte closes the client half
 // (dropping any out-of-order pages), a reset the other way closes the half never fed.
 func (c *capture) unhookStream(s *stream) {
-	if s.midstream {
-		return // never given to the reassembler
+	if s.route != routeReassembler {
+		return // never given to the reassembler (midstream, or in order throughout)
 	}
 	c.ac.ci = gopacket.CaptureInfo{Timestamp: c.now}
-	c.feedReset(s.flow, s.key.src.Port(), s.key.dst.Port(), s.next)
-	c.feedReset(s.flow.Reverse(), s.key.dst.Port(), s.key.src.Port(), 0)
+	c.feedSegment(s.flow, s.key.src.Port(), s.key.dst.Port(), s.next, tcpRST)
+	c.feedSegment(s.flow.Reverse(), s.key.dst.Port(), s.key.src.Port(), 0, tcpRST)
 }
 
-func (c *capture) feedReset(flow gopacket.Flow, from, to uint16, seq uint32) {
+// TCP flags byte values of the segments replay makes up.
+const (
+	tcpSYN = 0x02
+	tcpRST = 0x04
+)
+
+// feedSegment gives the reassembler an empty segment with the given flags.
+func (c *capture) feedSegment(flow gopacket.Flow, from, to uint16, seq uint32, flags byte) {
 	var h [20]byte
 	binary.BigEndian.PutUint16(h[0:], from)
 	binary.BigEndian.PutUint16(h[2:], to)
 	binary.BigEndian.PutUint32(h[4:], seq)
-	h[12], h[13] = 5<<4, 0x04 // data offset 5 words; RST
-	if err := c.rst.DecodeFromBytes(h[:], gopacket.NilDecodeFeedback); err != nil {
+	h[12], h[13] = 5<<4, flags // data offset 5 words
+	if err := c.madeUp.DecodeFromBytes(h[:], gopacket.NilDecodeFeedback); err != nil {
 		return
 	}
-	c.asm.AssembleWithContext(flow, &c.rst, &c.ac)
+	c.assembler().AssembleWithContext(flow, &c.madeUp, &c.ac)
 }

@@ -59,6 +59,10 @@ type Options struct {
 	// fill). Defaults 1024 per connection and 65536 in all (about 125 MB).
 	MaxBufferedPagesPerConnection int
 	MaxBufferedPagesTotal         int
+
+	// alwaysReassemble gives every segment to the reassembler, as replay did before in-order
+	// segments bypassed it; tests compare the two.
+	alwaysReassemble bool
 }
 
 const (
@@ -93,16 +97,17 @@ func Replay(ctx context.Context, cfg config.Config, files []string, opts Options
 
 // Replayer replays captures one after another with one configuration and one audit log.
 type Replayer struct {
-	cfg     config.Config
-	dec     protocol.Config
-	opts    Options
-	ports   [1024]uint64 // bit set of server ports
-	audit   *audit.Writer
-	action  audit.Action
-	sum     Summary
-	nextID  uint64
-	clock   time.Time // capture time, for the audit writer
-	emitErr error
+	cfg       config.Config
+	dec       protocol.Config
+	deadlines protocol.Deadlines // cfg's, computed once: a Config is large to copy per segment
+	opts      Options
+	ports     [1024]uint64 // bit set of server ports
+	audit     *audit.Writer
+	action    audit.Action
+	sum       Summary
+	nextID    uint64
+	clock     time.Time // capture time, for the audit writer
+	emitErr   error
 }
 
 // New checks cfg and opts and opens the audit file, if any.
@@ -128,7 +133,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 	if opts.MaxBufferedPagesTotal <= 0 {
 		opts.MaxBufferedPagesTotal = defaultPagesTotal
 	}
-	r := &Replayer{cfg: cfg, dec: dec, opts: opts, action: audit.ActionBlocked}
+	r := &Replayer{cfg: cfg, dec: dec, deadlines: cfg.Deadlines(), opts: opts, action: audit.ActionBlocked}
 	if cfg.Mode == config.ModeMonitor {
 		r.action = audit.ActionWouldBlock
 	}

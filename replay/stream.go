@@ -28,6 +28,9 @@ type stream struct {
 	seen      uint32 // end of the furthest byte seen; beyond next while a hole waits to be filled
 	truncated bool   // a segment was dropped because the snap length cut it
 
+	route route     // where its segments go (see capture.feed)
+	maxTS time.Time // latest timestamp of the segments the reassembler has, or would have, been given
+
 	dec      protocol.Decoder
 	bytes    uint64
 	counts   [32]uint64                // complete messages by protocol.Op
@@ -55,10 +58,15 @@ func (s *stream) Accept(tcp *layers.TCP, _ gopacket.CaptureInfo, dir reassembly.
 		*start = true
 		return true
 	}
+	s.see(tcp)
+	return true
+}
+
+// see records how far the client's sequence numbers have gone.
+func (s *stream) see(tcp *layers.TCP) {
 	if end := tcp.Seq + uint32(len(tcp.Payload)); int32(end-s.seen) > 0 {
 		s.seen = end
 	}
-	return true
 }
 
 // ReassembledSG decodes the next in-order bytes.
@@ -75,9 +83,18 @@ func (s *stream) ReassembledSG(sg reassembly.ScatterGather, _ reassembly.Assembl
 		s.decide(VerdictIncomplete, s.gapReason(), s.last)
 		return
 	}
-	s.next += uint32(n)
+	var p []byte
 	if n > 0 {
-		s.feed(sg.Fetch(n))
+		p = sg.Fetch(n)
+	}
+	s.deliver(p, end)
+}
+
+// deliver decodes p, the next in-order bytes of the stream; end is its FIN or RST.
+func (s *stream) deliver(p []byte, end bool) {
+	s.next += uint32(len(p))
+	if len(p) > 0 {
+		s.feed(p)
 	}
 	if end && !s.done {
 		s.observe()
@@ -141,7 +158,7 @@ func (s *stream) deadline() time.Time {
 	if s.done || s.midstream {
 		return time.Time{}
 	}
-	return s.c.r.cfg.Deadlines().Next(&s.dec, s.start, s.msgStart, s.spared)
+	return s.c.r.deadlines.Next(&s.dec, s.start, s.msgStart, s.spared)
 }
 
 // expireDue applies a deadline that has passed by now and reports whether the stream is decided.
@@ -151,12 +168,15 @@ func (s *stream) expireDue(now time.Time, delivering bool) bool {
 	if s.done {
 		return true
 	}
+	if s.timer >= 0 && now.Before(s.due) {
+		return false // s.due is s.deadline() while the stream is in the timer heap
+	}
 	d := s.deadline()
 	if d.IsZero() || now.Before(d) || (!delivering && s.holePending()) {
 		return false
 	}
 	if s.dec.InMessage() {
-		s.reject(s.c.r.cfg.Deadlines().Expire(&s.dec), s.firstBytes(nil), d)
+		s.reject(s.c.r.deadlines.Expire(&s.dec), s.firstBytes(nil), d)
 		return true
 	}
 	if protocol.MaySpareSilent(s.c.r.dec.Gen, s.c.talkers[s.key.src.Addr()] > 0) {
@@ -164,7 +184,7 @@ func (s *stream) expireDue(now time.Time, delivering bool) bool {
 		s.schedule()
 		return false
 	}
-	s.reject(s.c.r.cfg.Deadlines().Expire(&s.dec), nil, d)
+	s.reject(s.c.r.deadlines.Expire(&s.dec), nil, d)
 	return true
 }
 
@@ -236,8 +256,10 @@ func (s *stream) schedule() {
 			heap.Remove(&c.timers, s.timer)
 		}
 	case s.timer >= 0:
-		s.due = d
-		heap.Fix(&c.timers, s.timer)
+		if !d.Equal(s.due) { // most segments of a long message leave its deadline as it was
+			s.due = d
+			heap.Fix(&c.timers, s.timer)
+		}
 	default:
 		s.due = d
 		heap.Push(&c.timers, s)

@@ -28,7 +28,7 @@ for pkg in $(go list ./...); do
   dir=$(go list -f '{{.Dir}}' "$pkg")
   for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
     echo "-- $target ($pkg)"
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1 | tail -2
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 2s "$pkg" 2>&1 | tail -2
   done
 done
 

@@ -6,6 +6,9 @@
 #
 #   bench/side-by-side.sh            # from the repository root
 #
+# The closed-loop workloads also run through a second storeguard with event-loops -1 (every
+# connection on goroutines), to show what the event loops change.
+#
 # Knobs (environment): DURATION (per closed-loop run, default 2s), REPS (3), STORM (4096, every
 # target, REPS times), STORM_PROXY (9000, every target, once), STORM_BIG (16384, direct once;
 # through each proxy once on the libuv store with a short timeout, to show what happens; 0
@@ -117,8 +120,8 @@ start_store() { # port python backend -> pid
 	echo $!
 }
 
-start_storeguard() { # listen upstream generation backend tag -> pid
-	STOREGUARD_CAPS_MAX_CONNECTIONS=1000000 STOREGUARD_CAPS_PER_SOURCE_CONNECTIONS=0 \
+start_storeguard() { # listen upstream generation backend tag [event-loops] -> pid
+	STOREGUARD_EVENT_LOOPS=${6:-0} STOREGUARD_CAPS_MAX_CONNECTIONS=1000000 STOREGUARD_CAPS_PER_SOURCE_CONNECTIONS=0 \
 		STOREGUARD_CAPS_PER_SOURCE_RATE=0 \
 		"$SG" serve --listen "127.0.0.1:$1" --upstream "127.0.0.1:$2" --metrics-listen '' \
 		--generation "$3" --backend "$4" --audit-log "$OUT/logs/audit-$5.jsonl" --log-level warn \
@@ -157,7 +160,7 @@ bench() { # file args...: one bench run, JSON into file
 i=0
 for spec in "${STORES[@]}"; do
 	IFS='|' read -r name py backend gen sgbackend <<<"$spec"
-	sport=$((BASE_PORT + 3 * i)); gport=$((sport + 1)); hport=$((sport + 2))
+	sport=$((BASE_PORT + 4 * i)); gport=$((sport + 1)); hport=$((sport + 2)); oport=$((sport + 3))
 	i=$((i + 1))
 	if over_budget; then log "budget spent: skipping $name"; continue; fi
 	if [ ! -x "$py" ]; then log "no $py: skipping $name"; continue; fi
@@ -166,13 +169,15 @@ for spec in "${STORES[@]}"; do
 	wait_port $sport || { stop_pid "$spid"; continue; }
 	gpid=$(start_storeguard $gport $sport "$gen" "$sgbackend" "$name"); PIDS+=("$gpid")
 	hpid=$(start_haproxy $hport $sport "$name"); PIDS+=("$hpid")
-	wait_port $gport; wait_port $hport
+	# The same storeguard with event-loops -1: every connection on two goroutines, as before the loops.
+	opid=$(start_storeguard $oport $sport "$gen" "$sgbackend" "$name-goroutines" -1); PIDS+=("$opid")
+	wait_port $gport; wait_port $hport; wait_port $oport
 	head -1 "$OUT/logs/store-$sport.out" | sed "s/^/$name: /" >>"$OUT/stores.txt"
-	declare -A ADDR=([direct]=$sport [storeguard]=$gport [haproxy]=$hport)
+	declare -A ADDR=([direct]=$sport [storeguard]=$gport [haproxy]=$hport [storeguard-goroutines]=$oport)
 	for rep in $(seq "$REPS"); do
 		for wl in "${WORKLOADS[@]}"; do
 			op=${wl%:*}; conns=${wl#*:}
-			for target in direct storeguard haproxy; do
+			for target in direct storeguard haproxy storeguard-goroutines; do
 				d="$OUT/runs/$name/$target"; mkdir -p "$d"
 				bench "$d/$op-$conns-$rep.json" --addr "127.0.0.1:${ADDR[$target]}" --generation "$gen" \
 					--op "$op" --conns "$conns" --duration "$DURATION" --warmup "$WARMUP"
@@ -222,7 +227,7 @@ for spec in "${STORES[@]}"; do
 		done
 		log "$name: perf profiles written"
 	fi
-	stop_pid "$gpid"; stop_pid "$hpid"; stop_pid "$spid"
+	stop_pid "$gpid"; stop_pid "$hpid"; stop_pid "$opid"; stop_pid "$spid"
 	unset ADDR
 done
 

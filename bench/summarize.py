@@ -60,6 +60,29 @@ def order(workload):
     return (op == "rendezvous", op, int(conns))
 
 
+def paths(p, runs, store):
+    """A table of storeguard's two forwarding paths, event loops and goroutines, against HAProxy."""
+    alt = "storeguard-goroutines"
+    workloads = sorted({k[2] for k in runs if k[0] == store and k[1] == alt}, key=order)
+    if not workloads:
+        return
+    p(f"Forwarding paths on {store}: storeguard as configured by default (event loops) and with "
+      "`event-loops: -1` (two goroutines per connection), same run.")
+    p()
+    p("| workload | metric | loops | goroutines | haproxy | loops/haproxy | goroutines/haproxy |")
+    p("|---|---|---:|---:|---:|---:|---:|")
+    for wl in workloads:
+        ok = {t: [r for r in runs.get((store, t, wl), []) if r] for t in ("storeguard", alt, "haproxy")}
+        metrics = [("ops/s", lambda r: r.get("ops_per_sec"), 0)]
+        if wl.endswith(":1"):
+            metrics.append(("latency p50 µs", lambda r: r["latency_us"]["p50"], 1))
+        for name, get, digits in metrics:
+            v = {t: med([get(r) for r in ok[t]]) for t in ok}
+            p(f"| `{wl}` | {name} | {fmt(v['storeguard'], digits)} | {fmt(v[alt], digits)} | "
+              f"{fmt(v['haproxy'], digits)} | {ratio(v['storeguard'], v['haproxy'])} | {ratio(v[alt], v['haproxy'])} |")
+    p()
+
+
 def main():
     out = sys.argv[1]
     runs = load(out)
@@ -93,6 +116,11 @@ def main():
       "(enforce mode, metrics off, audit log to a file, per-source caps off so one loopback source may "
       "open N connections); HAProxy 2.6 `mode tcp`, 2 threads, `maxconn 200000`, `timeout "
       "client/server 1h`.")
+    p("- storeguard forwards with its defaults: an event loop per CPU (2 here) takes each connection "
+      "once the store is connected, and serve runs GOMAXPROCS one above the loops (3). The closed-loop "
+      "workloads also run through a second storeguard with `event-loops: -1` (two goroutines per "
+      "connection, the forwarding before the loops) in the same interleaved run; see the table under "
+      "each store.")
     p("- Runs are interleaved: for each repetition, each workload runs against direct, storeguard and "
       "HAProxy in turn. Values are medians over the repetitions (the `runs` column; the larger "
       "storms run once per target to stay within the time budget).")
@@ -151,6 +179,7 @@ def main():
                             ratio(lat["storeguard"], lat["haproxy"]), "", ""]
                     p("| " + " | ".join(row) + " |")
         p()
+        paths(p, runs, store)
     idle = os.path.join(out, "idle.txt")
     if os.path.exists(idle):
         p("## Idle connections")

@@ -64,17 +64,18 @@ type conn struct {
 	// closed) and the handler waits on back. What the loop could not finish is left in pendUp
 	// (bytes for the store), pendClient (bytes for the client) and resumeTail (the start of a
 	// message it could not keep), for the goroutines to finish first.
-	kick       bool
-	lp         *loop
-	inLoop     bool
-	registered bool        // in its loop's epoll set; only the loop reads and writes it
-	timer      *time.Timer // the loop's message deadline timer, firing at timerAt
-	timerAt    time.Time
-	back       chan struct{}
-	cfd, ufd   int32
-	pendUp     []byte
-	pendClient []byte
-	resumeTail []byte
+	kick        bool
+	lp          *loop
+	inLoop      bool
+	clientEnded bool        // the client's end of stream reached the loop, which passed it on
+	registered  bool        // in its loop's epoll set; only the loop reads and writes it
+	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
+	timerAt     time.Time
+	back        chan struct{}
+	cfd, ufd    int32
+	pendUp      []byte
+	pendClient  []byte
+	resumeTail  []byte
 }
 
 func (s *Server) handle(tc *net.TCPConn) {
@@ -363,16 +364,12 @@ func (c *conn) needsDeadline() bool {
 // runInLoop hands the connection to an event loop and waits until the loop gives it back; it
 // reports whether the connection lives on, then with its goroutines.
 func (c *conn) runInLoop() bool {
-	cfd, err := detach(c.client)
+	cfd, ufd, err := detach(c.client, c.up)
 	if err != nil {
-		c.closeBoth()
-		return false
-	}
-	ufd, err := detach(c.up)
-	if err != nil {
-		syscall.Close(int(cfd))
-		c.closeBoth()
-		return false
+		// Out of descriptors, most likely: the connection stays on its goroutines, unharmed.
+		c.s.log.Debug("could not hand a connection to an event loop", "conn", c.id, "err", err)
+		c.startReplies()
+		return true
 	}
 	l := c.s.loops.pick()
 	c.mu.Lock()
@@ -384,8 +381,13 @@ func (c *conn) runInLoop() bool {
 	}
 	c.lp, c.inLoop = l, true
 	c.mu.Unlock()
-	l.adopt(c)
-	<-c.back
+	if l.adopt(c) {
+		<-c.back
+	} else { // the loop failed (logged): stay on goroutines
+		c.mu.Lock()
+		c.lp = nil
+		c.mu.Unlock()
+	}
 	c.inLoop = false
 	if !c.reattach() {
 		return false
@@ -450,10 +452,10 @@ func (c *conn) reattach() bool {
 	}
 	c.s.log.Warn("could not take a connection back from its event loop; closing it", "conn", c.id, "err", err)
 	c.closed = true
-	if c.ufd >= 0 {
+	if c.ufd >= 0 { // attach closed what it was given, and cfd is then -1
 		syscall.Close(int(c.ufd))
 	}
-	c.closeDetached()
+	c.cfd, c.ufd = -1, -1
 	return false
 }
 

@@ -39,6 +39,7 @@ type loop struct {
 	due    []*conn // connections whose deadline timer fired
 	stop   bool
 	woken  bool
+	ended  bool // run returned and closed the descriptors: requests are dropped
 }
 
 // loops are a server's event loops; connections are spread over them in turn.
@@ -73,7 +74,7 @@ func (ls *loops) pick() *loop {
 // stop ends the loops, handing any connection they still forward back to its goroutines.
 func (ls *loops) stop() {
 	for _, l := range ls.all {
-		l.request(func() { l.stop = true })
+		l.request(func() { l.stop = true }) // false: it ended already
 		<-l.done
 	}
 }
@@ -104,24 +105,33 @@ func (l *loop) closeFds() {
 	syscall.Close(l.wakeW)
 }
 
-// request runs change under the loop's lock and wakes the loop to act on it.
-func (l *loop) request(change func()) {
+// request runs change under the loop's lock and wakes the loop to act on it. It reports false,
+// and does nothing, once the loop has ended.
+func (l *loop) request(change func()) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended { // a timer firing late, or a loop that failed
+		return false
+	}
 	change()
-	wake := !l.woken
-	l.woken = true
-	l.mu.Unlock()
-	if wake {
+	if !l.woken {
+		l.woken = true
 		syscall.Write(l.wakeW, []byte{1}) // a full pipe already wakes the loop
 	}
+	return true
 }
 
-func (l *loop) adopt(c *conn)        { l.request(func() { l.adopts = append(l.adopts, c) }) }
+func (l *loop) adopt(c *conn) bool   { return l.request(func() { l.adopts = append(l.adopts, c) }) }
 func (l *loop) requestClose(c *conn) { l.request(func() { l.closes = append(l.closes, c) }) }
 
 func (l *loop) run() {
 	defer close(l.done)
-	defer l.closeFds()
+	defer func() {
+		l.mu.Lock()
+		l.ended = true
+		l.closeFds()
+		l.mu.Unlock()
+	}()
 	for {
 		n, err := syscall.EpollWait(l.epfd, l.events, -1)
 		if err != nil {
@@ -249,6 +259,14 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 		l.clientDone(c)
 		return
 	default: // the store's end of stream, or an error on either side
+		if errno != 0 || !c.clientEnded {
+			side := "store"
+			if fromClient {
+				side = "client"
+			}
+			l.s.log.Debug("connection ended by an error or by the store", "conn", c.id, "side", side,
+				"errno", int(errno), "bytes_in", c.bytesIn)
+		}
 		c.closeBoth()
 		l.release(c, -1)
 		return
@@ -314,6 +332,7 @@ func (l *loop) deadlineDue(c *conn) {
 // to the store (a partial message is dropped, never forwarded) and the store's last replies still
 // reach the client, for at most replyGrace; the store's own close then ends the connection.
 func (l *loop) clientDone(c *conn) {
+	c.clientEnded = true
 	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
 	syscall.Shutdown(int(c.ufd), syscall.SHUT_WR)
 	time.AfterFunc(replyGrace, c.closeBoth)
@@ -321,21 +340,31 @@ func (l *loop) clientDone(c *conn) {
 
 // readFd reads what fd has; n == 0 with errno 0 is the end of the stream.
 func readFd(fd int32, p []byte) (int, syscall.Errno) {
-	n, err := syscall.Read(int(fd), p)
-	if err != nil {
-		return 0, err.(syscall.Errno)
+	for {
+		n, err := syscall.Read(int(fd), p)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err.(syscall.Errno)
+		}
+		return n, 0
 	}
-	return n, 0
 }
 
 // writeFd writes a and then b (which may be empty) with one system call, without waiting.
 func writeFd(fd int32, a, b []byte) (int, syscall.Errno) {
 	if len(b) == 0 {
-		n, err := syscall.Write(int(fd), a)
-		if err != nil {
-			return 0, err.(syscall.Errno)
+		for {
+			n, err := syscall.Write(int(fd), a)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil {
+				return 0, err.(syscall.Errno)
+			}
+			return n, 0
 		}
-		return n, 0
 	}
 	iov := [2]syscall.Iovec{{Base: &a[0]}, {Base: &b[0]}}
 	iov[0].SetLen(len(a))
@@ -352,9 +381,23 @@ func writeFd(fd int32, a, b []byte) (int, syscall.Errno) {
 	}
 }
 
-// detach takes a socket away from Go's poller: it returns a duplicate descriptor, which the
-// caller owns, and closes tc (the socket lives on through the duplicate).
-func detach(tc *net.TCPConn) (int32, error) {
+// detach takes the client and store sockets away from Go's poller: it duplicates their
+// descriptors, for the caller to own, and closes the net.Conns (the sockets live on through the
+// duplicates). On an error both net.Conns are left as they were.
+func detach(client, up *net.TCPConn) (cfd, ufd int32, err error) {
+	if cfd, err = dupFd(client); err != nil {
+		return -1, -1, err
+	}
+	if ufd, err = dupFd(up); err != nil {
+		syscall.Close(int(cfd))
+		return -1, -1, err
+	}
+	client.Close()
+	up.Close()
+	return cfd, ufd, nil
+}
+
+func dupFd(tc *net.TCPConn) (int32, error) {
 	rc, err := tc.SyscallConn()
 	if err != nil {
 		return -1, err
@@ -370,14 +413,10 @@ func detach(tc *net.TCPConn) (int32, error) {
 	}); err != nil {
 		return -1, err
 	}
-	if derr != nil {
-		return -1, derr
-	}
-	tc.Close()
-	return int32(nfd), nil
+	return int32(nfd), derr
 }
 
-// attach gives a descriptor from detach back to Go's poller, closing the descriptor.
+// attach gives a descriptor from detach back to Go's poller; the descriptor is closed either way.
 func attach(fd int32) (*net.TCPConn, error) {
 	f := os.NewFile(uintptr(fd), "")
 	defer f.Close()

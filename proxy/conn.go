@@ -152,7 +152,8 @@ func (e *everySecond) allow(now time.Time) bool {
 func dialUpstream(addr string, timeout time.Duration, stop func() bool) (net.Conn, error) {
 	deadline := time.Now().Add(timeout)
 	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		up, err := net.DialTimeout("tcp", addr, time.Until(deadline))
+		d := net.Dialer{Timeout: time.Until(deadline), KeepAlive: -1} // no keep-alive probes to the local store
+		up, err := d.Dial("tcp", addr)
 		if err == nil {
 			return up, nil
 		}

@@ -222,8 +222,12 @@ func (l *loop) release(c *conn, why handback) {
 	if why >= 0 {
 		l.s.m.handbacks[why].Inc()
 	}
-	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
-	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.ufd), nil)
+	if why >= 0 || !c.isClosed() {
+		// Handed back: stop watching. A closed connection's descriptors are closed next, which
+		// takes them out of the epoll set (the loop holds the only descriptors of its sockets).
+		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
+		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.ufd), nil)
+	}
 	delete(l.conns, c.cfd)
 	delete(l.conns, c.ufd)
 	c.registered = false

@@ -242,7 +242,9 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 			l.s.m.panics.Inc()
 			l.s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
 			c.closeBoth()
-			l.release(c, -1)
+			if c.registered { // else release itself panicked after letting c go
+				l.release(c, -1)
+			}
 		}
 	}()
 	if c.isClosed() {

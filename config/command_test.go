@@ -65,7 +65,7 @@ func TestServeFlagsShowDefaults(t *testing.T) {
 	AddServeFlags(fs)
 	for name, want := range map[string]string{
 		"listen": ":29500", "upstream": "127.0.0.1:29501", "metrics-listen": "127.0.0.1:9529", "audit-log": "",
-		"generation": "auto", "mode": "enforce", "backend": "auto", "log-level": "info", "log-format": "json", "config": "",
+		"generation": "auto", "mode": "enforce", "backend": "auto", "log-level": "info", "log-format": "json", "config": "", "event-loops": "0",
 	} {
 		f := fs.Lookup(name)
 		if f == nil {

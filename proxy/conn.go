@@ -359,7 +359,13 @@ func (c *conn) adoptable() bool {
 }
 
 func (c *conn) needsDeadline() bool {
-	return !c.raw && !c.st.cfg.Deadlines().Next(&c.dec, c.start, c.msgStart, c.spared).IsZero()
+	return !c.raw && !c.nextDeadline().IsZero()
+}
+
+// nextDeadline is when the connection's next message or first-message deadline falls, zero for
+// none (protocol.Deadlines.Next).
+func (c *conn) nextDeadline() time.Time {
+	return c.st.deadlines.Next(&c.dec, c.start, c.msgStart, c.spared)
 }
 
 // runInLoop hands the connection to an event loop and waits until the loop gives it back; it
@@ -505,7 +511,7 @@ func readPooled(rc syscall.RawConn) (bp *[]byte, n int, err error) {
 func (c *conn) setDeadline() {
 	var dl time.Time
 	if !c.raw {
-		dl = c.st.cfg.Deadlines().Next(&c.dec, c.start, c.msgStart, c.spared)
+		dl = c.nextDeadline()
 		if idle := c.st.cfg.Timeouts.Idle; dl.IsZero() && idle > 0 {
 			dl = c.s.now().Add(idle)
 		}
@@ -520,8 +526,7 @@ func (c *conn) setDeadline() {
 func (c *conn) endRead(err error) bool {
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		dl := c.st.cfg.Deadlines()
-		if dl.Next(&c.dec, c.start, c.msgStart, c.spared).IsZero() {
+		if c.nextDeadline().IsZero() {
 			c.s.log.Debug("idle timeout", "conn", c.id)
 			c.closeBoth()
 			return false
@@ -530,7 +535,7 @@ func (c *conn) endRead(err error) bool {
 			c.spared = true
 			return true
 		}
-		return c.violation(dl.Expire(&c.dec), nil, 0)
+		return c.violation(c.st.deadlines.Expire(&c.dec), nil, 0)
 	case errors.Is(err, io.EOF):
 		// The client is done sending: pass the half-close on (a partial message is dropped,
 		// never forwarded) and let the store's last replies through for a while.

@@ -178,7 +178,7 @@ func (l *loop) serveRequests() (stop bool) {
 	}
 	for _, c := range closes {
 		if c.registered { // else the loop already let it go
-			l.release(c, -1)
+			l.release(c, handbackNone)
 		}
 	}
 	if stop {
@@ -212,17 +212,17 @@ func (l *loop) register(c *conn) {
 }
 
 // release takes c out of the loop and hands it back to its handler: to its goroutines for the rest
-// of its life (why says why), or, once closed (why is -1), to finish.
+// of its life (why says why), or, once closed (why is handbackNone), to finish.
 func (l *loop) release(c *conn, why handback) {
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer, c.timerAt = nil, time.Time{}
 	}
 	l.s.m.loopConns.Dec()
-	if why >= 0 {
+	if why != handbackNone {
 		l.s.m.handbacks[why].Inc()
 	}
-	if why >= 0 || !c.isClosed() {
+	if why != handbackNone || !c.isClosed() {
 		// Handed back: stop watching. A closed connection's descriptors are closed next, which
 		// takes them out of the epoll set (the loop holds the only descriptors of its sockets).
 		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
@@ -243,12 +243,12 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 			l.s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
 			c.closeBoth()
 			if c.registered { // else release itself panicked after letting c go
-				l.release(c, -1)
+				l.release(c, handbackNone)
 			}
 		}
 	}()
 	if c.isClosed() {
-		l.release(c, -1)
+		l.release(c, handbackNone)
 		return
 	}
 	fromClient := ev.Fd == c.cfd
@@ -274,13 +274,13 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 				"errno", int(errno), "bytes_in", c.bytesIn)
 		}
 		c.closeBoth()
-		l.release(c, -1)
+		l.release(c, handbackNone)
 		return
 	}
 	if fromClient {
 		switch {
 		case !c.process(l.buf[:n]):
-			l.release(c, -1)
+			l.release(c, handbackNone)
 		case len(c.pendUp) > 0:
 			l.release(c, handbackBackpressure)
 		case c.resumeTail != nil:
@@ -299,14 +299,14 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 		l.release(c, handbackBackpressure)
 	default:
 		c.closeBoth()
-		l.release(c, -1)
+		l.release(c, handbackNone)
 	}
 }
 
 // watchDeadline arms c's timer when a message in progress has a deadline (timeouts.message). The
 // timer only asks the loop to look: deadlineDue decides on the connection's state then.
 func (l *loop) watchDeadline(c *conn) {
-	dl := c.st.cfg.Deadlines().Next(&c.dec, c.start, c.msgStart, c.spared)
+	dl := c.nextDeadline()
 	if dl.IsZero() || (!c.timerAt.IsZero() && !c.timerAt.After(dl)) {
 		return // none, or the timer fires by then already
 	}
@@ -323,14 +323,13 @@ func (l *loop) watchDeadline(c *conn) {
 // one in progress with a later deadline re-arms the timer.
 func (l *loop) deadlineDue(c *conn) {
 	c.timerAt = time.Time{}
-	dl := c.st.cfg.Deadlines()
-	next := dl.Next(&c.dec, c.start, c.msgStart, c.spared)
+	next := c.nextDeadline()
 	switch {
 	case next.IsZero():
 	case c.s.now().Before(next):
 		l.watchDeadline(c)
-	case !c.violation(dl.Expire(&c.dec), nil, 0):
-		l.release(c, -1)
+	case !c.violation(c.st.deadlines.Expire(&c.dec), nil, 0):
+		l.release(c, handbackNone)
 	}
 }
 

@@ -39,6 +39,9 @@ type metrics struct {
 // handback is why an event loop gave a connection back to its goroutines.
 type handback int
 
+// handbackNone is not a hand-back: the loop lets a closed connection go.
+const handbackNone handback = -1
+
 const (
 	handbackPartial      handback = iota // a message in progress that needs budget the loop cannot get at once
 	handbackBackpressure                 // a peer that could not take a write at once

@@ -25,9 +25,10 @@ import (
 // settings is one validated configuration, swapped atomically on reload. A connection keeps the
 // settings it was accepted under.
 type settings struct {
-	cfg     config.Config
-	dec     protocol.Config
-	monitor bool
+	cfg       config.Config
+	dec       protocol.Config
+	deadlines protocol.Deadlines
+	monitor   bool
 }
 
 func newSettings(c config.Config) (*settings, error) {
@@ -35,7 +36,7 @@ func newSettings(c config.Config) (*settings, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &settings{cfg: c, dec: dec, monitor: c.Mode == config.ModeMonitor}, nil
+	return &settings{cfg: c, dec: dec, deadlines: c.Deadlines(), monitor: c.Mode == config.ModeMonitor}, nil
 }
 
 func (st *settings) gate() GateConfig {

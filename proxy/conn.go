@@ -110,10 +110,58 @@ func (s *Server) handle(tc *net.TCPConn) {
 	defer s.track(c, false)
 	defer c.finish()
 	defer s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
-	// The store is dialled while the client's first bytes are already being decoded: a hostile
-	// message is refused at once even while the store is still starting.
-	go c.dialStore()
+	if c.connectNow() {
+		if !c.runInLoop() {
+			return
+		}
+	} else {
+		// The store is dialled while the client's first bytes are already being decoded: a
+		// hostile message is refused at once even while the store is still starting.
+		go c.dialStore()
+	}
 	c.pipeClientToStore()
+}
+
+// connectNow connects to a store on this host outside Go's poller, for a loop to forward the
+// connection from its first byte: no dialling goroutine, no poller registration, no kick. It
+// reports false, leaving the dial to dialStore, when loops do not take this connection or the
+// store did not take it at once (it is not listening yet, or its accept queue is full).
+func (c *conn) connectNow() bool {
+	if c.s.loops == nil || !c.st.local.IsValid() || c.st.cfg.Timeouts.Idle != 0 || c.needsDeadline() {
+		return false
+	}
+	fd, err := connectLocal(c.st.local)
+	if err != nil {
+		return false
+	}
+	c.ufd = fd
+	close(c.upReady)
+	return true
+}
+
+// connectLocal connects a non-blocking socket to ap and returns it once established. A connect
+// to this host runs the whole handshake within the call, so the socket is established when it
+// returns EINPROGRESS, unless the listener dropped the SYN: then, as for a refusal, it fails.
+func connectLocal(ap netip.AddrPort) (int32, error) {
+	family, sa := syscall.AF_INET6, syscall.Sockaddr(&syscall.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()})
+	if ap.Addr().Is4() {
+		family, sa = syscall.AF_INET, &syscall.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, os.NewSyscallError("socket", err)
+	}
+	if err = syscall.Connect(fd, sa); err == syscall.EINPROGRESS {
+		_, err = syscall.Getpeername(fd) // ENOTCONN until established
+	}
+	if err == nil {
+		err = syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1) // as net.Dial
+	}
+	if err != nil {
+		syscall.Close(fd)
+		return -1, err
+	}
+	return int32(fd), nil
 }
 
 // finish waits for the reply direction to end and gives back what the connection held.
@@ -359,22 +407,29 @@ func (c *conn) adoptable() bool {
 }
 
 func (c *conn) needsDeadline() bool {
-	return !c.raw && !c.nextDeadline().IsZero()
+	return !c.nextDeadline().IsZero()
 }
 
 // nextDeadline is when the connection's next message or first-message deadline falls, zero for
-// none (protocol.Deadlines.Next).
+// none (protocol.Deadlines.Next) and for a connection passed through undecoded after a monitor-mode
+// violation.
 func (c *conn) nextDeadline() time.Time {
+	if c.raw {
+		return time.Time{}
+	}
 	return c.st.deadlines.Next(&c.dec, c.start, c.msgStart, c.spared)
 }
 
 // runInLoop hands the connection to an event loop and waits until the loop gives it back; it
 // reports whether the connection lives on, then with its goroutines.
 func (c *conn) runInLoop() bool {
-	cfd, ufd, err := detach(c.client, c.up)
+	cfd, ufd, err := c.loopFds()
 	if err != nil {
 		// Out of descriptors, most likely: the connection stays on its goroutines, unharmed.
 		c.s.log.Debug("could not hand a connection to an event loop", "conn", c.id, "err", err)
+		if c.up == nil && !c.attachUp() {
+			return false
+		}
 		c.startReplies()
 		return true
 	}
@@ -415,6 +470,41 @@ func (c *conn) runInLoop() bool {
 		}
 	}
 	c.startReplies()
+	return true
+}
+
+// loopFds takes the connection's sockets away from Go's poller for a loop: the client's, and the
+// store's unless connectNow made it outside the poller (then it is ufd already).
+func (c *conn) loopFds() (cfd, ufd int32, err error) {
+	if c.up != nil {
+		return detach(c.client, c.up)
+	}
+	if cfd, err = dupFd(c.client); err != nil {
+		return -1, -1, err
+	}
+	c.client.Close()
+	return cfd, c.ufd, nil
+}
+
+// attachUp gives the store socket connectNow made to Go's poller, for goroutines to forward; it
+// reports whether the connection lives on.
+func (c *conn) attachUp() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fd := c.ufd
+	c.ufd = -1
+	if c.closed {
+		syscall.Close(int(fd))
+		return false
+	}
+	up, err := attach(fd)
+	if err != nil {
+		c.s.log.Warn("could not give a store connection to Go's poller; closing it", "conn", c.id, "err", err)
+		c.closed = true
+		c.client.Close()
+		return false
+	}
+	c.up = up
 	return true
 }
 
@@ -509,12 +599,9 @@ func readPooled(rc syscall.RawConn) (bp *[]byte, n int, err error) {
 // a message is in progress, else the first-message deadline before any message, else the idle
 // timeout; none by default, since a WAIT may last hours.
 func (c *conn) setDeadline() {
-	var dl time.Time
-	if !c.raw {
-		dl = c.nextDeadline()
-		if idle := c.st.cfg.Timeouts.Idle; dl.IsZero() && idle > 0 {
-			dl = c.s.now().Add(idle)
-		}
+	dl := c.nextDeadline()
+	if idle := c.st.cfg.Timeouts.Idle; dl.IsZero() && idle > 0 && !c.raw {
+		dl = c.s.now().Add(idle)
 	}
 	if !dl.Equal(c.deadline) {
 		c.deadline = dl

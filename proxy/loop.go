@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -124,6 +125,12 @@ func (l *loop) request(change func()) bool {
 func (l *loop) adopt(c *conn) bool   { return l.request(func() { l.adopts = append(l.adopts, c) }) }
 func (l *loop) requestClose(c *conn) { l.request(func() { l.closes = append(l.closes, c) }) }
 
+// yieldEvery is how often a loop yields to Go's scheduler, busy or idle (epoll_wait wakes up that
+// often). A goroutine that stays on its P for 10 ms, even in and out of system calls, is
+// preempted with a signal and its P retaken, and each retake puts sysmon back to waking every 20 µs:
+// measured under load without yields, 5,500 sysmon sleeps and 84 preemption signals a second.
+const yieldEvery = 5 * time.Millisecond
+
 func (l *loop) run() {
 	defer close(l.done)
 	defer func() {
@@ -132,8 +139,13 @@ func (l *loop) run() {
 		l.closeFds()
 		l.mu.Unlock()
 	}()
+	lastYield := time.Now()
 	for {
-		n, err := syscall.EpollWait(l.epfd, l.events, -1)
+		n, err := syscall.EpollWait(l.epfd, l.events, int(yieldEvery/time.Millisecond))
+		if now := time.Now(); now.Sub(lastYield) >= yieldEvery {
+			runtime.Gosched()
+			lastYield = now
+		}
 		if err != nil {
 			if err == syscall.EINTR {
 				continue

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,39 +46,104 @@ func pattern(n int) []byte {
 	return b
 }
 
+// An upstream given as an address on this host is connected before the client's first byte, and a
+// loop forwards from there (connectNow); one given as a name is dialled while the client is read,
+// and the handler hands the connection over once the store is up (the kick).
 func TestLoopForwardsBothWays(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
-	h.store.setReply([]byte("ok"))
-	c := h.dial()
-	sent := h.adopted(c)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil { // the store's answer to the handshake
+	for _, byName := range []bool{false, true} {
+		t.Run(map[bool]string{false: "connected-at-once", true: "dialled"}[byName], func(t *testing.T) {
+			h := start(t, func(c *config.Config) {
+				c.Generation = "2.6"
+				if byName {
+					_, port, _ := net.SplitHostPort(c.Upstream)
+					c.Upstream = "localhost:" + port
+				}
+			})
+			h.store.setReply([]byte("ok"))
+			c := h.dial()
+			sent := h.adopted(c)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(c, make([]byte, 2)); err != nil { // the store's answer to the handshake
+				t.Fatal(err)
+			}
+			for i := range 50 {
+				m := enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte{'/', byte('a' + i%26)}})
+				sent = append(sent, m...)
+				c.Write(m)
+				got := make([]byte, 2)
+				if _, err := io.ReadFull(c, got); err != nil || string(got) != "ok" {
+					t.Fatalf("reply %d: %q, %v", i, got, err)
+				}
+			}
+			if got := h.store.received(0); !bytes.Equal(got, sent) {
+				t.Fatalf("store received %d bytes, want the %d sent", len(got), len(sent))
+			}
+			if v := h.loopConns(); v != "1" {
+				t.Errorf("event_loop_connections %q after plain traffic, want 1", v)
+			}
+			// The client's end of stream: the loop passes the half-close on, and the store's close ends
+			// the connection, with no hand-back.
+			c.(*net.TCPConn).CloseWrite()
+			closedByPeer(t, c)
+			eventually(t, "the loop letting the closed connection go", func() bool { return h.loopConns() == "0" })
+			for _, reason := range handbackNames {
+				if v := h.handbacks(reason); v != "0" {
+					t.Errorf("handbacks{%s} %q, want 0", reason, v)
+				}
+			}
+		})
+	}
+}
+
+// connectLocal reports a store socket only once it is established: a refused connect and a SYN
+// the store's full accept queue dropped are errors, for dialStore to retry.
+func TestConnectLocal(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 50 {
-		m := enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte{'/', byte('a' + i%26)}})
-		sent = append(sent, m...)
-		c.Write(m)
-		got := make([]byte, 2)
-		if _, err := io.ReadFull(c, got); err != nil || string(got) != "ok" {
-			t.Fatalf("reply %d: %q, %v", i, got, err)
+	ap := netip.MustParseAddrPort(ln.Addr().String())
+	fd, err := connectLocal(ap)
+	if err != nil {
+		t.Fatalf("connect to a listening store: %v", err)
+	}
+	peer, err := syscall.Getpeername(int(fd))
+	if sa, ok := peer.(*syscall.SockaddrInet4); err != nil || !ok || sa.Port != int(ap.Port()) {
+		t.Errorf("peer %v, %v: want %v", peer, err, ap)
+	}
+	syscall.Close(int(fd))
+	ln.Close()
+	if fd, err := connectLocal(ap); err == nil {
+		syscall.Close(int(fd))
+		t.Fatal("connect to a closed port succeeded")
+	}
+
+	// A listener with a backlog of 1 that never accepts: once its queue is full, the kernel drops
+	// further SYNs, and connectLocal must not wait for the retransmission.
+	lfd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(lfd)
+	if err := syscall.Bind(lfd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(lfd, 1); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(lfd)
+	full := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*syscall.SockaddrInet4).Port))
+	var refused int
+	for range 8 {
+		fd, err := connectLocal(full)
+		if err != nil {
+			refused++
+			continue
 		}
+		defer syscall.Close(int(fd))
 	}
-	if got := h.store.received(0); !bytes.Equal(got, sent) {
-		t.Fatalf("store received %d bytes, want the %d sent", len(got), len(sent))
-	}
-	if v := h.loopConns(); v != "1" {
-		t.Errorf("event_loop_connections %q after plain traffic, want 1", v)
-	}
-	// The client's end of stream: the loop passes the half-close on, and the store's close ends
-	// the connection, with no hand-back.
-	c.(*net.TCPConn).CloseWrite()
-	closedByPeer(t, c)
-	eventually(t, "the loop letting the closed connection go", func() bool { return h.loopConns() == "0" })
-	for _, reason := range handbackNames {
-		if v := h.handbacks(reason); v != "0" {
-			t.Errorf("handbacks{%s} %q, want 0", reason, v)
-		}
+	if refused == 0 {
+		t.Error("every connect to a full accept queue reported established")
 	}
 }
 

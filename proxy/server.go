@@ -29,6 +29,7 @@ type settings struct {
 	dec       protocol.Config
 	deadlines protocol.Deadlines
 	monitor   bool
+	local     netip.AddrPort // the upstream, when it is an address on this host (connectNow)
 }
 
 func newSettings(c config.Config) (*settings, error) {
@@ -36,7 +37,11 @@ func newSettings(c config.Config) (*settings, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &settings{cfg: c, dec: dec, deadlines: c.Deadlines(), monitor: c.Mode == config.ModeMonitor}, nil
+	st := &settings{cfg: c, dec: dec, deadlines: c.Deadlines(), monitor: c.Mode == config.ModeMonitor}
+	if ap, err := netip.ParseAddrPort(c.Upstream); err == nil && ap.Addr().Unmap().IsLoopback() {
+		st.local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return st, nil
 }
 
 func (st *settings) gate() GateConfig {

@@ -52,6 +52,7 @@ type conn struct {
 	raw      bool // monitor mode after a violation: pass everything through
 	spared   bool // a silent G0 callback connection, let past the first-message deadline
 	untalk   func()
+	release  func() // gives back the admission (Gate.Admit)
 
 	mu         sync.Mutex // guards up, closed, lp, kick, s2cStarted and (while in a loop) client
 	closed     bool
@@ -71,55 +72,81 @@ type conn struct {
 	registered  bool        // in its loop's epoll set; only the loop reads and writes it
 	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
 	timerAt     time.Time
-	back        chan struct{}
 	cfd, ufd    int32
 	pendUp      []byte
 	pendClient  []byte
 	resumeTail  []byte
 }
 
+// handle takes a new connection, on a goroutine of its own. A connection a loop can forward from
+// its first byte goes straight to one, and the goroutine ends: the loop owns the connection. Any
+// other goes on with goroutines (serve).
 func (s *Server) handle(tc *net.TCPConn) {
-	defer s.handlers.Done()
 	remote := addrPort(tc.RemoteAddr())
 	src := netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
 	dst := originalDst(tc)
-	if s.draining.Load() {
-		s.refuse(src, dst, refuseDraining)
-		tc.Close()
-		return
+	reason := refuseDraining
+	var release func()
+	if !s.draining.Load() {
+		release, reason = s.gate.Admit(src.Addr())
 	}
-	release, reason := s.gate.Admit(src.Addr())
 	if reason != "" {
 		s.refuse(src, dst, reason)
 		tc.Close()
+		s.handlers.Done()
 		return
 	}
-	defer release()
 	s.m.accepted.Inc()
 	s.m.active.Inc()
-	defer s.m.active.Dec()
-
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: tc, src: src, dst: dst, start: s.now(),
-		upReady: make(chan struct{}), s2cDone: make(chan struct{}), back: make(chan struct{}, 1), cfd: -1, ufd: -1}
+		upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1, release: release}
 	dc := st.dec
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
-
 	s.track(c, true)
-	defer s.track(c, false)
-	defer c.finish()
-	defer s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
 	if c.connectNow() {
-		if !c.runInLoop() {
+		switch took, live := c.toLoop(); {
+		case took:
+			return
+		case !live:
+			c.end()
 			return
 		}
-	} else {
+	}
+	c.serve(false)
+}
+
+// serve forwards the connection with goroutines until it ends, then ends it, unless a loop took it
+// meanwhile (the loop then ends it). fromLoop: a loop handed it back.
+func (c *conn) serve(fromLoop bool) {
+	took := false
+	defer func() {
+		if !took {
+			c.end()
+		}
+	}()
+	defer c.s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
+	if fromLoop && !c.fromLoop() {
+		return
+	}
+	select {
+	case <-c.upReady:
+	default:
 		// The store is dialled while the client's first bytes are already being decoded: a
 		// hostile message is refused at once even while the store is still starting.
 		go c.dialStore()
 	}
-	c.pipeClientToStore()
+	took = c.pipeClientToStore()
+}
+
+// end gives back what the connection held, once both directions are done.
+func (c *conn) end() {
+	c.finish()
+	c.s.track(c, false)
+	c.s.m.active.Dec()
+	c.release()
+	c.s.handlers.Done()
 }
 
 // connectNow connects to a store on this host outside Go's poller, for a loop to forward the
@@ -344,23 +371,25 @@ func (c *conn) awaitUp() bool {
 	return c.up != nil
 }
 
-// pipeClientToStore reads the client, decodes, and forwards complete valid messages.
-func (c *conn) pipeClientToStore() {
+// pipeClientToStore reads the client, decodes, and forwards complete valid messages, until the
+// connection ends or a loop takes it (took: the loop owns it now).
+func (c *conn) pipeClientToStore() (took bool) {
 	rc, err := c.client.SyscallConn()
 	if err != nil {
 		c.closeBoth()
-		return
+		return false
 	}
 	for {
 		if c.takeKick() {
 			c.deadline = time.Unix(1, 0) // the kick moved the read deadline: setDeadline re-arms it
 			if c.adoptable() {
-				if !c.runInLoop() {
-					return
+				took, live := c.toLoop()
+				if took || !live {
+					return took
 				}
 				if rc, err = c.client.SyscallConn(); err != nil {
 					c.closeBoth()
-					return
+					return false
 				}
 			} else {
 				c.startReplies()
@@ -372,7 +401,7 @@ func (c *conn) pipeClientToStore() {
 			ok := c.process((*bp)[:n])
 			readBufs.Put(bp)
 			if !ok {
-				return
+				return false
 			}
 		}
 		if err != nil {
@@ -380,7 +409,7 @@ func (c *conn) pipeClientToStore() {
 				continue
 			}
 			if !c.endRead(err) {
-				return
+				return false
 			}
 		}
 	}
@@ -420,18 +449,19 @@ func (c *conn) nextDeadline() time.Time {
 	return c.st.deadlines.Next(&c.dec, c.start, c.msgStart, c.spared)
 }
 
-// runInLoop hands the connection to an event loop and waits until the loop gives it back; it
-// reports whether the connection lives on, then with its goroutines.
-func (c *conn) runInLoop() bool {
+// toLoop hands the connection to an event loop. took: the loop owns it now, and the caller must
+// not touch it again (the loop ends it, or hands it back to a new serve goroutine). Otherwise live
+// reports whether it goes on with goroutines.
+func (c *conn) toLoop() (took, live bool) {
 	cfd, ufd, err := c.loopFds()
 	if err != nil {
 		// Out of descriptors, most likely: the connection stays on its goroutines, unharmed.
 		c.s.log.Debug("could not hand a connection to an event loop", "conn", c.id, "err", err)
 		if c.up == nil && !c.attachUp() {
-			return false
+			return false, false
 		}
 		c.startReplies()
-		return true
+		return false, true
 	}
 	l := c.s.loops.pick()
 	c.mu.Lock()
@@ -439,17 +469,22 @@ func (c *conn) runInLoop() bool {
 	if c.closed {
 		c.closeDetached()
 		c.mu.Unlock()
-		return false
+		return false, false
 	}
 	c.lp, c.inLoop = l, true
 	c.mu.Unlock()
 	if l.adopt(c) {
-		<-c.back
-	} else { // the loop failed (logged): stay on goroutines
-		c.mu.Lock()
-		c.lp = nil
-		c.mu.Unlock()
+		return true, true
 	}
+	c.mu.Lock() // the loop failed (logged): stay on goroutines
+	c.lp = nil
+	c.mu.Unlock()
+	return false, c.fromLoop()
+}
+
+// fromLoop gives the connection's sockets back to Go's poller after a loop and writes what the
+// loop left unwritten; it reports whether the connection lives on.
+func (c *conn) fromLoop() bool {
 	c.inLoop = false
 	if !c.reattach() {
 		return false
@@ -508,15 +543,21 @@ func (c *conn) attachUp() bool {
 	return true
 }
 
-// leaveLoop is called by the loop that lets c go, after it stopped watching c's sockets.
+// leaveLoop is called by the loop that lets c go, after it stopped watching c's sockets: a closed
+// connection ends there, a live one goes on with goroutines.
 func (c *conn) leaveLoop() {
 	c.mu.Lock()
 	c.lp = nil
-	if c.closed {
+	closed := c.closed
+	if closed {
 		c.closeDetached()
 	}
 	c.mu.Unlock()
-	c.back <- struct{}{}
+	if closed {
+		c.end()
+		return
+	}
+	go c.serve(true)
 }
 
 // closeDetached closes the descriptors a loop owned; c.mu is held.

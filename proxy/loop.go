@@ -12,15 +12,17 @@ import (
 	"unsafe"
 )
 
-// Event loops forward established connections. A connection starts with goroutines (its handler
-// reads and decodes the client while the store is dialled); once the store is connected and the
-// connection is between messages, its two sockets leave Go's poller for a loop, which waits on
+// Event loops forward established connections. When the store is on this host, the accept loop
+// connects to it at once and hands both sockets to a loop before the client's first byte: the
+// connection never has a goroutine of its own. Otherwise the connection starts with goroutines
+// (serve reads and decodes the client while the store is dialled), and once the store is connected
+// and the connection is between messages its sockets leave Go's poller for a loop. A loop waits on
 // many connections with one epoll_wait, reads, decodes and writes without waking a goroutine per
 // direction. Profiles showed those wake-ups (futex, scheduler, netpoll) cost more than the
 // forwarding itself on a small host.
 //
 // A loop never blocks on one connection. Whatever would make it wait hands the connection back to
-// its goroutines, which then handle it as before for the rest of its life: a write the peer cannot
+// goroutines, which then handle it as before for the rest of its life: a write the peer cannot
 // take yet (the rest is kept and written first), or a partial message that needs budget the loop
 // cannot get at once. Message deadlines (a timer per connection with a message in progress), ends
 // of stream, errors and violations the loop handles itself, as the goroutines would.
@@ -137,7 +139,13 @@ func (l *loop) run() {
 		l.mu.Lock()
 		l.ended = true
 		l.closeFds()
+		adopts := l.adopts // asked for after epoll_wait failed: never registered
+		l.adopts = nil
 		l.mu.Unlock()
+		for _, c := range adopts {
+			l.s.m.handbacks[handbackStop].Inc()
+			c.leaveLoop()
+		}
 	}()
 	lastYield := time.Now()
 	for {

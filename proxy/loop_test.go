@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -315,4 +317,23 @@ func TestLoopViolationCloses(t *testing.T) {
 		t.Errorf("violations %q", v)
 	}
 	eventually(t, "the loop letting the connection go", func() bool { return h.loopConns() == "0" })
+}
+
+// A connection a loop forwards from its first byte has no goroutine of its own: idle connections
+// cost the loop's bookkeeping and the kernel's sockets, not a goroutine stack each.
+func TestLoopConnectionsHaveNoGoroutines(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	if *testEventLoops < 0 {
+		t.Skip("event loops are off (-event-loops=-1)")
+	}
+	before := runtime.NumGoroutine()
+	const n = 200
+	for range n {
+		h.dial()
+	}
+	eventually(t, "a loop forwarding every connection", func() bool { return h.loopConns() == strconv.Itoa(n) })
+	// The fake store runs a goroutine per connection in this process: subtract those.
+	if extra := runtime.NumGoroutine() - before - h.store.numConns(); extra > n/10 {
+		t.Errorf("%d goroutines more for %d connections in loops, want (nearly) none", extra, n)
+	}
 }

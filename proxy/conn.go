@@ -78,9 +78,7 @@ type conn struct {
 	resumeTail  []byte
 }
 
-// handle takes a new connection, on a goroutine of its own. A connection a loop can forward from
-// its first byte goes straight to one, and the goroutine ends: the loop owns the connection. Any
-// other goes on with goroutines (serve).
+// handle admits a new connection, on a goroutine of its own, and serves it.
 func (s *Server) handle(tc *net.TCPConn) {
 	remote := addrPort(tc.RemoteAddr())
 	src := netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
@@ -105,20 +103,12 @@ func (s *Server) handle(tc *net.TCPConn) {
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
 	s.track(c, true)
-	if c.connectNow() {
-		switch took, live := c.toLoop(); {
-		case took:
-			return
-		case !live:
-			c.end()
-			return
-		}
-	}
 	c.serve(false)
 }
 
-// serve forwards the connection with goroutines until it ends, then ends it, unless a loop took it
-// meanwhile (the loop then ends it). fromLoop: a loop handed it back.
+// serve forwards the connection with goroutines until it ends, then ends it, unless a loop takes
+// it (the loop then ends it). A new connection goes straight to a loop when connectNow can
+// connect it; fromLoop: a loop handed the connection back.
 func (c *conn) serve(fromLoop bool) {
 	took := false
 	defer func() {
@@ -127,8 +117,16 @@ func (c *conn) serve(fromLoop bool) {
 		}
 	}()
 	defer c.s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
-	if fromLoop && !c.fromLoop() {
-		return
+	switch {
+	case fromLoop:
+		if !c.fromLoop() {
+			return
+		}
+	case c.connectNow():
+		var live bool
+		if took, live = c.toLoop(); took || !live {
+			return
+		}
 	}
 	select {
 	case <-c.upReady:

@@ -149,12 +149,15 @@ func (l *loop) run() {
 	}()
 	lastYield := time.Now()
 	for {
-		n, err := syscall.EpollWait(l.epfd, l.events, int(yieldEvery/time.Millisecond))
+		n, err := epollWait(l.epfd, l.events, 0)
+		if n == 0 && err == 0 {
+			n, err = epollWait(l.epfd, l.events, int(yieldEvery/time.Millisecond))
+		}
 		if now := time.Now(); now.Sub(lastYield) >= yieldEvery {
 			runtime.Gosched()
 			lastYield = now
 		}
-		if err != nil {
+		if err != 0 {
 			if err == syscall.EINTR {
 				continue
 			}
@@ -363,46 +366,59 @@ func (l *loop) clientDone(c *conn) {
 	time.AfterFunc(replyGrace, c.closeBoth)
 }
 
+// The loop's reads, writes and non-blocking epoll_waits never block, so they are raw system calls:
+// none of the runtime's bookkeeping for a call that might (entersyscall, exitsyscall), which
+// costs about as much as a small read itself. Only the epoll_wait that waits goes through it.
+
+// epollWait waits up to msec milliseconds for events on epfd; 0 returns at once. (Each
+// unsafe.Pointer is converted within the call expression, as syscall.Syscall requires.)
+func epollWait(epfd int, events []syscall.EpollEvent, msec int) (int, syscall.Errno) {
+	var n uintptr
+	var e syscall.Errno
+	if msec == 0 {
+		n, _, e = syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd),
+			uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	} else {
+		n, _, e = syscall.Syscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd),
+			uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	}
+	return int(n), e
+}
+
 // readFd reads what fd has; n == 0 with errno 0 is the end of the stream.
 func readFd(fd int32, p []byte) (int, syscall.Errno) {
 	for {
-		n, err := syscall.Read(int(fd), p)
-		if err == syscall.EINTR {
-			continue
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		switch e {
+		case 0:
+			return int(n), 0
+		case syscall.EINTR:
+		default:
+			return 0, e
 		}
-		if err != nil {
-			return 0, err.(syscall.Errno)
-		}
-		return n, 0
 	}
 }
 
 // writeFd writes a and then b (which may be empty) with one system call, without waiting.
 func writeFd(fd int32, a, b []byte) (int, syscall.Errno) {
-	if len(b) == 0 {
-		for {
-			n, err := syscall.Write(int(fd), a)
-			if err == syscall.EINTR {
-				continue
-			}
-			if err != nil {
-				return 0, err.(syscall.Errno)
-			}
-			return n, 0
-		}
-	}
-	iov := [2]syscall.Iovec{{Base: &a[0]}, {Base: &b[0]}}
-	iov[0].SetLen(len(a))
-	iov[1].SetLen(len(b))
 	for {
-		n, _, e := syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
-		if e == syscall.EINTR {
-			continue
+		var n uintptr
+		var e syscall.Errno
+		if len(b) == 0 {
+			n, _, e = syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&a[0])), uintptr(len(a)))
+		} else {
+			iov := [2]syscall.Iovec{{Base: &a[0]}, {Base: &b[0]}}
+			iov[0].SetLen(len(a))
+			iov[1].SetLen(len(b))
+			n, _, e = syscall.RawSyscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
 		}
-		if e != 0 {
+		switch e {
+		case 0:
+			return int(n), 0
+		case syscall.EINTR:
+		default:
 			return 0, e
 		}
-		return int(n), 0
 	}
 }
 

@@ -78,32 +78,45 @@ type conn struct {
 	resumeTail  []byte
 }
 
-// handle admits a new connection, on a goroutine of its own, and serves it.
+// handle admits a connection Serve accepted, on a goroutine of its own, and serves it.
 func (s *Server) handle(tc *net.TCPConn) {
 	remote := addrPort(tc.RemoteAddr())
 	src := netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
 	dst := originalDst(tc)
-	reason := refuseDraining
-	var release func()
-	if !s.draining.Load() {
-		release, reason = s.gate.Admit(src.Addr())
-	}
+	release, reason := s.admit(src.Addr())
 	if reason != "" {
 		s.refuse(src, dst, reason)
 		tc.Close()
 		s.handlers.Done()
 		return
 	}
-	s.m.accepted.Inc()
-	s.m.active.Inc()
+	c := s.newConn(tc, src, dst, release)
+	s.track(c, true)
+	c.serve(false)
+}
+
+// admit decides on a new connection from src: a release func, or why it is refused.
+func (s *Server) admit(src netip.Addr) (release func(), reason RefuseReason) {
+	if s.draining.Load() {
+		return nil, refuseDraining
+	}
+	release, reason = s.gate.Admit(src)
+	if reason == "" {
+		s.m.accepted.Inc()
+		s.m.active.Inc()
+	}
+	return release, reason
+}
+
+// newConn is an admitted connection, not tracked yet; client is nil for one a loop accepted.
+func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release func()) *conn {
 	st := s.set.Load()
-	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: tc, src: src, dst: dst, start: s.now(),
+	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: client, src: src, dst: dst, start: s.now(),
 		upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1, release: release}
 	dc := st.dec
 	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
 	c.dec.Reset(dc)
-	s.track(c, true)
-	c.serve(false)
+	return c
 }
 
 // serve forwards the connection with goroutines until it ends, then ends it, unless a loop takes
@@ -122,7 +135,7 @@ func (c *conn) serve(fromLoop bool) {
 		if !c.fromLoop() {
 			return
 		}
-	case c.connectNow():
+	case c.connectNow() >= 0:
 		var live bool
 		if took, live = c.toLoop(); took || !live {
 			return
@@ -149,19 +162,20 @@ func (c *conn) end() {
 
 // connectNow connects to a store on this host outside Go's poller, for a loop to forward the
 // connection from its first byte: no dialling goroutine, no poller registration, no kick. It
-// reports false, leaving the dial to dialStore, when loops do not take this connection or the
-// store did not take it at once (it is not listening yet, or its accept queue is full).
-func (c *conn) connectNow() bool {
+// returns the store socket (also in ufd), or -1, leaving the dial to dialStore, when loops do not
+// take this connection or the store did not take it at once (it is not listening yet, or its
+// accept queue is full).
+func (c *conn) connectNow() int32 {
 	if c.s.loops == nil || !c.st.local.IsValid() || c.st.cfg.Timeouts.Idle != 0 || c.needsDeadline() {
-		return false
+		return -1
 	}
 	fd, err := connectLocal(c.st.local)
 	if err != nil {
-		return false
+		return -1
 	}
 	c.ufd = fd
 	close(c.upReady)
-	return true
+	return fd
 }
 
 // connectLocal connects a non-blocking socket to ap and returns it once established. A connect
@@ -247,28 +261,32 @@ func originalDst(c *net.TCPConn) netip.AddrPort {
 		return local
 	}
 	orig := local
-	rc.Control(func(fd uintptr) {
-		const soOriginalDst = 80 // SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST
-		var sa [28]byte          // sockaddr_in or sockaddr_in6
-		n := uint32(len(sa))
-		level := syscall.SOL_IP
-		if local.Addr().Is6() && !local.Addr().Is4In6() {
-			level = syscall.SOL_IPV6
-		}
-		_, _, e := syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, uintptr(level), soOriginalDst,
-			uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&n)), 0)
-		if e != 0 {
-			return
-		}
-		port := uint16(sa[2])<<8 | uint16(sa[3])
-		switch {
-		case sa[0] == syscall.AF_INET && n >= 8:
-			orig = netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), port)
-		case sa[0] == syscall.AF_INET6 && n >= 24:
-			orig = netip.AddrPortFrom(netip.AddrFrom16([16]byte(sa[8:24])), port)
-		}
-	})
+	rc.Control(func(fd uintptr) { orig = originalDstFd(int(fd), local) })
 	return orig
+}
+
+// originalDstFd is originalDst for a socket whose local address is local.
+func originalDstFd(fd int, local netip.AddrPort) netip.AddrPort {
+	const soOriginalDst = 80 // SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST
+	var sa [28]byte          // sockaddr_in or sockaddr_in6
+	n := uint32(len(sa))
+	level := syscall.SOL_IP
+	if local.Addr().Is6() && !local.Addr().Is4In6() {
+		level = syscall.SOL_IPV6
+	}
+	_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), soOriginalDst,
+		uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&n)), 0)
+	if e != 0 {
+		return local
+	}
+	port := uint16(sa[2])<<8 | uint16(sa[3])
+	switch {
+	case sa[0] == syscall.AF_INET && n >= 8:
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), port)
+	case sa[0] == syscall.AF_INET6 && n >= 24:
+		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(sa[8:24])), port)
+	}
+	return local
 }
 
 func (s *Server) track(c *conn, on bool) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -36,13 +37,19 @@ type loop struct {
 	conns  map[int32]*conn // by both of its file descriptors
 	done   chan struct{}
 
-	mu     sync.Mutex // guards the requests below
-	adopts []*conn
-	closes []*conn
-	due    []*conn // connections whose deadline timer fired
-	stop   bool
-	woken  bool
-	ended  bool // run returned and closed the descriptors: requests are dropped
+	lfd    int  // the listening socket it accepts from (a duplicate of its own), or -1
+	paused bool // accepting paused after an error such as EMFILE: lfd is out of the epoll set
+
+	mu       sync.Mutex // guards the requests below
+	adopts   []*conn
+	closes   []*conn
+	due      []*conn // connections whose deadline timer fired
+	listen   int     // a listening socket to accept from, or -1
+	unlisten chan struct{}
+	unpause  bool
+	stop     bool
+	woken    bool
+	ended    bool // run returned and closed the descriptors: requests are dropped
 }
 
 // loops are a server's event loops; connections are spread over them in turn.
@@ -93,7 +100,8 @@ func newLoop(s *Server) (*loop, error) {
 		return nil, fmt.Errorf("event loop: pipe2: %w", err)
 	}
 	l := &loop{s: s, epfd: epfd, wakeR: p[0], wakeW: p[1], buf: make([]byte, readSize),
-		events: make([]syscall.EpollEvent, 256), conns: map[int32]*conn{}, done: make(chan struct{})}
+		events: make([]syscall.EpollEvent, 256), conns: map[int32]*conn{}, done: make(chan struct{}),
+		lfd: -1, listen: -1}
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wakeR)}
 	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, l.wakeR, &ev); err != nil {
 		l.closeFds()
@@ -106,6 +114,18 @@ func (l *loop) closeFds() {
 	syscall.Close(l.epfd)
 	syscall.Close(l.wakeR)
 	syscall.Close(l.wakeW)
+	if l.lfd >= 0 {
+		syscall.Close(l.lfd)
+		l.lfd = -1
+	}
+	if l.listen >= 0 { // asked for, never taken
+		syscall.Close(l.listen)
+		l.listen = -1
+	}
+	if l.unlisten != nil {
+		close(l.unlisten)
+		l.unlisten = nil
+	}
 }
 
 // request runs change under the loop's lock and wakes the loop to act on it. It reports false,
@@ -172,6 +192,10 @@ func (l *loop) run() {
 				}
 				continue
 			}
+			if ev.Fd == int32(l.lfd) && l.lfd >= 0 {
+				l.acceptSome()
+				continue
+			}
 			if c := l.conns[ev.Fd]; c != nil {
 				l.serveEvent(c, ev)
 			}
@@ -189,8 +213,25 @@ func (l *loop) serveRequests() (stop bool) {
 	}
 	l.mu.Lock()
 	adopts, closes, due, stop := l.adopts, l.closes, l.due, l.stop
+	listen, unlisten, unpause := l.listen, l.unlisten, l.unpause
 	l.adopts, l.closes, l.due, l.woken = nil, nil, nil, false
+	l.listen, l.unlisten, l.unpause = -1, nil, false
 	l.mu.Unlock()
+	if listen >= 0 {
+		l.lfd = listen
+		l.watchListener()
+	}
+	if unpause && l.paused && l.lfd >= 0 {
+		l.paused = false
+		l.watchListener()
+	}
+	if unlisten != nil {
+		if l.lfd >= 0 {
+			syscall.Close(l.lfd) // also takes it out of the epoll set
+			l.lfd = -1
+		}
+		close(unlisten)
+	}
 	for _, c := range adopts {
 		l.register(c)
 	}
@@ -208,6 +249,164 @@ func (l *loop) serveRequests() (stop bool) {
 		l.releaseAll()
 	}
 	return stop
+}
+
+// acceptFrom makes the loops accept from ln themselves, in place of Serve's accept loop. Each
+// watches a duplicate of the listening socket (EPOLLEXCLUSIVE: one loop wakes per connection), and
+// ln leaves Go's poller; the socket lives on through the duplicates until stopAccepting.
+func (ls *loops) acceptFrom(ln *net.TCPListener) error {
+	fds := make([]int, 0, len(ls.all))
+	for range ls.all {
+		fd, err := dupFd(ln)
+		if err != nil {
+			for _, fd := range fds {
+				syscall.Close(fd)
+			}
+			return err
+		}
+		fds = append(fds, int(fd))
+	}
+	for i, l := range ls.all {
+		fd := fds[i]
+		if !l.request(func() { l.listen = fd }) {
+			syscall.Close(fd) // that loop ended; the others accept
+		}
+	}
+	ln.Close()
+	return nil
+}
+
+// stopAccepting has every loop close its listening socket, and returns once they all have.
+func (ls *loops) stopAccepting() {
+	for _, l := range ls.all {
+		done := make(chan struct{})
+		if l.request(func() { l.unlisten = done }) {
+			<-done
+		}
+	}
+}
+
+// watchListener adds the listening socket to the loop's epoll set.
+func (l *loop) watchListener() {
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | epollExclusive, Fd: int32(l.lfd)}
+	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, l.lfd, &ev); err != nil {
+		l.s.log.Error("event loop: cannot watch the listening socket; this loop stops accepting", "err", err)
+		syscall.Close(l.lfd)
+		l.lfd = -1
+	}
+}
+
+// epollExclusive is EPOLLEXCLUSIVE (Linux 4.5), which package syscall does not name.
+const epollExclusive = 1 << 28
+
+// acceptBatch is the most connections a loop accepts before it serves its other events.
+const acceptBatch = 16
+
+// acceptSome accepts what the listening socket has, up to acceptBatch connections. An error such
+// as EMFILE pauses accepting on this loop for 50 ms instead of spinning on a socket that stays
+// readable.
+func (l *loop) acceptSome() {
+	for range acceptBatch {
+		fd, sa, err := syscall.Accept4(l.lfd, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+		switch err {
+		case nil:
+			l.take(fd, sa)
+			continue
+		case syscall.EAGAIN:
+			return
+		case syscall.EINTR, syscall.ECONNABORTED:
+			continue
+		}
+		if l.s.acceptLog.allow(l.s.now()) {
+			l.s.log.Error("accept failed (logged at most once a second)", "err", err)
+		}
+		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, l.lfd, nil)
+		l.paused = true
+		time.AfterFunc(50*time.Millisecond, func() { l.request(func() { l.unpause = true }) })
+		return
+	}
+}
+
+// take admits a connection the loop accepted. One it can connect to the store at once it forwards
+// itself from the first byte; any other goes to goroutines, as from Serve's accept loop.
+func (l *loop) take(fd int, sa syscall.Sockaddr) {
+	s := l.s
+	s.handlers.Add(1)
+	defer func() {
+		if r := recover(); r != nil {
+			s.m.panics.Inc()
+			s.log.Error("accepting a connection panicked", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	src := sockaddrAddrPort(sa)
+	local := src
+	if lsa, err := syscall.Getsockname(fd); err == nil {
+		local = sockaddrAddrPort(lsa)
+	}
+	dst := originalDstFd(fd, local)
+	release, reason := s.admit(src.Addr())
+	if reason != "" {
+		go func() { // the audit log may be slow: never in the loop
+			defer s.handlers.Done()
+			s.refuse(src, dst, reason)
+			syscall.Close(fd)
+		}()
+		return
+	}
+	setClientOptions(fd)
+	c := s.newConn(nil, src, dst, release)
+	if ufd := c.connectNow(); ufd >= 0 {
+		// Connections are spread over the loops in turn: EPOLLEXCLUSIVE wakes the same loop for
+		// every connection while it waits.
+		to := s.loops.pick()
+		c.cfd, c.lp, c.inLoop = int32(fd), to, true
+		s.track(c, true)
+		if to != l && to.adopt(c) {
+			return
+		}
+		c.mu.Lock()
+		c.lp = l
+		closed := c.closed // closed meanwhile, with the close asked of a loop that ended
+		c.mu.Unlock()
+		if closed {
+			c.leaveLoop()
+			return
+		}
+		l.register(c)
+		return
+	}
+	tc, err := attach(int32(fd))
+	if err != nil {
+		s.log.Warn("could not give an accepted connection to Go's poller; closing it", "err", err)
+		c.release()
+		s.m.active.Dec()
+		s.handlers.Done()
+		return
+	}
+	c.client = tc
+	s.track(c, true)
+	go c.serve(false)
+}
+
+// setClientOptions sets on a socket a loop accepted what Go sets on the ones it accepts: no Nagle
+// delay, and keep-alive probes after 15 s idle, every 15 s, 9 of them, so that a client host that
+// vanished frees its connection (and its place under the caps) within minutes.
+func setClientOptions(fd int) {
+	syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
+	syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_KEEPALIVE, 1)
+	syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, 15)
+	syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, 15)
+	syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, 9)
+}
+
+func sockaddrAddrPort(sa syscall.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *syscall.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *syscall.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
 }
 
 func (l *loop) releaseAll() {
@@ -438,8 +637,8 @@ func detach(client, up *net.TCPConn) (cfd, ufd int32, err error) {
 	return cfd, ufd, nil
 }
 
-func dupFd(tc *net.TCPConn) (int32, error) {
-	rc, err := tc.SyscallConn()
+func dupFd(sc syscall.Conn) (int32, error) {
+	rc, err := sc.SyscallConn()
 	if err != nil {
 		return -1, err
 	}

@@ -190,28 +190,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}
 
-	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
-	defer stop()
-	var err error
-	for {
-		c, aerr := s.ln.Accept()
-		if aerr != nil {
-			if ctx.Err() == nil && !errors.Is(aerr, net.ErrClosed) {
-				var ne net.Error
-				if errors.As(aerr, &ne) && ne.Timeout() {
-					continue
-				}
-				// EMFILE and friends: back off instead of spinning, and log once a second.
-				if s.acceptLog.allow(s.now()) {
-					s.log.Error("accept failed (logged at most once a second)", "err", aerr)
-				}
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
-			break
-		}
-		s.handlers.Add(1)
-		go s.handle(c.(*net.TCPConn))
+	if s.loopsAccept() {
+		<-ctx.Done()
+		s.loops.stopAccepting()
+	} else {
+		s.acceptLoop(ctx)
 	}
 	s.draining.Store(true)
 	s.drain(s.set.Load().cfg.Timeouts.Drain)
@@ -220,7 +203,47 @@ func (s *Server) Serve(ctx context.Context) error {
 		httpSrv.Shutdown(sctx)
 		cancel()
 	}
-	return err
+	return nil
+}
+
+// loopsAccept hands the listening socket to the event loops, which then accept themselves; it
+// reports false, leaving accepting to acceptLoop, when there are no loops or they cannot take it.
+func (s *Server) loopsAccept() bool {
+	tl, ok := s.ln.(*net.TCPListener)
+	if s.loops == nil || !ok {
+		return false
+	}
+	if err := s.loops.acceptFrom(tl); err != nil {
+		s.log.Warn("event loops cannot accept; accepting on a goroutine", "err", err)
+		return false
+	}
+	return true
+}
+
+// acceptLoop accepts connections until ctx ends, each handled on a goroutine of its own.
+func (s *Server) acceptLoop(ctx context.Context) {
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					continue
+				}
+				// EMFILE and friends: back off instead of spinning, and log once a second.
+				if s.acceptLog.allow(s.now()) {
+					s.log.Error("accept failed (logged at most once a second)", "err", err)
+				}
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			return
+		}
+		s.handlers.Add(1)
+		go s.handle(c.(*net.TCPConn))
+	}
 }
 
 // drain waits for live connections to end by themselves, then closes the rest.

@@ -117,9 +117,9 @@ def main():
       "(enforce mode, metrics off, audit log to a file, per-source caps off so one loopback source may "
       "open N connections); HAProxy 2.6 `mode tcp`, 2 threads, `maxconn 200000`, `timeout "
       "client/server 1h`.")
-    p("- storeguard forwards with its defaults: the store is on the same host, so each accepted "
-      "connection is connected to it at once and handed to one of the event loops (one per CPU, 2 here) "
-      "before its first byte; serve runs GOMAXPROCS one above the loops (3). The closed-loop "
+    p("- storeguard forwards with its defaults: its event loops (one per CPU, 2 here) accept, and as "
+      "the store is on the same host, each connection is connected to it at once and forwarded by a "
+      "loop from its first byte; serve runs GOMAXPROCS one above the loops (3). The closed-loop "
       "workloads also run through a second storeguard with `event-loops: -1` (two goroutines per "
       "connection, the forwarding before the loops) in the same interleaved run; see the table under "
       "each store.")

@@ -13,9 +13,9 @@ import (
 	"unsafe"
 )
 
-// Event loops forward established connections. When the store is on this host, the accept loop
-// connects to it at once and hands both sockets to a loop before the client's first byte: the
-// connection never has a goroutine of its own. Otherwise the connection starts with goroutines
+// Event loops accept connections and forward them. When the store is on this host, the accepting
+// loop connects to it at once and hands both sockets to a loop (in turn) before the client's first
+// byte: the connection never has a goroutine of its own. Otherwise the connection starts with goroutines
 // (serve reads and decodes the client while the store is dialled), and once the store is connected
 // and the connection is between messages its sockets leave Go's poller for a loop. A loop waits on
 // many connections with one epoll_wait, reads, decodes and writes without waking a goroutine per

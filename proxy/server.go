@@ -175,7 +175,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			n = startProcs
 		}
 		// A loop waits in epoll_wait, a system call that keeps its P. One P more than loops lets
-		// the runtime accept, dial and run goroutine-forwarded connections at once, instead of
+		// the runtime dial and run goroutine-forwarded connections at once, instead of
 		// after sysmon takes a loop's P away (20 µs to 10 ms later, and sysmon then polls every
 		// 20 µs).
 		if runtime.GOMAXPROCS(0) < n+1 {

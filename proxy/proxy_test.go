@@ -700,3 +700,61 @@ func TestHostileBeforeStoreIsUp(t *testing.T) {
 		t.Errorf("a refused client counted as a dial failure: %q", v)
 	}
 }
+
+// Out of descriptors, accepting fails with EMFILE while the connection waits in the listen queue:
+// the proxy backs off instead of spinning on a listener that stays readable, and serves the
+// connection once descriptors are free again. Both accept paths: the loops' and Serve's.
+func TestAcceptOutOfDescriptorsBacksOff(t *testing.T) {
+	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	// A first connection served end to end: Serve is accepting (and its loops started) before
+	// descriptors run out.
+	hs := protocol.AppendHandshake(nil, protocol.G3, 5)
+	h.dial().Write(hs)
+	eventually(t, "a first connection served", func() bool { return bytes.Equal(h.store.received(0), hs) })
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low, err := syscall.Dup(0) // the lowest free descriptor
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Close(low)
+	// Room for exactly one more descriptor: the test's client socket. The proxy's accept fails.
+	tight := lim
+	tight.Cur = uint64(low) + 1
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &tight); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer restore()
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		restore()
+		t.Fatalf("dial with one descriptor free: %v", err)
+	}
+	defer c.Close()
+	var before, after syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+	time.Sleep(400 * time.Millisecond)
+	syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+	restore()
+	cpu := time.Duration(after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano())
+	if cpu > 200*time.Millisecond {
+		t.Errorf("%v of CPU in 400 ms out of descriptors: accepting spins", cpu)
+	}
+	if _, err := c.Write(hs); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the connection served once descriptors are free", func() bool {
+		return bytes.Equal(h.store.received(1), hs)
+	})
+}

@@ -114,6 +114,15 @@ func TestConnectLocal(t *testing.T) {
 		t.Errorf("peer %v, %v: want %v", peer, err, ap)
 	}
 	syscall.Close(int(fd))
+	if ln6, err := net.Listen("tcp", "[::1]:0"); err == nil { // IPv6, where the host has it
+		fd, err := connectLocal(netip.MustParseAddrPort(ln6.Addr().String()))
+		if err != nil {
+			t.Errorf("connect to a store on [::1]: %v", err)
+		} else {
+			syscall.Close(int(fd))
+		}
+		ln6.Close()
+	}
 	ln.Close()
 	if fd, err := connectLocal(ap); err == nil {
 		syscall.Close(int(fd))

@@ -15,12 +15,12 @@ import (
 
 // Event loops accept connections and forward them. When the store is on this host, the accepting
 // loop connects to it at once and hands both sockets to a loop (in turn) before the client's first
-// byte: the connection never has a goroutine of its own. Otherwise the connection starts with goroutines
-// (serve reads and decodes the client while the store is dialled), and once the store is connected
-// and the connection is between messages its sockets leave Go's poller for a loop. A loop waits on
-// many connections with one epoll_wait, reads, decodes and writes without waking a goroutine per
-// direction. Profiles showed those wake-ups (futex, scheduler, netpoll) cost more than the
-// forwarding itself on a small host.
+// byte: the connection never has a goroutine of its own. Otherwise the connection starts with
+// goroutines (serve reads and decodes the client while the store is dialled), and once the store
+// is connected and the connection is between messages its sockets leave Go's poller for a loop.
+// A loop waits on many connections with one epoll_wait, reads, decodes and writes without waking
+// a goroutine per direction. Profiles showed those wake-ups (futex, scheduler, netpoll) cost more
+// than the forwarding itself on a small host.
 //
 // A loop never blocks on one connection. Whatever would make it wait hands the connection back to
 // goroutines, which then handle it as before for the rest of its life: a write the peer cannot

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -399,12 +400,22 @@ func setClientOptions(fd int) {
 	syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, 9)
 }
 
+// sockaddrAddrPort is sa as Go's accept reports it: IPv4-mapped addresses unmapped, and a
+// link-local address with its zone, the interface's name (its index if it has none).
 func sockaddrAddrPort(sa syscall.Sockaddr) netip.AddrPort {
 	switch sa := sa.(type) {
 	case *syscall.SockaddrInet4:
 		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
 	case *syscall.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+		a := netip.AddrFrom16(sa.Addr).Unmap()
+		if sa.ZoneId != 0 {
+			zone := strconv.Itoa(int(sa.ZoneId))
+			if ifi, err := net.InterfaceByIndex(int(sa.ZoneId)); err == nil {
+				zone = ifi.Name
+			}
+			a = a.WithZone(zone)
+		}
+		return netip.AddrPortFrom(a, uint16(sa.Port))
 	}
 	return netip.AddrPort{}
 }

@@ -346,3 +346,26 @@ func TestLoopConnectionsHaveNoGoroutines(t *testing.T) {
 		t.Errorf("%d goroutines more for %d connections in loops, want (nearly) none", extra, n)
 	}
 }
+
+// A loop reports a client's address as Go's accept does, zone included: the per-source caps and
+// the audit log see the same source on either accept path.
+func TestSockaddrAddrPortMatchesGo(t *testing.T) {
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Skip("no lo interface")
+	}
+	for _, tc := range []struct {
+		sa   syscall.Sockaddr
+		want string
+	}{
+		{&syscall.SockaddrInet4{Port: 80, Addr: [4]byte{10, 1, 2, 3}}, "10.1.2.3:80"},
+		{&syscall.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("::ffff:10.1.2.3").As16()}, "10.1.2.3:80"},
+		{&syscall.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("2001:db8::1").As16()}, "[2001:db8::1]:80"},
+		{&syscall.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("fe80::1").As16(), ZoneId: uint32(lo.Index)},
+			"[fe80::1%lo]:80"},
+	} {
+		if got := sockaddrAddrPort(tc.sa).String(); got != tc.want {
+			t.Errorf("%+v: %s, want %s", tc.sa, got, tc.want)
+		}
+	}
+}

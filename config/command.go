@@ -23,7 +23,7 @@ func AddServeFlags(fs *pflag.FlagSet) {
 	fs.String("generation", d.Generation, "store generation: auto | G0..G6 | torch release MAJOR.MINOR")
 	fs.String("backend", string(d.Backend), "store backend: auto | legacy | libuv")
 	fs.String("mode", string(d.Mode), "enforce | monitor")
-	fs.Int("event-loops", d.EventLoops, "event loops forwarding established connections: 0 = one per CPU, -1 = none")
+	fs.Int("event-loops", d.EventLoops, "event loops accepting and forwarding connections: 0 = one per CPU, -1 = none")
 	fs.String("log-level", level, "debug | info | warn | error")
 	fs.String("log-format", string(d.Log.Format), "json | text")
 }

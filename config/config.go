@@ -24,7 +24,7 @@ type Config struct {
 	Generation string
 	Backend    Backend // backend
 	Mode       Mode    // mode
-	// EventLoops is event-loops: how many event loops forward established connections; 0 = one
+	// EventLoops is event-loops: how many event loops accept and forward connections; 0 = one
 	// per CPU the process may use, -1 = none (two goroutines per connection).
 	EventLoops int
 

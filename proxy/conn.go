@@ -60,11 +60,12 @@ type conn struct {
 	s2cStarted bool          // the reply direction's goroutine runs (or ran)
 	s2cDone    chan struct{}
 
-	// Event-loop forwarding (loop.go). kick: the store is connected and the handler is to offer
-	// the connection to a loop. While lp is set, the loop owns cfd and ufd (client and up are
-	// closed) and the handler waits on back. What the loop could not finish is left in pendUp
-	// (bytes for the store), pendClient (bytes for the client) and resumeTail (the start of a
-	// message it could not keep), for the goroutines to finish first.
+	// Event-loop forwarding (loop.go). kick: the store is connected and the reading goroutine is
+	// to offer the connection to a loop. While lp is set, the loop owns cfd and ufd (client and up
+	// are closed, or nil for a connection the loop took from its first byte) and no goroutine
+	// serves the connection. What the loop could not finish is left in pendUp (bytes for the
+	// store), pendClient (bytes for the client) and resumeTail (the start of a message it could
+	// not keep), for the goroutines it hands the connection to to finish first.
 	kick        bool
 	lp          *loop
 	inLoop      bool
@@ -135,7 +136,7 @@ func (c *conn) serve(fromLoop bool) {
 		if !c.fromLoop() {
 			return
 		}
-	case c.connectNow() >= 0:
+	case c.connectNow():
 		var live bool
 		if took, live = c.toLoop(); took || !live {
 			return
@@ -161,21 +162,21 @@ func (c *conn) end() {
 }
 
 // connectNow connects to a store on this host outside Go's poller, for a loop to forward the
-// connection from its first byte: no dialling goroutine, no poller registration, no kick. It
-// returns the store socket (also in ufd), or -1, leaving the dial to dialStore, when loops do not
+// connection from its first byte: no dialling goroutine, no poller registration, no kick. The
+// store socket is then ufd. It reports false, leaving the dial to dialStore, when loops do not
 // take this connection or the store did not take it at once (it is not listening yet, or its
 // accept queue is full).
-func (c *conn) connectNow() int32 {
+func (c *conn) connectNow() bool {
 	if c.s.loops == nil || !c.st.local.IsValid() || c.st.cfg.Timeouts.Idle != 0 || c.needsDeadline() {
-		return -1
+		return false
 	}
 	fd, err := connectLocal(c.st.local)
 	if err != nil {
-		return -1
+		return false
 	}
 	c.ufd = fd
 	close(c.upReady)
-	return fd
+	return true
 }
 
 // connectLocal connects a non-blocking socket to ap and returns it once established. A connect

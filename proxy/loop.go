@@ -356,18 +356,22 @@ func (l *loop) take(fd int, sa syscall.Sockaddr) {
 	}
 	setClientOptions(fd)
 	c := s.newConn(nil, src, dst, release)
-	if ufd := c.connectNow(); ufd >= 0 {
+	if c.connectNow() {
 		// Connections are spread over the loops in turn: EPOLLEXCLUSIVE wakes the same loop for
 		// every connection while it waits.
 		to := s.loops.pick()
 		c.cfd, c.lp, c.inLoop = int32(fd), to, true
 		s.track(c, true)
-		if to != l && to.adopt(c) {
+		if to == l {
+			l.register(c)
 			return
 		}
-		c.mu.Lock()
+		if to.adopt(c) {
+			return
+		}
+		c.mu.Lock() // that loop ended: this one takes the connection
 		c.lp = l
-		closed := c.closed // closed meanwhile, with the close asked of a loop that ended
+		closed := c.closed // closed meanwhile, with the close asked of the ended loop
 		c.mu.Unlock()
 		if closed {
 			c.leaveLoop()
@@ -444,8 +448,8 @@ func (l *loop) register(c *conn) {
 	l.s.m.loopConns.Inc()
 }
 
-// release takes c out of the loop and hands it back to its handler: to its goroutines for the rest
-// of its life (why says why), or, once closed (why is handbackNone), to finish.
+// release takes c out of the loop: to goroutines for the rest of its life (why says why), or, once
+// closed (why is handbackNone), to end (leaveLoop).
 func (l *loop) release(c *conn, why handback) {
 	if c.timer != nil {
 		c.timer.Stop()
@@ -492,7 +496,7 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 	n, errno := readFd(src, l.buf)
 	switch {
 	case n > 0:
-	case errno == syscall.EAGAIN || errno == syscall.EINTR:
+	case errno == syscall.EAGAIN:
 		return
 	case errno == 0 && fromClient:
 		l.clientDone(c)
@@ -597,34 +601,29 @@ func epollWait(epfd int, events []syscall.EpollEvent, msec int) (int, syscall.Er
 
 // readFd reads what fd has; n == 0 with errno 0 is the end of the stream.
 func readFd(fd int32, p []byte) (int, syscall.Errno) {
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), 0
-		case syscall.EINTR:
-		default:
-			return 0, e
-		}
-	}
+	return rawIO(syscall.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p))
 }
 
 // writeFd writes a and then b (which may be empty) with one system call, without waiting.
 func writeFd(fd int32, a, b []byte) (int, syscall.Errno) {
+	if len(b) == 0 {
+		return rawIO(syscall.SYS_WRITE, fd, unsafe.Pointer(&a[0]), len(a))
+	}
+	iov := [2]syscall.Iovec{{Base: &a[0]}, {Base: &b[0]}}
+	iov[0].SetLen(len(a))
+	iov[1].SetLen(len(b))
+	return rawIO(syscall.SYS_WRITEV, fd, unsafe.Pointer(&iov[0]), len(iov))
+}
+
+// rawIO is read, write or writev of fd as a raw system call, again if a signal interrupted it:
+// the count, or 0 and the errno. (p stays an unsafe.Pointer up to the call expression, as
+// syscall.RawSyscall requires.)
+func rawIO(trap uintptr, fd int32, p unsafe.Pointer, n int) (int, syscall.Errno) {
 	for {
-		var n uintptr
-		var e syscall.Errno
-		if len(b) == 0 {
-			n, _, e = syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&a[0])), uintptr(len(a)))
-		} else {
-			iov := [2]syscall.Iovec{{Base: &a[0]}, {Base: &b[0]}}
-			iov[0].SetLen(len(a))
-			iov[1].SetLen(len(b))
-			n, _, e = syscall.RawSyscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2)
-		}
+		r, _, e := syscall.RawSyscall(trap, uintptr(fd), uintptr(p), uintptr(n))
 		switch e {
 		case 0:
-			return int(n), 0
+			return int(r), 0
 		case syscall.EINTR:
 		default:
 			return 0, e

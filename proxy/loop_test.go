@@ -369,3 +369,88 @@ func TestSockaddrAddrPortMatchesGo(t *testing.T) {
 		}
 	}
 }
+
+// Sockets a loop accepts get Go's options (no Nagle delay, keep-alive after 15 s): from the
+// listening socket where the kernel copies them to accepted sockets, set one by one where not.
+func TestClientOptionsOfAcceptedSockets(t *testing.T) {
+	accept := func(t *testing.T, withOptions bool) int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		if withOptions {
+			raw, _ := ln.(*net.TCPListener).SyscallConn()
+			raw.Control(func(fd uintptr) { setClientOptions(int(fd)) })
+		}
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fd, err := dupFd(ln.(*net.TCPListener))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Close(int(fd))
+		for {
+			nfd, _, err := syscall.Accept4(int(fd), syscall.SOCK_CLOEXEC)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Close(nfd) })
+			return nfd
+		}
+	}
+	t.Run("inherited", func(t *testing.T) {
+		var ls loops
+		for range 2 {
+			fd := accept(t, true)
+			ls.clientOptionsOf(fd)
+			if got := ls.inherit.Load(); got != inherits {
+				t.Fatalf("inherit = %d, want %d (inherits)", got, inherits)
+			}
+			if !hasClientOptions(fd) {
+				t.Error("accepted socket lacks the client options")
+			}
+		}
+	})
+	t.Run("set one by one", func(t *testing.T) {
+		var ls loops
+		for range 2 {
+			fd := accept(t, false)
+			if hasClientOptions(fd) {
+				t.Fatal("a socket accepted from a plain listener already has the options: the test proves nothing")
+			}
+			ls.clientOptionsOf(fd)
+			if got := ls.inherit.Load(); got != inheritsNot {
+				t.Fatalf("inherit = %d, want %d (inheritsNot)", got, inheritsNot)
+			}
+			if !hasClientOptions(fd) {
+				t.Error("clientOptionsOf did not set the client options")
+			}
+		}
+	})
+	t.Run("through the server", func(t *testing.T) {
+		h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+		if *testEventLoops < 0 {
+			t.Skip("event loops are off (-event-loops=-1)")
+		}
+		h.dial()
+		var fd int32 = -1
+		eventually(t, "a loop forwarding the connection", func() bool {
+			h.srv.mu.Lock()
+			defer h.srv.mu.Unlock()
+			for c := range h.srv.conns {
+				fd = c.cfd
+			}
+			return fd >= 0 && h.loopConns() == "1"
+		})
+		if !hasClientOptions(int(fd)) {
+			t.Error("the client socket a loop accepted lacks the client options")
+		}
+	})
+}

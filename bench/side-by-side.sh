@@ -150,6 +150,10 @@ EOF
 	echo $!
 }
 
+cpu_ticks() { # pid -> CPU time the process has used (user + system, all threads), in clock ticks
+	sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}'
+}
+
 bench() { # file args...: one bench run, JSON into file
 	local f=$1
 	shift
@@ -185,8 +189,14 @@ for spec in "${STORES[@]}"; do
 		done
 		for target in direct storeguard haproxy; do
 			d="$OUT/runs/$name/$target"
+			# CPU the store and the proxy spend on the storm: "store proxy" ticks (proxy 0 direct).
+			ppid=$spid; [ $target = storeguard ] && ppid=$gpid; [ $target = haproxy ] && ppid=$hpid
+			s0=$(cpu_ticks $spid); p0=$(cpu_ticks $ppid)
 			bench "$d/rendezvous-$STORM-$rep.json" --addr "127.0.0.1:${ADDR[$target]}" --generation "$gen" \
 				--op rendezvous --conns "$STORM" --timeout 90s --dial-timeout 60s
+			s1=$(cpu_ticks $spid); p1=$(cpu_ticks $ppid)
+			[ $target = direct ] && p1=$p0
+			echo "$((s1 - s0)) $((p1 - p0))" >"$d/rendezvous-$STORM-$rep.cpu"
 		done
 		log "$name: rep $rep done"
 	done

@@ -14,7 +14,8 @@ TARGETS = ["direct", "storeguard", "haproxy"]
 
 
 def load(out):
-    runs = {}  # (store, target, workload) -> [result]
+    """(store, target, workload) -> [result], and the same keyed by repetition ((..., rep) -> result)."""
+    runs, by_rep = {}, {}
     for f in sorted(glob.glob(os.path.join(out, "runs", "*", "*", "*.json"))):
         store, target = f.split(os.sep)[-3:-1]
         m = re.match(r"(.+)-(\d+)-(\d+)\.json$", os.path.basename(f))
@@ -25,8 +26,130 @@ def load(out):
                 r = json.load(fh)
         except (OSError, ValueError):
             r = None  # the run crashed or timed out: counted as a failed run
-        runs.setdefault((store, target, f"{m.group(1)}:{m.group(2)}"), []).append(r)
-    return runs
+        key = (store, target, f"{m.group(1)}:{m.group(2)}")
+        runs.setdefault(key, []).append(r)
+        by_rep[key + (int(m.group(3)),)] = r
+    return runs, by_rep
+
+
+def paired(by_rep, store, wl, get, a="storeguard", b="haproxy"):
+    """a/b of get(result) for each repetition both ran: runs are interleaved, so a pair shares the
+    machine's state of the moment."""
+    out = []
+    for (st, t, w, rep), r in by_rep.items():
+        if (st, t, w) != (store, a, wl) or not r:
+            continue
+        o = by_rep.get((store, b, wl, rep))
+        if o and get(r) and get(o):
+            out.append(get(r) / get(o))
+    return sorted(out)
+
+
+def spread(ratios):
+    return f"{ratios[0]:.2f}–{ratios[-1]:.2f}" if ratios else "–"
+
+
+def added(ok, q="p50"):
+    """Median latency each proxy adds over direct at q, in µs."""
+    lat = {t: med([r["latency_us"][q] for r in ok[t]]) for t in TARGETS}
+    if lat["direct"] is None:
+        return {}
+    return {t: lat[t] - lat["direct"] for t in ("storeguard", "haproxy") if lat[t] is not None}
+
+
+def targets(p, runs, by_rep, stores, out):
+    """The issue's targets, one line each, from the same runs as the tables below."""
+    p("## Targets")
+    p()
+    p("What the performance issue asks, as measured in this run (per-run ratios pair the runs of one "
+      "repetition; medians are over repetitions).")
+    p()
+    p("| target | " + " | ".join(stores) + " |")
+    p("|---|" + "---|" * len(stores))
+    cells = {k: [] for k in ("ops", "lat", "rdz", "cpu")}
+    for store in stores:
+        ok = lambda wl: {t: [r for r in runs.get((store, t, wl), []) if r] for t in TARGETS}
+        rows = []
+        for wl in sorted({k[2] for k in runs if k[0] == store and not k[2].startswith("rendezvous")}, key=order):
+            o = ok(wl)
+            sg, ha = med([r.get("ops_per_sec") for r in o["storeguard"]]), med([r.get("ops_per_sec") for r in o["haproxy"]])
+            if sg and ha:
+                rows.append((sg / ha, wl))
+        if rows:
+            geo = statistics.geometric_mean([r for r, _ in rows])
+            low = min(rows)
+            cells["ops"].append(f"{sum(r >= 1 for r, _ in rows)} of {len(rows)} at ≥ 1.00; lowest "
+                                f"{low[0]:.2f} (`{low[1]}`); geometric mean {geo:.2f}")
+        else:
+            cells["ops"].append("–")
+        lat = []
+        for wl in ("get:1", "mix:1"):
+            a = added(ok(wl))
+            if a.get("haproxy"):
+                lat.append(f"`{wl}` {a['storeguard']:.1f} vs {a['haproxy']:.1f} µs "
+                           f"({a['storeguard'] / a['haproxy']:.2f})")
+        cells["lat"].append("; ".join(lat) or "–")
+        rdz = []
+        for wl in sorted({k[2] for k in runs if k[0] == store and k[2].startswith("rendezvous")}, key=order):
+            rs = {t: [r for r in runs.get((store, t, wl), []) if r] for t in ("direct", "storeguard")}
+            tot = {t: med([(r.get("rendezvous") or {}).get("total_s") for r in rs[t]
+                          if (r.get("rendezvous") or {}).get("completed") == (r.get("rendezvous") or {}).get("clients")])
+                   for t in rs}
+            errs = errors(runs.get((store, "storeguard", wl), []))
+            if tot["storeguard"] and tot["direct"]:
+                rdz.append(f"`{wl}` {tot['storeguard'] / tot['direct']:.2f}, {errs} errors")
+            elif runs.get((store, "storeguard", wl)):
+                rdz.append(f"`{wl}` incomplete, {errs} errors")
+        cells["rdz"].append("; ".join(rdz) or "–")
+        cells["cpu"].append(storm_cpu(runs, out, store))
+    p("| ops/s at 1, 16, 64 connections: storeguard / HAProxy ≥ 1.00 | " + " | ".join(cells["ops"]) + " |")
+    p("| median added latency at 1 connection (p50 minus direct's): storeguard vs HAProxy, ≤ 1.00 | " +
+      " | ".join(cells["lat"]) + " |")
+    p("| rendezvous storm: storeguard / direct ≤ 1.20, no errors | " + " | ".join(cells["rdz"]) + " |")
+    if any(c != "–" for c in cells["cpu"]):
+        p("| CPU per client in the rendezvous storm (/proc utime+stime over each run, median): each "
+          "proxy's, the store's, and the proxy CPU a 1.20 ratio leaves room for on this machine's "
+          "cores | " + " | ".join(cells["cpu"]) + " |")
+    p()
+    idle = os.path.join(out, "idle.txt")
+    if os.path.exists(idle):
+        held = {}
+        for line in open(idle):
+            target, n, before, after, fds = line.split()
+            held[target] = (int(n), (int(after) - int(before)) / int(n))
+        if "storeguard" in held:
+            n, per = held["storeguard"]
+            p(f"- Idle connections, RSS ≤ 16 KiB each at 20,000: storeguard held {n:,} at {per:.1f} KiB each" +
+              (f" (HAProxy {held['haproxy'][1]:.1f})" if "haproxy" in held else "") +
+              "; the descriptor limit (Machine) caps the count.")
+            p()
+
+
+def storm_cpu(runs, out, store):
+    """The proxies' and the store's CPU per client in the repeated rendezvous storm, from the .cpu
+    files bench/side-by-side.sh writes next to each run ("store_ticks proxy_ticks")."""
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    per = {}
+    for f in glob.glob(os.path.join(out, "runs", store, "*", "rendezvous-*-*.cpu")):
+        target = f.split(os.sep)[-2]
+        n = int(os.path.basename(f).split("-")[1])
+        try:
+            st, px = (int(v) for v in open(f).read().split())
+        except (OSError, ValueError):
+            continue
+        per.setdefault((target, n), []).append((st * tick_us / n, px * tick_us / n))
+    if not per:
+        return "–"
+    n = max(k[1] for k in per)
+    get = lambda t, i: med([v[i] for v in per.get((t, n), [])])
+    parts = [f"{t}: {get(t, 1):.0f} µs" for t in ("storeguard", "haproxy") if get(t, 1) is not None]
+    store_cpu = [f"{t} {get(t, 0):.0f}" for t in TARGETS if get(t, 0) is not None]
+    text = "; ".join(parts) + "; store " + ", ".join(store_cpu) + " µs"
+    cores = os.cpu_count() or 1
+    direct = [(r.get("rendezvous") or {}).get("total_s") for r in runs.get((store, "direct", f"rendezvous:{n}"), []) if r]
+    if med(direct):
+        text += f"; room at 1.20: {0.2 * med(direct) * cores / n * 1e6:.0f} µs"
+    return text
 
 
 def med(values):
@@ -85,7 +208,7 @@ def paths(p, runs, store):
 
 def main():
     out = sys.argv[1]
-    runs = load(out)
+    runs, by_rep = load(out)
     machine = open(os.path.join(out, "machine.txt")).read().strip().splitlines()
     stores_txt = os.path.join(out, "stores.txt")
     stores_seen = open(stores_txt).read().strip().splitlines() if os.path.exists(stores_txt) else []
@@ -141,12 +264,13 @@ def main():
       "above 1.00 means slower.")
     p()
     stores = sorted({k[0] for k in runs}, key=lambda s: (not s.startswith("torch1"), "libuv" in s, s))
+    targets(p, runs, by_rep, stores, out)
     for store in stores:
         p(f"## {store}")
         p()
         p("| workload | metric | direct | storeguard | haproxy | sg/direct | haproxy/direct | sg/haproxy | "
-          "errors d/sg/h | runs |")
-        p("|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+          "sg/haproxy per run | errors d/sg/h | runs |")
+        p("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
         workloads = sorted({k[2] for k in runs if k[0] == store}, key=order)
         for wl in workloads:
             rs = {t: runs.get((store, t, wl), []) for t in TARGETS}
@@ -162,24 +286,31 @@ def main():
                 done = {t: med([(r.get("rendezvous") or {}).get("completed") for r in ok[t]]) for t in TARGETS}
                 row = [f"`{wl}`", "total s (median)"] + [fmt(vals[t], 2) for t in TARGETS]
                 row += [ratio(vals["storeguard"], vals["direct"]), ratio(vals["haproxy"], vals["direct"]),
-                        ratio(vals["storeguard"], vals["haproxy"]), errs, nruns]
+                        ratio(vals["storeguard"], vals["haproxy"]), spread(paired(by_rep, store, wl, rdz)),
+                        errs, nruns]
                 p("| " + " | ".join(row) + " |")
                 if any(done[t] is not None and done[t] < int(wl.split(":")[1]) for t in TARGETS):
                     p(f"| `{wl}` | clients released | " + " | ".join(fmt(done[t]) for t in TARGETS) +
-                      " | | | | | |")
+                      " | | | | | | |")
                 continue
             ops = {t: med([r.get("ops_per_sec") for r in ok[t]]) for t in TARGETS}
             row = [f"`{wl}`", "ops/s"] + [fmt(ops[t]) for t in TARGETS]
             row += [ratio(ops["storeguard"], ops["direct"]), ratio(ops["haproxy"], ops["direct"]),
-                    ratio(ops["storeguard"], ops["haproxy"]), errs, nruns]
+                    ratio(ops["storeguard"], ops["haproxy"]),
+                    spread(paired(by_rep, store, wl, lambda r: r.get("ops_per_sec"))), errs, nruns]
             p("| " + " | ".join(row) + " |")
             if wl.endswith(":1"):
                 for q in ("p50", "p99"):
                     lat = {t: med([r["latency_us"][q] for r in ok[t]]) for t in TARGETS}
                     row = [f"`{wl}`", f"latency {q} µs"] + [fmt(lat[t], 1) for t in TARGETS]
                     row += [ratio(lat["storeguard"], lat["direct"]), ratio(lat["haproxy"], lat["direct"]),
-                            ratio(lat["storeguard"], lat["haproxy"]), "", ""]
+                            ratio(lat["storeguard"], lat["haproxy"]),
+                            spread(paired(by_rep, store, wl, lambda r, q=q: r["latency_us"][q])), "", ""]
                     p("| " + " | ".join(row) + " |")
+                a = added(ok)
+                if a.get("haproxy"):
+                    p(f"| `{wl}` | added latency p50 µs | | {a['storeguard']:.1f} | {a['haproxy']:.1f} | | | "
+                      f"{a['storeguard'] / a['haproxy']:.2f} | | | |")
         p()
         paths(p, runs, store)
     idle = os.path.join(out, "idle.txt")

@@ -57,6 +57,9 @@ type Config struct {
 	Timeout    time.Duration // rendezvous: the whole rendezvous; others: each request
 	// OnReady is called once every connection is up (idle: then held until Duration ends).
 	OnReady func(conns int)
+	// WatchPIDs are processes (a proxy, a store) whose CPU time over the measured interval the
+	// result reports, with the whole machine's (Linux).
+	WatchPIDs []int
 }
 
 // Validate checks c, including that its generation has the op's messages.
@@ -161,6 +164,7 @@ type Result struct {
 	Latency      Latency     `json:"latency_us"` // per op; wait-storm: per round; rendezvous: per client
 	Connect      Connect     `json:"connect"`
 	Rendezvous   *Rendezvous `json:"rendezvous,omitempty"`
+	CPU          *CPU        `json:"cpu,omitempty"` // over the measured interval
 	ErrorSamples []string    `json:"error_samples,omitempty"`
 	FileLimit    uint64      `json:"file_limit"`
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
+	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -106,7 +108,71 @@ func TestRendezvous(t *testing.T) {
 			if s.Accepted() != 300 {
 				t.Fatalf("accepted %d connections, want 300", s.Accepted())
 			}
+			if c := res.CPU; c == nil || c.Cores != runtime.NumCPU() || c.CoresBusyS < 0 ||
+				c.CoresBusyS > res.DurationS*float64(c.Cores)+2.0/userHz {
+				t.Fatalf("CPU %+v over %.3f s", c, res.DurationS)
+			}
 		})
+	}
+}
+
+func TestParseCPULine(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice: busy = 100+2+30+4+5+6 ticks.
+	got, err := parseCPULine("cpu  100 2 30 9999 77 4 5 6 0 0")
+	if err != nil || got != 1470*time.Millisecond {
+		t.Fatalf("%v %v, want 1.47s", got, err)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7 8", "cpu 1 2 3", "cpu 1 x 3 4 5 6 7 8"} {
+		if _, err := parseCPULine(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	// A name with a space and a ") " inside; utime 250 and stime 30 ticks.
+	line := "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 3 0 99 0 0\n"
+	name, cpu, err := parseProcStat([]byte(line))
+	if err != nil || name != "a) b (c" || cpu != 2800*time.Millisecond {
+		t.Fatalf("%q %v %v, want \"a) b (c\" 2.8s", name, cpu, err)
+	}
+	for _, bad := range []string{"", "4242 noname S 1", "4242 (x) S 1 2 3", "4242 (x) S 1 4242 4242 0 -1 0 0 0 0 0 x 30 0"} {
+		if _, _, err := parseProcStat([]byte(bad)); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+// A watched process's CPU time over the measured interval: this test process, which runs the
+// fake store and the clients, spends some; a process that does not exist is left out.
+func TestClosedLoopReportsWatchedCPU(t *testing.T) {
+	s := startFake(t, protocol.G3)
+	cfg := testConfig(s.Addr(), OpGet, protocol.G3)
+	cfg.Duration, cfg.WatchPIDs = 300*time.Millisecond, []int{os.Getpid(), 1 << 30}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res.CPU
+	if c == nil || len(c.Processes) != 1 || c.Processes[0].PID != os.Getpid() {
+		t.Fatalf("CPU %+v, want this process only", c)
+	}
+	if p := c.Processes[0]; p.CPUS <= 0 || p.CPUS > c.CoresBusyS+2.0/userHz {
+		t.Fatalf("this process %.2fs of the machine's %.2fs busy, over %d ops", p.CPUS, c.CoresBusyS, res.Ops)
+	}
+}
+
+// The busy counter moves when a core works: 200 ms of spinning shows as at least 100 ms.
+func TestCoresBusyCountsWork(t *testing.T) {
+	b0, ok := coresBusy()
+	if !ok {
+		t.Skip("no /proc/stat")
+	}
+	for t0 := time.Now(); time.Since(t0) < 200*time.Millisecond; {
+	}
+	b1, _ := coresBusy()
+	if b1-b0 < 100*time.Millisecond {
+		t.Fatalf("busy time grew %v over 200 ms of spinning", b1-b0)
 	}
 }
 

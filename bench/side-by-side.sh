@@ -150,10 +150,6 @@ EOF
 	echo $!
 }
 
-cpu_ticks() { # pid -> CPU time the process has used (user + system, all threads), in clock ticks
-	sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}'
-}
-
 bench() { # file args...: one bench run, JSON into file
 	local f=$1
 	shift
@@ -178,25 +174,22 @@ for spec in "${STORES[@]}"; do
 	wait_port $gport; wait_port $hport; wait_port $oport
 	head -1 "$OUT/logs/store-$sport.out" | sed "s/^/$name: /" >>"$OUT/stores.txt"
 	declare -A ADDR=([direct]=$sport [storeguard]=$gport [haproxy]=$hport [storeguard-goroutines]=$oport)
+	# Each run reports the machine's CPU and the store's and the proxy's over its measured interval.
+	declare -A WATCH=([direct]="--watch-pid $spid" [storeguard]="--watch-pid $spid --watch-pid $gpid"
+		[haproxy]="--watch-pid $spid --watch-pid $hpid" [storeguard-goroutines]="--watch-pid $spid --watch-pid $opid")
 	for rep in $(seq "$REPS"); do
 		for wl in "${WORKLOADS[@]}"; do
 			op=${wl%:*}; conns=${wl#*:}
 			for target in direct storeguard haproxy storeguard-goroutines; do
 				d="$OUT/runs/$name/$target"; mkdir -p "$d"
 				bench "$d/$op-$conns-$rep.json" --addr "127.0.0.1:${ADDR[$target]}" --generation "$gen" \
-					--op "$op" --conns "$conns" --duration "$DURATION" --warmup "$WARMUP"
+					--op "$op" --conns "$conns" --duration "$DURATION" --warmup "$WARMUP" ${WATCH[$target]}
 			done
 		done
 		for target in direct storeguard haproxy; do
 			d="$OUT/runs/$name/$target"
-			# CPU the store and the proxy spend on the storm: "store proxy" ticks (proxy 0 direct).
-			ppid=$spid; [ $target = storeguard ] && ppid=$gpid; [ $target = haproxy ] && ppid=$hpid
-			s0=$(cpu_ticks $spid); p0=$(cpu_ticks $ppid)
 			bench "$d/rendezvous-$STORM-$rep.json" --addr "127.0.0.1:${ADDR[$target]}" --generation "$gen" \
-				--op rendezvous --conns "$STORM" --timeout 90s --dial-timeout 60s
-			s1=$(cpu_ticks $spid); p1=$(cpu_ticks $ppid)
-			[ $target = direct ] && p1=$p0
-			echo "$((s1 - s0)) $((p1 - p0))" >"$d/rendezvous-$STORM-$rep.cpu"
+				--op rendezvous --conns "$STORM" --timeout 90s --dial-timeout 60s ${WATCH[$target]}
 		done
 		log "$name: rep $rep done"
 	done

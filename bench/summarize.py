@@ -66,7 +66,7 @@ def targets(p, runs, by_rep, stores, out):
     p()
     p("| target | " + " | ".join(stores) + " |")
     p("|---|" + "---|" * len(stores))
-    cells = {k: [] for k in ("ops", "lat", "rdz", "cpu")}
+    cells = {k: [] for k in ("ops", "lat", "rdz", "cpu", "opcpu")}
     for store in stores:
         ok = lambda wl: {t: [r for r in runs.get((store, t, wl), []) if r] for t in TARGETS}
         rows = []
@@ -101,15 +101,25 @@ def targets(p, runs, by_rep, stores, out):
             elif runs.get((store, "storeguard", wl)):
                 rdz.append(f"`{wl}` incomplete, {errs} errors")
         cells["rdz"].append("; ".join(rdz) or "–")
-        cells["cpu"].append(storm_cpu(runs, out, store))
+        cells["cpu"].append(storm_cpu(runs, store))
+        cpu = []
+        for wl in sorted({k[2] for k in runs if k[0] == store and not k[2].startswith("rendezvous")}, key=order):
+            o = ok(wl)
+            sg, ha = op_cpu(o, "storeguard"), op_cpu(o, "haproxy")
+            if sg and ha:
+                cpu.append(sg / ha)
+        cells["opcpu"].append(f"geometric mean {statistics.geometric_mean(cpu):.2f}, {min(cpu):.2f} to {max(cpu):.2f} "
+                              f"over {len(cpu)} workloads" if cpu else "–")
     p("| ops/s at 1, 16, 64 connections: storeguard / HAProxy ≥ 1.00 | " + " | ".join(cells["ops"]) + " |")
     p("| median added latency at 1 connection (p50 minus direct's): storeguard vs HAProxy, ≤ 1.00 | " +
       " | ".join(cells["lat"]) + " |")
     p("| rendezvous storm: storeguard / direct ≤ 1.20, no errors | " + " | ".join(cells["rdz"]) + " |")
+    if any(c != "–" for c in cells["opcpu"]):
+        p("| proxy CPU per operation (the closed-loop workloads): storeguard / HAProxy | " +
+          " | ".join(cells["opcpu"]) + " |")
     if any(c != "–" for c in cells["cpu"]):
-        p("| CPU per client in the rendezvous storm (/proc utime+stime over each run, median): each "
-          "proxy's, the store's, and the proxy CPU a 1.20 ratio leaves room for on this machine's "
-          "cores | " + " | ".join(cells["cpu"]) + " |")
+        p("| CPU per client in the rendezvous storm (each proxy's, the store's; medians), and the most a "
+          "proxy could spend for 1.20 on this machine | " + " | ".join(cells["cpu"]) + " |")
     p()
     idle = os.path.join(out, "idle.txt")
     if os.path.exists(idle):
@@ -125,31 +135,52 @@ def targets(p, runs, by_rep, stores, out):
             p()
 
 
-def storm_cpu(runs, out, store):
-    """The proxies' and the store's CPU per client in the repeated rendezvous storm, from the .cpu
-    files bench/side-by-side.sh writes next to each run ("store_ticks proxy_ticks")."""
-    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
-    per = {}
-    for f in glob.glob(os.path.join(out, "runs", store, "*", "rendezvous-*-*.cpu")):
-        target = f.split(os.sep)[-2]
-        n = int(os.path.basename(f).split("-")[1])
-        try:
-            st, px = (int(v) for v in open(f).read().split())
-        except (OSError, ValueError):
-            continue
-        per.setdefault((target, n), []).append((st * tick_us / n, px * tick_us / n))
-    if not per:
+def proc_cpu(r, proxy):
+    """(store, proxy) CPU seconds of a run over its measured interval, from the processes the
+    bench watched: the proxy by its name (storeguard, haproxy), the store the other one."""
+    st = px = None
+    for pr in ((r or {}).get("cpu") or {}).get("processes") or []:
+        if pr["name"] == proxy:
+            px = pr["cpu_s"]
+        else:
+            st = pr["cpu_s"]
+    return st, px
+
+
+def storm_cpu(runs, store):
+    """The proxies' and the store's CPU per client in the repeated rendezvous storm, and what the
+    direct storm left of the machine: the most a proxy could spend per client for 1.20."""
+    wls = sorted({k[2] for k in runs if k[0] == store and k[2].startswith("rendezvous")}, key=order)
+    if not wls:
         return "–"
-    n = max(k[1] for k in per)
-    get = lambda t, i: med([v[i] for v in per.get((t, n), [])])
-    parts = [f"{t}: {get(t, 1):.0f} µs" for t in ("storeguard", "haproxy") if get(t, 1) is not None]
-    store_cpu = [f"{t} {get(t, 0):.0f}" for t in TARGETS if get(t, 0) is not None]
-    text = "; ".join(parts) + "; store " + ", ".join(store_cpu) + " µs"
-    cores = os.cpu_count() or 1
-    direct = [(r.get("rendezvous") or {}).get("total_s") for r in runs.get((store, "direct", f"rendezvous:{n}"), []) if r]
-    if med(direct):
-        text += f"; room at 1.20: {0.2 * med(direct) * cores / n * 1e6:.0f} µs"
-    return text
+    wl, n = wls[0], int(wls[0].split(":")[1])
+    get = {}
+    for t in TARGETS:
+        vals = [proc_cpu(r, t) for r in runs.get((store, t, wl), []) if r]
+        get[t] = tuple(med([v[i] for v in vals]) for i in (0, 1))
+    parts = [f"{t} {get[t][1] * 1e6 / n:.0f}" for t in ("storeguard", "haproxy") if get[t][1] is not None]
+    if not parts:
+        return "–"
+    text = "proxy: " + ", ".join(parts) + " µs; store: " + ", ".join(
+        f"{t} {get[t][0] * 1e6 / n:.0f}" for t in TARGETS if get[t][0] is not None) + " µs"
+    # At 1.20 x the direct time, a proxy gets the cores' time over that wall less what the direct
+    # storm kept them busy with.
+    rooms, utils = [], []
+    for r in runs.get((store, "direct", wl), []):
+        c = (r or {}).get("cpu") or {}
+        if c.get("cores") and r.get("duration_s"):
+            wall = r["duration_s"]
+            utils.append(c["cores_busy_s"] / (wall * c["cores"]))
+            rooms.append(max(0.0, 1.2 * wall * c["cores"] - c["cores_busy_s"]) / n * 1e6)
+    if rooms:
+        text += (f"; cores busy in the direct storm {med(utils):.0%}, leaving a proxy at most "
+                 f"{med(rooms):.0f} µs for 1.20")
+    return f"`{wl}` " + text
+
+
+def op_cpu(ok, t):
+    """A proxy's median CPU per operation in µs over a closed-loop workload's runs."""
+    return med([proc_cpu(r, t)[1] / r["ops"] * 1e6 for r in ok.get(t, []) if r.get("ops") and proc_cpu(r, t)[1] is not None])
 
 
 def med(values):
@@ -253,6 +284,10 @@ def main():
       "two per connection, so at most ~9850 clients fit through one proxy process. The 9000-client storm "
       "runs on every target; the 16384-client storm runs directly and, on the libuv store, through each "
       "proxy with a 20 s timeout to show what happens at the limit.")
+    p("- CPU: each run reads /proc over its measured interval (after warm-up; a storm from the first "
+      "dial to the last client released): the time all cores were busy, and the store's and the "
+      "proxy's own CPU time (`storeguard bench --watch-pid`). Per operation and per client below; "
+      "the clock tick is 10 ms, so a 2 s run resolves a proxy's CPU to about 1 %.")
     p("- Client, proxy and store share the machine's 2 cores; nothing is pinned. A proxy therefore "
       "also costs the others CPU: the ratios are what a single host sees, not a proxy in isolation.")
     p("- The torch 2.x stores call getnameinfo() for each accepted connection (the libuv backend on "
@@ -299,6 +334,10 @@ def main():
                     ratio(ops["storeguard"], ops["haproxy"]),
                     spread(paired(by_rep, store, wl, lambda r: r.get("ops_per_sec"))), errs, nruns]
             p("| " + " | ".join(row) + " |")
+            cpu = {t: op_cpu(ok, t) for t in ("storeguard", "haproxy")}
+            if cpu["storeguard"] and cpu["haproxy"]:
+                p(f"| `{wl}` | proxy CPU µs/op | | {cpu['storeguard']:.1f} | {cpu['haproxy']:.1f} | | | "
+                  f"{cpu['storeguard'] / cpu['haproxy']:.2f} | | | |")
             if wl.endswith(":1"):
                 for q in ("p50", "p99"):
                     lat = {t: med([r["latency_us"][q] for r in ok[t]]) for t in TARGETS}

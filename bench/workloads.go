@@ -170,6 +170,7 @@ func (r *runner) closedLoop(ctx context.Context, res *Result) error {
 	case <-time.After(r.cfg.Warmup):
 	case <-ctx.Done():
 	}
+	cpu := startCPU(r.cfg.WatchPIDs)
 	recording.Store(true)
 	t0 := time.Now()
 	select {
@@ -178,6 +179,7 @@ func (r *runner) closedLoop(ctx context.Context, res *Result) error {
 	}
 	recording.Store(false)
 	res.DurationS = time.Since(t0).Seconds()
+	res.CPU = cpu.end()
 	stop.Store(true)
 	wg.Wait()
 	res.Ops = ops.Load()
@@ -263,6 +265,7 @@ func (r *runner) rendezvous(ctx context.Context, res *Result) error {
 		wg        sync.WaitGroup
 		cls       = make([]*client, n)
 	)
+	cpu := startCPU(r.cfg.WatchPIDs)
 	t0 := time.Now()
 	for i := range n {
 		wg.Go(func() {
@@ -303,6 +306,7 @@ func (r *runner) rendezvous(ctx context.Context, res *Result) error {
 	}
 	wg.Wait()
 	total := time.Since(t0)
+	res.CPU = cpu.end()
 	closeAll(cls)
 	res.Connect = r.connectSummary(time.Duration(lastConn.Load()))
 	res.Rendezvous = &Rendezvous{Clients: n, Completed: int(completed.Load()), TotalS: total.Seconds()}

@@ -44,6 +44,8 @@ func newBenchCommand() *cobra.Command {
 	f.DurationVar(&cfg.DialTimout, "dial-timeout", 30*time.Second, "per connection, retries included")
 	f.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "per request; rendezvous: the whole rendezvous")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.IntSliceVar(&cfg.WatchPIDs, "watch-pid", nil,
+		"report this process's CPU time over the measured interval, with the machine's (repeatable; Linux)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cmd.SilenceUsage = true
 		g, err := protocol.ParseGeneration(gen)
@@ -95,6 +97,13 @@ func printResult(cmd *cobra.Command, r *bench.Result) {
 		c.OK, c.Failed, c.Retries, c.Seconds, c.Latency.P50, c.Latency.P99)
 	if rv := r.Rendezvous; rv != nil {
 		fmt.Fprintf(w, "rendezvous: %d/%d clients released in %.3fs\n", rv.Completed, rv.Clients, rv.TotalS)
+	}
+	if c := r.CPU; c != nil {
+		fmt.Fprintf(w, "cpu: cores busy %.2fs of %d x %.2fs", c.CoresBusyS, c.Cores, r.DurationS)
+		for _, p := range c.Processes {
+			fmt.Fprintf(w, "; %s[%d] %.2fs", p.Name, p.PID, p.CPUS)
+		}
+		fmt.Fprintln(w)
 	}
 	for _, e := range r.ErrorSamples {
 		fmt.Fprintln(w, "error:", e)

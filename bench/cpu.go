@@ -37,7 +37,7 @@ type cpuWindow struct {
 	pids     []int
 	names    []string
 	procs    []time.Duration
-	procsOKs []bool
+	procOK []bool
 }
 
 func startCPU(pids []int) *cpuWindow {
@@ -47,7 +47,7 @@ func startCPU(pids []int) *cpuWindow {
 		name, t, err := procCPU(pid)
 		w.names = append(w.names, name)
 		w.procs = append(w.procs, t)
-		w.procsOKs = append(w.procsOKs, err == nil)
+		w.procOK = append(w.procOK, err == nil)
 	}
 	return w
 }
@@ -59,7 +59,7 @@ func (w *cpuWindow) end() *CPU {
 	}
 	c := &CPU{Cores: runtime.NumCPU(), CoresBusyS: (busy - w.busy).Seconds()}
 	for i, pid := range w.pids {
-		if _, t, err := procCPU(pid); err == nil && w.procsOKs[i] {
+		if _, t, err := procCPU(pid); err == nil && w.procOK[i] {
 			c.Processes = append(c.Processes, ProcCPU{PID: pid, Name: w.names[i], CPUS: (t - w.procs[i]).Seconds()})
 		}
 	}

@@ -69,12 +69,15 @@ def targets(p, runs, by_rep, stores, out):
     cells = {k: [] for k in ("ops", "lat", "rdz", "cpu", "opcpu")}
     for store in stores:
         ok = lambda wl: {t: [r for r in runs.get((store, t, wl), []) if r] for t in TARGETS}
-        rows = []
+        rows, cpu = [], []  # storeguard / HAProxy: (ops/s, workload), CPU per operation
         for wl in sorted({k[2] for k in runs if k[0] == store and not k[2].startswith("rendezvous")}, key=order):
             o = ok(wl)
             sg, ha = med([r.get("ops_per_sec") for r in o["storeguard"]]), med([r.get("ops_per_sec") for r in o["haproxy"]])
             if sg and ha:
                 rows.append((sg / ha, wl))
+            sg, ha = op_cpu(o, "storeguard"), op_cpu(o, "haproxy")
+            if sg and ha:
+                cpu.append(sg / ha)
         if rows:
             geo = statistics.geometric_mean([r for r, _ in rows])
             low = min(rows)
@@ -91,10 +94,7 @@ def targets(p, runs, by_rep, stores, out):
         cells["lat"].append("; ".join(lat) or "–")
         rdz = []
         for wl in sorted({k[2] for k in runs if k[0] == store and k[2].startswith("rendezvous")}, key=order):
-            rs = {t: [r for r in runs.get((store, t, wl), []) if r] for t in ("direct", "storeguard")}
-            tot = {t: med([(r.get("rendezvous") or {}).get("total_s") for r in rs[t]
-                          if (r.get("rendezvous") or {}).get("completed") == (r.get("rendezvous") or {}).get("clients")])
-                   for t in rs}
+            tot = {t: med([rdz_total(r) for r in runs.get((store, t, wl), [])]) for t in ("direct", "storeguard")}
             errs = errors(runs.get((store, "storeguard", wl), []))
             if tot["storeguard"] and tot["direct"]:
                 rdz.append(f"`{wl}` {tot['storeguard'] / tot['direct']:.2f}, {errs} errors")
@@ -102,12 +102,6 @@ def targets(p, runs, by_rep, stores, out):
                 rdz.append(f"`{wl}` incomplete, {errs} errors")
         cells["rdz"].append("; ".join(rdz) or "–")
         cells["cpu"].append(storm_cpu(runs, store))
-        cpu = []
-        for wl in sorted({k[2] for k in runs if k[0] == store and not k[2].startswith("rendezvous")}, key=order):
-            o = ok(wl)
-            sg, ha = op_cpu(o, "storeguard"), op_cpu(o, "haproxy")
-            if sg and ha:
-                cpu.append(sg / ha)
         cells["opcpu"].append(f"geometric mean {statistics.geometric_mean(cpu):.2f}, {min(cpu):.2f} to {max(cpu):.2f} "
                               f"over {len(cpu)} workloads" if cpu else "–")
     p("| ops/s at 1, 16, 64 connections: storeguard / HAProxy ≥ 1.00 | " + " | ".join(cells["ops"]) + " |")
@@ -181,6 +175,12 @@ def storm_cpu(runs, store):
 def op_cpu(ok, t):
     """A proxy's median CPU per operation in µs over a closed-loop workload's runs."""
     return med([proc_cpu(r, t)[1] / r["ops"] * 1e6 for r in ok.get(t, []) if r.get("ops") and proc_cpu(r, t)[1] is not None])
+
+
+def rdz_total(r):
+    """A rendezvous run's time; None if it did not release every client (no meaningful time)."""
+    rv = (r or {}).get("rendezvous") or {}
+    return rv.get("total_s") if rv.get("completed") == rv.get("clients") else None
 
 
 def med(values):
@@ -313,15 +313,11 @@ def main():
             nruns = "/".join(str(len(rs[t])) for t in TARGETS)
             ok = {t: [r for r in rs[t] if r] for t in TARGETS}
             if wl.startswith("rendezvous"):
-                def rdz(r):
-                    rv = r.get("rendezvous") or {}
-                    # A rendezvous that did not complete has no meaningful time.
-                    return rv.get("total_s") if rv.get("completed") == rv.get("clients") else None
-                vals = {t: med([rdz(r) for r in ok[t]]) for t in TARGETS}
+                vals = {t: med([rdz_total(r) for r in ok[t]]) for t in TARGETS}
                 done = {t: med([(r.get("rendezvous") or {}).get("completed") for r in ok[t]]) for t in TARGETS}
                 row = [f"`{wl}`", "total s (median)"] + [fmt(vals[t], 2) for t in TARGETS]
                 row += [ratio(vals["storeguard"], vals["direct"]), ratio(vals["haproxy"], vals["direct"]),
-                        ratio(vals["storeguard"], vals["haproxy"]), spread(paired(by_rep, store, wl, rdz)),
+                        ratio(vals["storeguard"], vals["haproxy"]), spread(paired(by_rep, store, wl, rdz_total)),
                         errs, nruns]
                 p("| " + " | ".join(row) + " |")
                 if any(done[t] is not None and done[t] < int(wl.split(":")[1]) for t in TARGETS):

@@ -405,35 +405,31 @@ func TestClientOptionsOfAcceptedSockets(t *testing.T) {
 			return nfd
 		}
 	}
-	t.Run("inherited", func(t *testing.T) {
-		var ls loops
-		for range 2 {
-			fd := accept(t, true)
-			ls.clientOptionsOf(fd)
-			if got := ls.inherit.Load(); got != inherits {
-				t.Fatalf("inherit = %d, want %d (inherits)", got, inherits)
+	for _, tc := range []struct {
+		name        string
+		listenerHas bool  // the listening socket has the options
+		want        int32 // what clientOptionsOf finds out
+	}{
+		{"inherited", true, inherits},
+		{"set one by one", false, inheritsNot},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ls loops
+			for range 2 { // the second socket takes the way the first found
+				fd := accept(t, tc.listenerHas)
+				if !tc.listenerHas && hasClientOptions(fd) {
+					t.Fatal("a socket accepted from a plain listener already has the options: the test proves nothing")
+				}
+				ls.clientOptionsOf(fd)
+				if got := ls.inherit.Load(); got != tc.want {
+					t.Fatalf("inherit = %d, want %d", got, tc.want)
+				}
+				if !hasClientOptions(fd) {
+					t.Error("the accepted socket lacks the client options")
+				}
 			}
-			if !hasClientOptions(fd) {
-				t.Error("accepted socket lacks the client options")
-			}
-		}
-	})
-	t.Run("set one by one", func(t *testing.T) {
-		var ls loops
-		for range 2 {
-			fd := accept(t, false)
-			if hasClientOptions(fd) {
-				t.Fatal("a socket accepted from a plain listener already has the options: the test proves nothing")
-			}
-			ls.clientOptionsOf(fd)
-			if got := ls.inherit.Load(); got != inheritsNot {
-				t.Fatalf("inherit = %d, want %d (inheritsNot)", got, inheritsNot)
-			}
-			if !hasClientOptions(fd) {
-				t.Error("clientOptionsOf did not set the client options")
-			}
-		}
-	})
+		})
+	}
 	t.Run("through the server", func(t *testing.T) {
 		h := start(t, func(c *config.Config) { c.Generation = "2.6" })
 		if *testEventLoops < 0 {

@@ -32,11 +32,11 @@ const userHz = 100
 // cpuWindow measures a CPU: start takes the counters, end takes them again. Counters that cannot
 // be read (no /proc, a process that exited) are left out, not reported as zero.
 type cpuWindow struct {
-	busy     time.Duration
-	busyOK   bool
-	pids     []int
-	names    []string
-	procs    []time.Duration
+	busy   time.Duration
+	busyOK bool
+	pids   []int
+	names  []string
+	procs  []time.Duration
 	procOK []bool
 }
 

@@ -7,7 +7,9 @@
 #   bench/side-by-side.sh            # from the repository root
 #
 # The closed-loop workloads also run through a second storeguard with event-loops -1 (every
-# connection on goroutines), to show what the event loops change.
+# connection on goroutines), to show what the event loops change. Every run also reports the
+# machine's busy time and the store's and the proxy's CPU over its measured interval
+# (`storeguard bench --watch-pid`): CPU per operation and per storm client in the doc.
 #
 # Knobs (environment): DURATION (per closed-loop run, default 2s), REPS (3), STORM (4096, every
 # target, REPS times), STORM_PROXY (9000, every target, once), STORM_BIG (16384, direct once;

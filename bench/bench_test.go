@@ -109,7 +109,7 @@ func TestRendezvous(t *testing.T) {
 				t.Fatalf("accepted %d connections, want 300", s.Accepted())
 			}
 			if c := res.CPU; c == nil || c.Cores != runtime.NumCPU() || c.CoresBusyS < 0 ||
-				c.CoresBusyS > res.DurationS*float64(c.Cores)+2.0/userHz {
+				c.CoresBusyS > (res.DurationS+2.0/userHz)*float64(c.Cores) { // ticks: up to 2 more per core
 				t.Fatalf("CPU %+v over %.3f s", c, res.DurationS)
 			}
 		})
@@ -157,7 +157,8 @@ func TestClosedLoopReportsWatchedCPU(t *testing.T) {
 	if c == nil || len(c.Processes) != 1 || c.Processes[0].PID != os.Getpid() {
 		t.Fatalf("CPU %+v, want this process only", c)
 	}
-	if p := c.Processes[0]; p.CPUS <= 0 || p.CPUS > c.CoresBusyS+2.0/userHz {
+	// Per-process time and the machine-wide ticks are counted differently: allow 10 % and 2 ticks.
+	if p := c.Processes[0]; p.CPUS <= 0 || p.CPUS > c.CoresBusyS*1.1+2.0/userHz {
 		t.Fatalf("this process %.2fs of the machine's %.2fs busy, over %d ops", p.CPUS, c.CoresBusyS, res.Ops)
 	}
 }

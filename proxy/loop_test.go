@@ -440,8 +440,10 @@ func TestClientOptionsOfAcceptedSockets(t *testing.T) {
 		eventually(t, "a loop forwarding the connection", func() bool {
 			h.srv.mu.Lock()
 			defer h.srv.mu.Unlock()
-			for c := range h.srv.conns {
+			for c := range h.srv.conns { // cfd is set before track, and later only under c.mu
+				c.mu.Lock()
 				fd = c.cfd
+				c.mu.Unlock()
 			}
 			return fd >= 0 && h.loopConns() == "1"
 		})

@@ -113,11 +113,11 @@ func procCPU(pid int) (string, time.Duration, error) {
 // parseProcStat reads /proc/PID/stat: "pid (comm) state ppid ..." with utime and stime the 14th
 // and 15th fields. The name may hold spaces and parentheses: it ends at the last ") ".
 func parseProcStat(b []byte) (string, time.Duration, error) {
-	open, close := bytes.IndexByte(b, '('), bytes.LastIndex(b, []byte(") "))
-	if open < 0 || close < open {
+	lp, rp := bytes.IndexByte(b, '('), bytes.LastIndex(b, []byte(") "))
+	if lp < 0 || rp < lp {
 		return "", 0, fmt.Errorf("/proc/PID/stat: no (name) in %q", b)
 	}
-	f := strings.Fields(string(b[close+2:])) // from field 3, state
+	f := strings.Fields(string(b[rp+2:])) // from field 3, state
 	if len(f) < 13 {
 		return "", 0, fmt.Errorf("/proc/PID/stat: %d fields after the name, want at least 13", len(f))
 	}
@@ -129,7 +129,7 @@ func parseProcStat(b []byte) (string, time.Duration, error) {
 		}
 		ticks += v
 	}
-	return string(b[open+1 : close]), ticks2dur(ticks), nil
+	return string(b[lp+1 : rp]), ticks2dur(ticks), nil
 }
 
 func ticks2dur(ticks uint64) time.Duration { return time.Duration(ticks) * time.Second / userHz }

@@ -32,6 +32,11 @@ def load(out):
     return runs, by_rep
 
 
+def completed(runs, store, wl, targets=TARGETS):
+    """target -> the runs of a workload that produced a result (a crashed run has none)."""
+    return {t: [r for r in runs.get((store, t, wl), []) if r] for t in targets}
+
+
 def paired(by_rep, store, wl, get, a="storeguard", b="haproxy"):
     """a/b of get(result) for each repetition both ran: runs are interleaved, so a pair shares the
     machine's state of the moment."""
@@ -68,7 +73,7 @@ def targets(p, runs, by_rep, stores, out):
     p("|---|" + "---|" * len(stores))
     cells = {k: [] for k in ("ops", "lat", "rdz", "cpu", "opcpu")}
     for store in stores:
-        ok = lambda wl: {t: [r for r in runs.get((store, t, wl), []) if r] for t in TARGETS}
+        ok = lambda wl: completed(runs, store, wl)
         rows, cpu = [], []  # storeguard / HAProxy: (ops/s, workload), CPU per operation
         for wl in sorted({k[2] for k in runs if k[0] == store and not k[2].startswith("rendezvous")}, key=order):
             o = ok(wl)
@@ -150,7 +155,7 @@ def storm_cpu(runs, store):
     wl, n = wls[0], int(wls[0].split(":")[1])
     get = {}
     for t in TARGETS:
-        vals = [proc_cpu(r, t) for r in runs.get((store, t, wl), []) if r]
+        vals = [proc_cpu(r, t) for r in completed(runs, store, wl, [t])[t]]
         get[t] = tuple(med([v[i] for v in vals]) for i in (0, 1))
     parts = [f"{t} {get[t][1] * 1e6 / n:.0f}" for t in ("storeguard", "haproxy") if get[t][1] is not None]
     if not parts:
@@ -226,7 +231,7 @@ def paths(p, runs, store):
     p("| workload | metric | loops | goroutines | haproxy | loops/haproxy | goroutines/haproxy |")
     p("|---|---|---:|---:|---:|---:|---:|")
     for wl in workloads:
-        ok = {t: [r for r in runs.get((store, t, wl), []) if r] for t in ("storeguard", alt, "haproxy")}
+        ok = completed(runs, store, wl, ("storeguard", alt, "haproxy"))
         metrics = [("ops/s", lambda r: r.get("ops_per_sec"), 0)]
         if wl.endswith(":1"):
             metrics.append(("latency p50 µs", lambda r: r["latency_us"]["p50"], 1))
@@ -311,7 +316,7 @@ def main():
             rs = {t: runs.get((store, t, wl), []) for t in TARGETS}
             errs = "/".join(str(errors(rs[t])) for t in TARGETS)
             nruns = "/".join(str(len(rs[t])) for t in TARGETS)
-            ok = {t: [r for r in rs[t] if r] for t in TARGETS}
+            ok = completed(runs, store, wl)
             if wl.startswith("rendezvous"):
                 vals = {t: med([rdz_total(r) for r in ok[t]]) for t in TARGETS}
                 done = {t: med([(r.get("rendezvous") or {}).get("completed") for r in ok[t]]) for t in TARGETS}

@@ -309,8 +309,7 @@ const epollExclusive = 1 << 28
 const acceptBatch = 16
 
 // acceptSome accepts what the listening socket has, up to acceptBatch connections. An error such
-// as EMFILE pauses accepting on this loop for 50 ms instead of spinning on a socket that stays
-// readable.
+// as EMFILE pauses accepting on this loop for acceptPause.
 func (l *loop) acceptSome() {
 	for range acceptBatch {
 		fd, sa, err := syscall.Accept4(l.lfd, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
@@ -323,12 +322,10 @@ func (l *loop) acceptSome() {
 		case syscall.EINTR, syscall.ECONNABORTED:
 			continue
 		}
-		if l.s.acceptLog.allow(l.s.now()) {
-			l.s.log.Error("accept failed (logged at most once a second)", "err", err)
-		}
+		l.s.acceptFailed(err)
 		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, l.lfd, nil)
 		l.paused = true
-		time.AfterFunc(50*time.Millisecond, func() { l.request(func() { l.unpause = true }) })
+		time.AfterFunc(acceptPause, func() { l.request(func() { l.unpause = true }) })
 		return
 	}
 }

@@ -220,6 +220,17 @@ func (s *Server) loopsAccept() bool {
 	return true
 }
 
+// acceptPause is how long accepting stops after an error such as EMFILE (out of descriptors),
+// instead of spinning on a listening socket that stays readable.
+const acceptPause = 50 * time.Millisecond
+
+// acceptFailed logs an accept error, at most once a second.
+func (s *Server) acceptFailed(err error) {
+	if s.acceptLog.allow(s.now()) {
+		s.log.Error("accept failed (logged at most once a second)", "err", err)
+	}
+}
+
 // acceptLoop accepts connections until ctx ends, each handled on a goroutine of its own.
 func (s *Server) acceptLoop(ctx context.Context) {
 	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
@@ -232,11 +243,8 @@ func (s *Server) acceptLoop(ctx context.Context) {
 				if errors.As(err, &ne) && ne.Timeout() {
 					continue
 				}
-				// EMFILE and friends: back off instead of spinning, and log once a second.
-				if s.acceptLog.allow(s.now()) {
-					s.log.Error("accept failed (logged at most once a second)", "err", err)
-				}
-				time.Sleep(50 * time.Millisecond)
+				s.acceptFailed(err)
+				time.Sleep(acceptPause)
 				continue
 			}
 			return

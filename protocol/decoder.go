@@ -10,7 +10,8 @@ type Config struct {
 	Gen GenSetting
 	// LegacyGen is how an Auto decoder reads a stream that does not start with VALIDATE: G0 or
 	// G1. Their opcodes 0x07 and 0x08 mean different things and nothing in a G0/G1 stream says which
-	// it is; the proxy learns it from the store (see proxy.ProbeLegacyGeneration).
+	// it is. serve never uses it: it decodes with the store's own generation, learned from the
+	// store (proxy.LearnStore). replay, which has no store to ask, does.
 	LegacyGen Generation
 	Backend   Backend
 	Limits    Limits
@@ -167,6 +168,10 @@ func (d *Decoder) Scan(p []byte) (n int, msg *Message, err error) {
 				} else {
 					v = uint64(binary.LittleEndian.Uint32(p[i:]))
 				}
+				if d.handshakeToLegacy() && uint32(v) == ValidateMagic {
+					d.off += 4
+					return i + 4, nil, d.fail(d.validateToLegacy())
+				}
 				i += int(w)
 				d.off += w
 			} else {
@@ -178,6 +183,9 @@ func (d *Decoder) Scan(p []byte) (n int, msg *Message, err error) {
 				if d.kind == FieldMagic && b != byte(ValidateMagic>>(8*(d.accN-1))) {
 					// A wrong magic is known at its first wrong byte: no need to wait for the rest.
 					return i, nil, d.fail(d.violation(RuleValidateBadMagic, FieldMagic, d.acc, uint64(ValidateMagic)))
+				}
+				if d.accN == 4 && uint32(d.acc) == ValidateMagic && d.handshakeToLegacy() {
+					return i, nil, d.fail(d.validateToLegacy())
 				}
 				if d.accN < w {
 					continue
@@ -282,6 +290,19 @@ func (d *Decoder) detect(b byte) bool {
 	d.accN = k + 1
 	d.fieldOff = 1
 	return false
+}
+
+// handshakeToLegacy reports whether the field being read is the key length of a G0/G1 stream's
+// first message, a SET: where a torch 2.2+ client's VALIDATE magic lands in a G0/G1 store.
+func (d *Decoder) handshakeToLegacy() bool {
+	return !d.gen.Validated() && d.msg.Offset == 0 && d.msg.Wire == 0 && d.fieldOff == 1 && d.kind == FieldKey
+}
+
+// validateToLegacy is the violation of a VALIDATE whose magic is complete on a G0/G1 stream. It is
+// known at the magic's last byte, three bytes before the key length it would make is.
+func (d *Decoder) validateToLegacy() *Violation {
+	d.msg.Op = OpValidate
+	return d.violation(RuleValidateToLegacyStore, FieldMagic, uint64(ValidateMagic), 0)
 }
 
 // field applies the checks of a fixed part whose value v has just arrived.

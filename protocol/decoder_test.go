@@ -288,8 +288,16 @@ func TestMalformed(t *testing.T) {
 		{name: "zero-count CHECK rejected on request", cfg: Config{Gen: GenSetting{Gen: G0}, Limits: zero},
 			hex: "04 0000000000000000", rule: RuleZeroCount, offset: 1, field: FieldCount, declared: 0, limit: 1},
 		// 20: a G2+ client talking to a G0 store.
-		{name: "VALIDATE+PING against G0", cfg: exact(G0), hex: validate + "0d 39300000", rule: RuleKeyTooLong, offset: 1,
-			field: FieldKey, declared: 0x0030_390D_3C85_F7CE, limit: 8192},
+		// It is refused at the magic's last byte, under a rule of its own, whatever follows.
+		{name: "VALIDATE+PING against G0", cfg: exact(G0), hex: validate + "0d 39300000", rule: RuleValidateToLegacyStore,
+			offset: 1, field: FieldMagic, declared: uint64(ValidateMagic)},
+		{name: "VALIDATE held open against G1", cfg: exact(G1), hex: validate, rule: RuleValidateToLegacyStore,
+			offset: 1, field: FieldMagic, declared: uint64(ValidateMagic)},
+		{name: "VALIDATE + G6 SET against G1", cfg: exact(G1), hex: validate + "01 0000000000000000 0000000000000000",
+			rule: RuleValidateToLegacyStore, offset: 1, field: FieldMagic, declared: uint64(ValidateMagic)},
+		// Only a stream's first message can be a handshake: later, the same bytes are a SET's key length.
+		{name: "magic as a later SET's key length", cfg: exact(G1), hex: "06" + validate + "0d000000",
+			rule: RuleKeyTooLong, offset: 2, index: 1, field: FieldKey, declared: 0x0000_000D_3C85_F7CE, limit: 8192},
 		// 21: ops the backend lacks.
 		{name: "QUEUE_POP on legacy", cfg: Config{Gen: GenSetting{Gen: G4}, Backend: BackendLegacy, Limits: DefaultLimits()},
 			hex: validate + "0f 0100000000000000 71", rule: RuleOpNotInBackend, offset: 5, index: 1},

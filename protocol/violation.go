@@ -66,6 +66,10 @@ const (
 	RuleZeroCount           Rule = "zero_count"
 	RuleMessageTimeout      Rule = "message_timeout"
 	RuleFirstMessageTimeout Rule = "first_message_timeout"
+	// RuleValidateToLegacyStore is VALIDATE (a torch 2.2+ client's first message) on its way to a
+	// G0/G1 store, which reads it as a SET whose 8-byte key length starts with the magic: the
+	// attacker's next bytes size the store's allocation (#106294 through a handshake).
+	RuleValidateToLegacyStore Rule = "validate_to_legacy_store"
 )
 
 // Rules lists every rule, for metrics that pre-register one series per rule.
@@ -73,7 +77,7 @@ func Rules() []Rule {
 	return []Rule{RuleKeyTooLong, RuleValueTooLong, RuleTooManyKeys, RuleMessageTooLarge,
 		RuleUnknownOpcode, RuleValidateMissing, RuleValidateBadMagic, RuleValidateRepeated,
 		RulePingBeforeValidate, RuleOpNotInBackend, RuleWatchKeyBlocked, RuleZeroCount,
-		RuleMessageTimeout, RuleFirstMessageTimeout}
+		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore}
 }
 
 // Violation is the first rule a stream broke. It is an error; use errors.As to get it.

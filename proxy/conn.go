@@ -51,8 +51,11 @@ type conn struct {
 	bytesIn  uint64
 	raw      bool // monitor mode after a violation: pass everything through
 	spared   bool // a silent G0 callback connection, let past the first-message deadline
-	untalk   func()
-	release  func() // gives back the admission (Gate.Admit)
+	// awaitStore: auto mode, and the store's generation was not known at accept; serve waits for
+	// it before a byte moves (awaitGeneration).
+	awaitStore bool
+	untalk     func()
+	release    func() // gives back the admission (Gate.Admit)
 
 	mu         sync.Mutex // guards up, closed, lp, kick, s2cStarted and (while in a loop) client
 	closed     bool
@@ -114,10 +117,43 @@ func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release f
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: client, src: src, dst: dst, start: s.now(),
 		upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1, release: release}
-	dc := st.dec
-	dc.LegacyGen = protocol.Generation(s.legacyGen.Load())
-	c.dec.Reset(dc)
+	if info, known, _ := s.store.get(); known || !st.dec.Gen.Auto {
+		c.dec.Reset(st.decoderFor(info))
+	} else {
+		c.awaitStore = true
+	}
 	return c
+}
+
+// decoderFor is the decoder configuration of a connection to a store that speaks info (auto
+// mode): the store's own generation, fixed, and its backend unless one is configured. Every byte
+// forwarded is then framed as that store frames it. With a generation configured, info is unused.
+func (st *settings) decoderFor(info StoreInfo) protocol.Config {
+	dc := st.dec
+	if dc.Gen.Auto {
+		dc.Gen = protocol.GenSetting{Gen: info.Gen}
+		if dc.Backend == protocol.BackendAny {
+			dc.Backend = info.Backend
+		}
+	}
+	return dc
+}
+
+// awaitGeneration holds a connection that arrived before the store's generation was known (auto
+// mode) until it is: nothing is read from the client or sent to the store meanwhile. It reports
+// false, having counted it, when timeouts.upstream-dial passed first.
+func (c *conn) awaitGeneration() bool {
+	info, ok := c.s.store.await(c.st.cfg.Timeouts.UpstreamDial, nil)
+	if !ok {
+		c.s.m.storeWaits.WithLabelValues("timeout").Inc()
+		c.s.log.Info("auto: closing a connection that waited for the store's generation", "conn", c.id,
+			"source", c.src.String(), "waited", c.st.cfg.Timeouts.UpstreamDial.String())
+		return false
+	}
+	c.s.m.storeWaits.WithLabelValues("learned").Inc()
+	c.awaitStore = false
+	c.dec.Reset(c.st.decoderFor(info))
+	return true
 }
 
 // serve forwards the connection with goroutines until it ends, then ends it, unless a loop takes
@@ -131,6 +167,11 @@ func (c *conn) serve(fromLoop bool) {
 		}
 	}()
 	defer c.s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
+	if c.awaitStore && !c.awaitGeneration() {
+		close(c.upReady) // no store connection: there is nothing to wait for
+		c.closeBoth()
+		return
+	}
 	switch {
 	case fromLoop:
 		if !c.fromLoop() {
@@ -167,7 +208,7 @@ func (c *conn) end() {
 // take this connection or the store did not take it at once (it is not listening yet, or its
 // accept queue is full).
 func (c *conn) connectNow() bool {
-	if c.s.loops == nil || !c.st.local.IsValid() || c.st.cfg.Timeouts.Idle != 0 || c.needsDeadline() {
+	if c.s.loops == nil || c.awaitStore || !c.st.local.IsValid() || c.st.cfg.Timeouts.Idle != 0 || c.needsDeadline() {
 		return false
 	}
 	fd, err := connectLocal(c.st.local)

@@ -34,6 +34,18 @@ type metrics struct {
 	auditDropped prometheus.Counter
 	loopConns    prometheus.Gauge
 	handbacks    [numHandbacks]prometheus.Counter
+	storeProbes  *prometheus.CounterVec
+	storeWaits   *prometheus.CounterVec
+	storeInfo    *prometheus.GaugeVec
+}
+
+// setStore shows the store's generation and backend as learned in auto mode (known), or that it
+// is not known now.
+func (m *metrics) setStore(i StoreInfo, known bool) {
+	m.storeInfo.Reset()
+	if known {
+		m.storeInfo.WithLabelValues(i.Gen.String(), i.Backend.String()).Set(1)
+	}
 }
 
 // handback is why an event loop gave a connection back to its goroutines.
@@ -90,12 +102,22 @@ func newMetrics(bansActive, buffered func() float64) *metrics {
 	for i, name := range handbackNames {
 		m.handbacks[i] = handbacks.WithLabelValues(name)
 	}
+	m.storeProbes = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_probes_total",
+		"auto: attempts to learn the store's generation, by result (learned, failed: not up, slow or busy; asked again).")),
+		[]string{"result"})
+	m.storeWaits = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_generation_waits_total",
+		"auto: connections that arrived while the store's generation was unknown and waited, by result (learned, timeout: closed after timeouts.upstream-dial with nothing forwarded).")),
+		[]string{"result"})
+	m.storeInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts(f("store_info",
+		"auto: 1 for the generation and backend the store behind the guard speaks, as learned from it; no series while unknown.")),
+		[]string{"generation", "backend"})
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
 		[]string{"version", "goversion"})
 	build.WithLabelValues(Version(), runtime.Version()).Set(1)
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.loopConns, handbacks, build,
+		m.storeProbes, m.storeWaits, m.storeInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.
@@ -110,6 +132,12 @@ func newMetrics(bansActive, buffered func() float64) *metrics {
 	}
 	for _, r := range refuseReasons {
 		m.refused.WithLabelValues(string(r))
+	}
+	for _, r := range []string{"learned", "failed"} {
+		m.storeProbes.WithLabelValues(r)
+	}
+	for _, r := range []string{"learned", "timeout"} {
+		m.storeWaits.WithLabelValues(r)
 	}
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("failed")

@@ -33,7 +33,6 @@ type fakeStore struct {
 	mu    sync.Mutex
 	reply []byte
 	conns []*bytes.Buffer
-	skip  int // connections before the test's own (the auto probe)
 }
 
 func newFakeStore(t *testing.T, addr string) *fakeStore {
@@ -90,16 +89,16 @@ func (fs *fakeStore) setReply(b []byte) {
 func (fs *fakeStore) received(i int) []byte {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if i+fs.skip >= len(fs.conns) {
+	if i >= len(fs.conns) {
 		return nil
 	}
-	return append([]byte(nil), fs.conns[i+fs.skip].Bytes()...)
+	return append([]byte(nil), fs.conns[i].Bytes()...)
 }
 
 func (fs *fakeStore) numConns() int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	return len(fs.conns) - fs.skip
+	return len(fs.conns)
 }
 
 type syncBuffer struct {
@@ -155,11 +154,19 @@ func testConfig(upstream string) config.Config {
 func start(t *testing.T, mutate func(*config.Config)) *harness {
 	t.Helper()
 	store := newFakeStore(t, "127.0.0.1:0")
-	cfg := testConfig(store.ln.Addr().String())
+	h := startOn(t, store.ln.Addr().String(), mutate)
+	h.store = store
+	return h
+}
+
+// startOn starts a server in front of upstream, whatever listens there.
+func startOn(t *testing.T, upstream string, mutate func(*config.Config)) *harness {
+	t.Helper()
+	cfg := testConfig(upstream)
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	h := &harness{t: t, store: store, audit: &syncBuffer{}, done: make(chan struct{})}
+	h := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{})}
 	aw := audit.New(h.audit, audit.Options{})
 	srv, err := New(cfg, Options{Audit: aw})
 	if err != nil {
@@ -172,12 +179,6 @@ func start(t *testing.T, mutate func(*config.Config)) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() { srv.Serve(ctx); close(h.done) }()
-	if cfg.Generation == "auto" {
-		// auto asks the store once whether it speaks G1 (one byte, 0x0B); keep that
-		// connection out of the test's way.
-		eventually(t, "the legacy generation probe", func() bool { return bytes.Equal(store.received(0), []byte{0x0B}) })
-		store.skip = 1
-	}
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -317,7 +318,6 @@ func TestEveryRuleBlocks(t *testing.T) {
 		offset uint64
 	}{
 		{rule: protocol.RuleKeyTooLong, gen: "1.13", valid: g0valid, bad: "03 00000b06e0000000 000000", offset: 21},
-		{rule: protocol.RuleKeyTooLong, gen: "auto", valid: g0valid, bad: "03 00000b06e0000000 000000", offset: 21},
 		{rule: protocol.RuleValueTooLong, gen: "2.6", valid: g3valid, bad: "01 0100000000000000 6b 0000000001000000",
 			offset: uint64(len(g3valid)) + 10},
 		{rule: protocol.RuleTooManyKeys, gen: "2.6", valid: g3valid, bad: "06 0000000001000000", offset: uint64(len(g3valid)) + 1},

@@ -82,9 +82,8 @@ type Server struct {
 	buf   *budget
 	m     *metrics
 
-	// legacyGen is how auto reads a connection without VALIDATE, learned from the store
-	// (probeLegacyGeneration); G0 until known.
-	legacyGen atomic.Uint32
+	// store is, in auto mode, the generation the store speaks, learned from it (learnStore).
+	store *storeState
 
 	dialLog   everySecond
 	acceptLog everySecond
@@ -120,7 +119,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.m = newMetrics(
 		func() float64 { return float64(s.gate.Stats().ActiveBans) },
 		func() float64 { return float64(s.buf.inUse()) })
-	s.legacyGen.Store(uint32(protocol.G0))
+	s.store = newStoreState()
 	return s, nil
 }
 
@@ -162,7 +161,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", Version())
 	s.warnExposure(st.cfg.Upstream)
 	if st.dec.Gen.Auto {
-		go s.probeLegacyGeneration(ctx, st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial)
+		go s.learnStore(ctx, st.cfg.Upstream)
 	}
 	var httpSrv *http.Server
 	if s.metricsLn != nil {
@@ -330,6 +329,10 @@ func (s *Server) httpHandler() http.Handler {
 		st := s.set.Load()
 		if s.draining.Load() {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		if _, known, _ := s.store.get(); st.dec.Gen.Auto && !known {
+			http.Error(w, "the store's generation is not known yet", http.StatusServiceUnavailable)
 			return
 		}
 		c, err := net.DialTimeout("tcp", st.cfg.Upstream, min(st.cfg.Timeouts.UpstreamDial, 2*time.Second))

@@ -1,0 +1,347 @@
+// Package storesim is a TCPStore server of a chosen generation and backend for tests: it frames
+// each connection with a decoder of its generation, answers as real torch does (replies, closes,
+// the libuv backend's first-read VALIDATE check), and records every byte each connection sent.
+// The interop suite runs real torch; this is the stand-in for unit and fuzz tests.
+//
+// What it follows of real stores (docs/protocol.md, docs/protocol-confirmed.md): an unknown
+// opcode or a length a store cannot take closes the connection; a G2+ legacy store closes a
+// connection whose first message is not VALIDATE; a G2+ libuv store lets such a first read pass
+// and parses the next read from its start; a legacy GET of a missing key closes the connection.
+// It keeps the first MaxRecordedFields fields of a list op only.
+package storesim
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// Store is a running simulated store.
+type Store struct {
+	Gen     protocol.Generation
+	Backend protocol.Backend
+	// Ended receives, when a connection ends, everything it sent (dropped if nobody reads).
+	Ended chan []byte
+
+	ln      net.Listener
+	mu      sync.Mutex
+	paused  bool
+	resume  *sync.Cond
+	conns   []*bytes.Buffer
+	open    map[net.Conn]struct{}
+	data    map[string][]byte
+	waiters map[net.Conn][]string
+}
+
+// Start listens on addr ("127.0.0.1:0" for any port) and serves until Close.
+func Start(addr string, gen protocol.Generation, backend protocol.Backend) (*Store, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if gen < protocol.G2 {
+		backend = protocol.BackendLegacy
+	}
+	s := &Store{Gen: gen, Backend: backend, Ended: make(chan []byte, 64), ln: ln,
+		open: map[net.Conn]struct{}{}, data: map[string][]byte{}, waiters: map[net.Conn][]string{}}
+	s.resume = sync.NewCond(&s.mu)
+	go s.serve()
+	return s, nil
+}
+
+// Addr is the listening address.
+func (s *Store) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the store as a process exit does: the listener and every connection close.
+func (s *Store) Close() {
+	s.ln.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.open {
+		c.Close()
+	}
+	s.paused = false
+	s.resume.Broadcast()
+}
+
+// Pause makes the store stop answering (reads still arrive), as a busy or frozen store;
+// Resume lets it go on.
+func (s *Store) Pause() {
+	s.mu.Lock()
+	s.paused = true
+	s.mu.Unlock()
+}
+
+func (s *Store) Resume() {
+	s.mu.Lock()
+	s.paused = false
+	s.resume.Broadcast()
+	s.mu.Unlock()
+}
+
+// NumConns is how many connections the store accepted.
+func (s *Store) NumConns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// Received returns what connection i (in accept order) sent so far.
+func (s *Store) Received(i int) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i >= len(s.conns) {
+		return nil
+	}
+	return append([]byte(nil), s.conns[i].Bytes()...)
+}
+
+// NumKeys is the number of keys stored.
+func (s *Store) NumKeys() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.data)
+}
+
+func (s *Store) serve() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		rec := &bytes.Buffer{}
+		s.mu.Lock()
+		s.conns = append(s.conns, rec)
+		s.open[c] = struct{}{}
+		s.mu.Unlock()
+		go s.conn(c, rec)
+	}
+}
+
+// limits are the store's own: libuv's, or none for legacy (a length no allocation can take,
+// 2^40 here, closes the connection as bad_alloc or length_error does).
+func (s *Store) limits() protocol.Limits {
+	if s.Backend == protocol.BackendLibuv {
+		return protocol.Limits{MaxKeyBytes: 8192, MaxValueBytes: 8 << 20, MaxKeys: 128 << 10, MaxMessageBytes: protocol.MaxLimit}
+	}
+	return protocol.Limits{MaxKeyBytes: protocol.MaxLimit, MaxValueBytes: protocol.MaxLimit, MaxKeys: protocol.MaxLimit,
+		MaxMessageBytes: protocol.MaxLimit}
+}
+
+func (s *Store) conn(c net.Conn, rec *bytes.Buffer) {
+	defer func() {
+		c.Close()
+		s.mu.Lock()
+		delete(s.open, c)
+		delete(s.waiters, c)
+		b := append([]byte(nil), rec.Bytes()...)
+		s.mu.Unlock()
+		select {
+		case s.Ended <- b:
+		default:
+		}
+	}()
+	dec := protocol.NewDecoder(protocol.Config{Gen: protocol.GenSetting{Gen: s.Gen}, Backend: s.Backend, Limits: s.limits()})
+	var pending []byte // bytes from the start of the message in progress
+	firstRead := true
+	rb := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(rb)
+		if n > 0 {
+			s.mu.Lock()
+			rec.Write(rb[:n])
+			for s.paused {
+				s.resume.Wait()
+			}
+			s.mu.Unlock()
+			pending = append(pending, rb[:n]...)
+			if firstRead && s.Gen.Validated() && s.Backend == protocol.BackendLibuv && pending[0] != 0 {
+				// libuv: the first read's first command is not VALIDATE. It returns without
+				// closing or consuming; the next read is parsed from the start, as validated.
+				dec.Scan(protocol.AppendHandshake(nil, protocol.G2, 0))
+				firstRead = false
+				continue
+			}
+			firstRead = false
+			if !s.parse(c, dec, &pending) {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// parse executes every complete message in *pending; false: the store closes the connection.
+func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte) bool {
+	scanned := 0
+	for {
+		n, msg, err := dec.Scan((*pending)[scanned:])
+		scanned += n
+		if err != nil {
+			return false
+		}
+		if msg == nil {
+			return true
+		}
+		m := (*pending)[:scanned]
+		if !s.exec(c, msg, m) {
+			return false
+		}
+		*pending = append((*pending)[:0], (*pending)[scanned:]...)
+		scanned = 0
+	}
+}
+
+func i64(v int64) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(v)) }
+
+func str(b []byte, v []byte) []byte {
+	return append(binary.LittleEndian.AppendUint64(b, uint64(len(v))), v...)
+}
+
+// exec runs one message and writes its reply; false: the store closes the connection.
+func (s *Store) exec(c net.Conn, msg *protocol.Message, m []byte) bool {
+	f := msg.Recorded()
+	body := func(i int) []byte { return msg.Body(f[i], m) }
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var reply []byte
+	switch msg.Op {
+	case protocol.OpValidate, protocol.OpWatchKey:
+	case protocol.OpPing:
+		reply = binary.LittleEndian.AppendUint32(nil, uint32(f[0].Int))
+	case protocol.OpSet, protocol.OpQueuePush:
+		s.setLocked(string(body(0)), append([]byte(nil), body(1)...))
+	case protocol.OpAppend:
+		s.setLocked(string(body(0)), append(s.data[string(body(0))], body(1)...))
+	case protocol.OpCompareSet:
+		k := string(body(0))
+		cur, ok := s.data[k]
+		switch {
+		case !ok && len(body(1)) == 0:
+			s.setLocked(k, append([]byte(nil), body(2)...))
+			reply = str(nil, body(2))
+		case !ok:
+			reply = str(nil, body(1))
+		default:
+			if bytes.Equal(cur, body(1)) {
+				s.setLocked(k, append([]byte(nil), body(2)...))
+			}
+			reply = str(nil, s.data[k])
+		}
+	case protocol.OpGet:
+		v, ok := s.data[string(body(0))]
+		if !ok && s.Backend == protocol.BackendLegacy {
+			return false // tcpStore_.at(): std::out_of_range
+		}
+		reply = str(nil, v)
+	case protocol.OpAdd:
+		k := string(body(0))
+		n := int64(f[1].Int)
+		if v, ok := s.data[k]; ok {
+			old, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil {
+				return false
+			}
+			n += old
+		}
+		s.setLocked(k, []byte(strconv.FormatInt(n, 10)))
+		reply = i64(n)
+	case protocol.OpCheck:
+		reply = i64(1) // NOT_READY
+		if s.allSetLocked(keysOf(f[1:], m, msg)) {
+			reply = i64(0)
+		}
+	case protocol.OpWait:
+		keys := keysOf(f[1:], m, msg)
+		if s.allSetLocked(keys) {
+			reply = []byte{0}
+		} else {
+			s.waiters[c] = keys
+		}
+	case protocol.OpGetNumKeys:
+		reply = i64(int64(len(s.data)))
+	case protocol.OpDeleteKey:
+		_, ok := s.data[string(body(0))]
+		delete(s.data, string(body(0)))
+		reply = i64(0)
+		if ok {
+			reply = i64(1)
+		}
+	case protocol.OpMultiGet:
+		for i := 1; i < len(f); i++ {
+			reply = str(reply, s.data[string(body(i))])
+		}
+	case protocol.OpMultiSet:
+		for i := 1; i+1 < len(f); i += 2 {
+			s.setLocked(string(body(i)), append([]byte(nil), body(i+1)...))
+		}
+	case protocol.OpCancelWait:
+		delete(s.waiters, c)
+		reply = []byte{1}
+	case protocol.OpQueueLen, protocol.OpQueuePop:
+		reply = i64(0)
+	case protocol.OpListKeys:
+		reply = i64(int64(len(s.data)))
+		for k := range s.data {
+			reply = str(reply, []byte(k))
+		}
+	case protocol.OpBarrier:
+		k := string(body(0))
+		n := int64(1)
+		if v, ok := s.data[k]; ok {
+			old, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil {
+				return false
+			}
+			n = old + 1
+		}
+		s.setLocked(k, []byte(strconv.FormatInt(n, 10)))
+		if n >= int64(f[1].Int) {
+			reply = []byte{0}
+		} else {
+			s.waiters[c] = []string{k}
+		}
+	default:
+		return false
+	}
+	if len(reply) > 0 {
+		if _, err := c.Write(reply); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func keysOf(fields []protocol.Field, m []byte, msg *protocol.Message) []string {
+	var keys []string
+	for _, f := range fields {
+		keys = append(keys, string(msg.Body(f, m)))
+	}
+	return keys
+}
+
+func (s *Store) allSetLocked(keys []string) bool {
+	for _, k := range keys {
+		if _, ok := s.data[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// setLocked stores v under k and wakes the connections waiting only for keys now all set.
+func (s *Store) setLocked(k string, v []byte) {
+	s.data[k] = v
+	for c, keys := range s.waiters {
+		if s.allSetLocked(keys) {
+			delete(s.waiters, c)
+			c.Write([]byte{0})
+		}
+	}
+}

@@ -1,0 +1,226 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/storesim"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+func sim(t *testing.T, addr string, g protocol.Generation, b protocol.Backend) *storesim.Store {
+	t.Helper()
+	s, err := storesim.Start(addr, g, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestLearnStoreEveryGeneration: the probes name every generation and backend, and leave the
+// store as they found it (no key created, none left behind).
+func TestLearnStoreEveryGeneration(t *testing.T) {
+	type store struct {
+		g protocol.Generation
+		b protocol.Backend
+	}
+	cases := []struct {
+		store
+		want StoreInfo
+	}{
+		{store{protocol.G0, protocol.BackendLegacy}, StoreInfo{protocol.G0, protocol.BackendLegacy}},
+		{store{protocol.G1, protocol.BackendLegacy}, StoreInfo{protocol.G1, protocol.BackendLegacy}},
+		// A legacy G4 store has no queue ops: it answers exactly as G3.
+		{store{protocol.G4, protocol.BackendLegacy}, StoreInfo{protocol.G3, protocol.BackendLegacy}},
+	}
+	for g := protocol.G2; g <= protocol.LatestGeneration; g++ {
+		for _, b := range []protocol.Backend{protocol.BackendLegacy, protocol.BackendLibuv} {
+			if g != protocol.G4 || b != protocol.BackendLegacy {
+				cases = append(cases, struct {
+					store
+					want StoreInfo
+				}{store{g, b}, StoreInfo{g, b}})
+			}
+		}
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%s-%s", tc.g, tc.b), func(t *testing.T) {
+			s := sim(t, "127.0.0.1:0", tc.g, tc.b)
+			got, err := LearnStore(context.Background(), s.Addr(), 2*time.Second)
+			if err != nil || got != tc.want {
+				t.Fatalf("LearnStore = %v, %v; want %v", got, err, tc.want)
+			}
+			if n := s.NumKeys(); n != 0 {
+				t.Errorf("the probes left %d keys in the store", n)
+			}
+		})
+	}
+}
+
+// TestLearnStoreNeverGuesses: a store that does not answer, or is not up, is an error to retry,
+// not a generation.
+func TestLearnStoreNeverGuesses(t *testing.T) {
+	s := sim(t, "127.0.0.1:0", protocol.G1, protocol.BackendLegacy)
+	s.Pause()
+	if got, err := LearnStore(context.Background(), s.Addr(), 200*time.Millisecond); !errors.Is(err, errStoreSlow) {
+		t.Fatalf("paused G1 store: %v, %v; want errStoreSlow", got, err)
+	}
+	s.Resume()
+	if got, err := LearnStore(context.Background(), s.Addr(), time.Second); err != nil || got.Gen != protocol.G1 {
+		t.Fatalf("resumed G1 store: %v, %v", got, err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	if got, err := LearnStore(context.Background(), addr, 200*time.Millisecond); err == nil {
+		t.Fatalf("no store: %v, want an error", got)
+	}
+}
+
+func autoGuard(t *testing.T, upstream string) *harness {
+	return startOn(t, upstream, func(c *config.Config) { c.Generation = "auto"; c.Timeouts.UpstreamDial = 10 * time.Second })
+}
+
+func waitStore(t *testing.T, h *harness, want protocol.Generation) {
+	t.Helper()
+	eventually(t, "the store's generation learned", func() bool {
+		info, ok := h.srv.Store()
+		return ok && info.Gen == want
+	})
+}
+
+func send(t *testing.T, c net.Conn, b []byte, want int) []byte {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, want)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("reply to %x: %v", b, err)
+	}
+	return got
+}
+
+// TestAutoHoldsConnectionsUntilTheStoreIsKnown: the sidecar order. A torch 2.1 client connects
+// before the store listens; its G1 ops (APPEND 0x08, MULTI_GET 0x09, which G0 reads otherwise)
+// wait, then are framed as G1 and answered.
+func TestAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	h := autoGuard(t, addr)
+	c := h.dial()
+	ops := enc(t, protocol.G1, protocol.Request{Op: protocol.OpAppend, Key: []byte("k"), Value: []byte("ab")},
+		protocol.Request{Op: protocol.OpMultiGet, Keys: [][]byte{[]byte("k"), []byte("k")}})
+	c.Write(ops)
+	time.Sleep(300 * time.Millisecond)
+	if _, ok := h.srv.Store(); ok {
+		t.Fatal("a generation was known with no store")
+	}
+	sim(t, addr, protocol.G1, protocol.BackendLegacy)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	want := []byte("\x02\x00\x00\x00\x00\x00\x00\x00ab\x02\x00\x00\x00\x00\x00\x00\x00ab")
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("MULTI_GET reply %x, %v; want %x", got, err, want)
+	}
+	if v := h.metric(`storeguard_store_info{backend="legacy",generation="G1"}`); v != "1" {
+		t.Errorf("store_info = %q", v)
+	}
+	if v := h.metric(`storeguard_store_generation_waits_total{result="learned"}`); v != "1" {
+		t.Errorf("waits learned = %q", v)
+	}
+	h.assertNoEvents()
+}
+
+// TestAutoRefusesBytesTheStoreWouldMisread: with the store learned, a client whose bytes do not
+// fit its generation is refused before one byte reaches it.
+func TestAutoRefusesBytesTheStoreWouldMisread(t *testing.T) {
+	validateG6Set := append(protocol.AppendHandshake(nil, protocol.G2, 0), enc(t, protocol.G6,
+		protocol.Request{Op: protocol.OpSet})...)
+	cases := []struct {
+		name  string
+		store protocol.Generation
+		b     protocol.Backend
+		bytes []byte
+		rule  protocol.Rule
+	}{
+		{"VALIDATE held open to G0", protocol.G0, protocol.BackendLegacy, protocol.AppendHandshake(nil, protocol.G2, 0), protocol.RuleValidateToLegacyStore},
+		{"VALIDATE+G6 SET to G1", protocol.G1, protocol.BackendLegacy, validateG6Set, protocol.RuleValidateToLegacyStore},
+		{"nmap 106294 to G6 libuv", protocol.G6, protocol.BackendLibuv, unhex(t, "0300000b06e00000000000"), protocol.RuleValidateMissing},
+		{"G1 APPEND head to G1 then stall", protocol.G1, protocol.BackendLegacy, unhex(t, "08 0100000000000000 6b"), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sim(t, "127.0.0.1:0", tc.store, tc.b)
+			h := autoGuard(t, s.Addr())
+			waitStore(t, h, tc.store)
+			before := s.NumConns()
+			c := h.dial()
+			c.Write(tc.bytes)
+			if tc.rule == "" {
+				time.Sleep(200 * time.Millisecond)
+			} else {
+				closedByPeer(t, c)
+			}
+			for i := before; i < s.NumConns(); i++ {
+				if got := s.Received(i); len(got) != 0 {
+					t.Fatalf("the store received %x", got)
+				}
+			}
+			// The store still answers.
+			b := h.dial()
+			hs := protocol.AppendHandshake(nil, tc.store, 1)
+			numKeys, _ := protocol.Append(nil, tc.store, protocol.Request{Op: protocol.OpGetNumKeys})
+			pong := 0
+			if tc.store >= protocol.G3 {
+				pong = 4
+			}
+			send(t, b, append(hs, numKeys...), pong+8)
+			if tc.rule == "" {
+				return
+			}
+			evs := h.audit.events(t)
+			if len(evs) != 1 || evs[0]["event.reason"] != string(tc.rule) || evs[0]["storeguard.generation"] != tc.store.String() {
+				t.Fatalf("audit %v; want one %s event for %s", evs, tc.rule, tc.store)
+			}
+		})
+	}
+}
+
+// TestAutoLearnsAgainAfterTheStoreRestarts: rank 0 comes back on another torch at the same
+// address; the guard forgets what it knew the moment the store goes away and frames the new
+// store's clients by its generation.
+func TestAutoLearnsAgainAfterTheStoreRestarts(t *testing.T) {
+	s := sim(t, "127.0.0.1:0", protocol.G1, protocol.BackendLegacy)
+	addr := s.Addr()
+	h := autoGuard(t, addr)
+	waitStore(t, h, protocol.G1)
+	s.Close()
+	eventually(t, "the store forgotten", func() bool { _, ok := h.srv.Store(); return !ok })
+	sim(t, addr, protocol.G6, protocol.BackendLibuv)
+	waitStore(t, h, protocol.G6)
+	c := h.dial()
+	hs := protocol.AppendHandshake(nil, protocol.G6, 7)
+	add, _ := protocol.Append(nil, protocol.G6, protocol.Request{Op: protocol.OpAdd, Key: []byte("n"), Int: 3})
+	if got := send(t, c, append(hs, add...), 4+8); got[4] != 3 {
+		t.Fatalf("ADD through the guard after the restart: %x", got)
+	}
+	h.assertNoEvents()
+}
+
+func (h *harness) assertNoEvents() {
+	h.t.Helper()
+	if evs := h.audit.events(h.t); len(evs) != 0 {
+		h.t.Fatalf("audit events on benign traffic: %v", evs)
+	}
+}

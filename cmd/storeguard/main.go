@@ -24,7 +24,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		SilenceErrors: true,
 		Version:       proxy.Version(),
 	}
-	root.AddCommand(newServeCommand(), config.NewCommand(), audit.NewCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand())
+	root.AddCommand(newServeCommand(), config.NewCommand(), audit.NewCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newIdentifyCommand())
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)

@@ -117,7 +117,7 @@ func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release f
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: client, src: src, dst: dst, start: s.now(),
 		upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1, release: release}
-	if info, known, _ := s.store.get(); known || !st.dec.Gen.Auto {
+	if info, known, _ := s.store.Load().get(); known || !st.dec.Gen.Auto {
 		c.dec.Reset(st.decoderFor(info))
 	} else {
 		c.awaitStore = true
@@ -143,7 +143,7 @@ func (st *settings) decoderFor(info StoreInfo) protocol.Config {
 // mode) until it is: nothing is read from the client or sent to the store meanwhile. It reports
 // false, having counted it, when timeouts.upstream-dial passed first.
 func (c *conn) awaitGeneration() bool {
-	info, ok := c.s.store.await(c.st.cfg.Timeouts.UpstreamDial, nil)
+	info, ok := c.s.store.Load().await(c.st.cfg.Timeouts.UpstreamDial, nil)
 	if !ok {
 		c.s.m.storeWaits.WithLabelValues("timeout").Inc()
 		c.s.log.Info("auto: closing a connection that waited for the store's generation", "conn", c.id,

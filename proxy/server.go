@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,8 +83,12 @@ type Server struct {
 	buf   *budget
 	m     *metrics
 
-	// store is, in auto mode, the generation the store speaks, learned from it (learnStore).
-	store *storeState
+	// store is, in auto mode, the generation the store speaks, learned from it (learnStore); a
+	// reload that changes the upstream or switches to auto starts learning anew (startLearning).
+	store       atomic.Pointer[storeState]
+	learnMu     sync.Mutex
+	learnCtx    context.Context // Serve's, once it runs
+	learnCancel context.CancelFunc
 
 	dialLog   everySecond
 	acceptLog everySecond
@@ -119,7 +124,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.m = newMetrics(
 		func() float64 { return float64(s.gate.Stats().ActiveBans) },
 		func() float64 { return float64(s.buf.inUse()) })
-	s.store = newStoreState()
+	s.store.Store(newStoreState())
 	return s, nil
 }
 
@@ -160,9 +165,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.log.Info("storeguard serving", "listen", s.ln.Addr().String(), "upstream", st.cfg.Upstream,
 		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", Version())
 	s.warnExposure(st.cfg.Upstream)
-	if st.dec.Gen.Auto {
-		go s.learnStore(ctx, st.cfg.Upstream)
-	}
+	s.learnMu.Lock()
+	s.learnCtx = ctx
+	s.learnMu.Unlock()
+	s.startLearning(st)
 	var httpSrv *http.Server
 	if s.metricsLn != nil {
 		httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
@@ -303,6 +309,9 @@ func (s *Server) reload(cfg config.Config) error {
 	s.gate.Update(st.gate())
 	s.buf.setLimit(cfg.Caps.BufferBudgetBytes)
 	s.set.Store(st)
+	if strings.EqualFold(old.Generation, "auto") != st.dec.Gen.Auto || old.Upstream != cfg.Upstream {
+		s.startLearning(st)
+	}
 	return nil
 }
 
@@ -331,7 +340,7 @@ func (s *Server) httpHandler() http.Handler {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 			return
 		}
-		if _, known, _ := s.store.get(); st.dec.Gen.Auto && !known {
+		if _, known, _ := s.store.Load().get(); st.dec.Gen.Auto && !known {
 			http.Error(w, "the store's generation is not known yet", http.StatusServiceUnavailable)
 			return
 		}

@@ -256,7 +256,7 @@ func (s *storeState) await(timeout time.Duration, stop <-chan struct{}) (StoreIn
 // learnStore keeps the store's generation known while ctx lives: it asks the store (retrying a
 // store that is not up, slow or busy, every 50 ms to 1 s), then holds one idle connection to it,
 // a sentinel, whose close says the store went away; then it forgets and asks again.
-func (s *Server) learnStore(ctx context.Context, addr string) {
+func (s *Server) learnStore(ctx context.Context, state *storeState, addr string) {
 	const probeTimeout = 3 * time.Second
 	for ctx.Err() == nil {
 		var info StoreInfo
@@ -285,16 +285,20 @@ func (s *Server) learnStore(ctx context.Context, addr string) {
 			s.log.Info("auto: the store went away while its generation was learned; asking again", "err", err)
 			continue
 		}
-		s.store.set(info)
-		s.m.setStore(info, true)
+		state.set(info)
+		if ctx.Err() == nil {
+			s.m.setStore(info, true)
+		}
 		s.log.Info("auto: the store speaks "+info.String(), "upstream", addr)
 		stop := context.AfterFunc(ctx, func() { sentinel.Close() })
 		var b [1]byte
 		_, err = sentinel.Read(b[:]) // blocks while the store lives
 		stop()
 		sentinel.Close()
-		s.store.forget()
-		s.m.setStore(info, false)
+		state.forget()
+		if ctx.Err() == nil {
+			s.m.setStore(info, false)
+		}
 		if ctx.Err() == nil {
 			s.log.Warn("auto: the store closed the guard's connection (a restart?); new connections wait until its generation is learned again",
 				"upstream", addr, "err", err)
@@ -333,6 +337,26 @@ func openSentinel(ctx context.Context, addr string, info StoreInfo, timeout time
 // Store reports the generation and backend of the store as learned in auto mode; ok is false
 // while it is not known (and always with a generation configured).
 func (s *Server) Store() (info StoreInfo, ok bool) {
-	info, ok, _ = s.store.get()
+	info, ok, _ = s.store.Load().get()
 	return info, ok
+}
+
+// startLearning starts learning the store's generation anew for settings st (auto mode): at
+// Serve, and on a reload that switches to auto or changes the upstream. What was known of the
+// old upstream is dropped; with a generation configured nothing is learned.
+func (s *Server) startLearning(st *settings) {
+	s.learnMu.Lock()
+	defer s.learnMu.Unlock()
+	if s.learnCancel != nil {
+		s.learnCancel()
+		s.learnCancel = nil
+	}
+	state := newStoreState()
+	s.store.Store(state)
+	s.m.setStore(StoreInfo{}, false)
+	if st.dec.Gen.Auto && s.learnCtx != nil {
+		ctx, cancel := context.WithCancel(s.learnCtx)
+		s.learnCancel = cancel
+		go s.learnStore(ctx, state, st.cfg.Upstream)
+	}
 }

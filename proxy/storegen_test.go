@@ -224,3 +224,25 @@ func (h *harness) assertNoEvents() {
 		h.t.Fatalf("audit events on benign traffic: %v", evs)
 	}
 }
+
+// TestReloadToAutoLearnsTheStore: a reload from a configured generation to auto starts learning;
+// connections then wait for it and are framed by the store's generation.
+func TestReloadToAutoLearnsTheStore(t *testing.T) {
+	s := sim(t, "127.0.0.1:0", protocol.G6, protocol.BackendLibuv)
+	h := startOn(t, s.Addr(), func(c *config.Config) { c.Generation = "1.13" })
+	if _, ok := h.srv.Store(); ok {
+		t.Fatal("a generation learned with one configured")
+	}
+	cfg := testConfig(s.Addr())
+	cfg.Listen, cfg.MetricsListen = h.addr, h.srv.MetricsAddr().String()
+	cfg.Generation = "auto"
+	if err := h.srv.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitStore(t, h, protocol.G6)
+	c := h.dial()
+	hs := protocol.AppendHandshake(nil, protocol.G6, 7)
+	n, _ := protocol.Append(nil, protocol.G6, protocol.Request{Op: protocol.OpGetNumKeys})
+	send(t, c, append(hs, n...), 4+8)
+	h.assertNoEvents()
+}

@@ -117,7 +117,9 @@ func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release f
 	st := s.set.Load()
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: client, src: src, dst: dst, start: s.now(),
 		upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1, release: release}
-	if info, known, _ := s.store.Load().get(); known || !st.dec.Gen.Auto {
+	if !st.dec.Gen.Auto {
+		c.dec.Reset(st.dec)
+	} else if info, known, _ := s.store.Load().get(); known {
 		c.dec.Reset(st.decoderFor(info))
 	} else {
 		c.awaitStore = true

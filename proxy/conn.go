@@ -143,9 +143,12 @@ func (st *settings) decoderFor(info StoreInfo) protocol.Config {
 
 // awaitGeneration holds a connection that arrived before the store's generation was known (auto
 // mode) until it is: nothing is read from the client or sent to the store meanwhile. It reports
-// false, having counted it, when timeouts.upstream-dial passed first.
+// false, having counted it, when timeouts.upstream-dial passed first (or drain ended).
 func (c *conn) awaitGeneration() bool {
-	info, ok := c.s.store.Load().await(c.st.cfg.Timeouts.UpstreamDial, nil)
+	info, ok := c.s.store.Load().await(c.st.cfg.Timeouts.UpstreamDial, c.s.drainEnd)
+	if !ok && c.isClosed() {
+		return false // drain closed it
+	}
 	if !ok {
 		c.s.m.storeWaits.WithLabelValues("timeout").Inc()
 		c.s.log.Info("auto: closing a connection that waited for the store's generation", "conn", c.id,

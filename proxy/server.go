@@ -97,6 +97,7 @@ type Server struct {
 	nextID    atomic.Uint64
 	handlers  sync.WaitGroup
 	draining  atomic.Bool
+	drainEnd  chan struct{} // closed when drain closes what is left: held connections stop waiting
 	loops     *loops // nil: connections are forwarded by their goroutines only
 
 	mu      sync.Mutex
@@ -125,6 +126,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		func() float64 { return float64(s.gate.Stats().ActiveBans) },
 		func() float64 { return float64(s.buf.inUse()) })
 	s.store.Store(newStoreState())
+	s.drainEnd = make(chan struct{})
 	return s, nil
 }
 
@@ -277,6 +279,7 @@ func (s *Server) drain(timeout time.Duration) {
 		c.closeBoth()
 	}
 	s.mu.Unlock()
+	close(s.drainEnd)
 	<-done
 }
 

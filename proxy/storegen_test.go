@@ -246,3 +246,30 @@ func TestReloadToAutoLearnsTheStore(t *testing.T) {
 	send(t, c, append(hs, n...), 4+8)
 	h.assertNoEvents()
 }
+
+// TestDrainEndsConnectionsWaitingForTheStore: a connection held for the store's generation does
+// not keep a stopping server past its drain.
+func TestDrainEndsConnectionsWaitingForTheStore(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	h := startOn(t, addr, func(c *config.Config) {
+		c.Generation = "auto"
+		c.Timeouts.UpstreamDial = time.Minute
+		c.Timeouts.Drain = 200 * time.Millisecond
+	})
+	c := h.dial()
+	c.Write([]byte{0x06})
+	eventually(t, "the connection held", func() bool { return h.metric("storeguard_connections_active") == "1" })
+	t0 := time.Now()
+	h.cancel()
+	select {
+	case <-h.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve still waits for a held connection 5 s after its 200 ms drain")
+	}
+	closedByPeer(t, c)
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Errorf("Serve returned %v after cancel", d)
+	}
+}

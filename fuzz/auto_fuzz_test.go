@@ -2,16 +2,12 @@ package fuzz
 
 import (
 	"bytes"
-	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
-	"github.com/storeguard/storeguard/proxy"
 )
 
 type autoGuard struct {
@@ -44,22 +40,7 @@ func setupAuto(t testing.TB) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := config.Default()
-			cfg.Listen, cfg.MetricsListen, cfg.Upstream = "127.0.0.1:0", "", store.Addr()
-			cfg.Generation = "auto"
-			cfg.EventLoops = *eventLoops
-			cfg.Limits.MaxMessageBytes, cfg.Limits.MaxValueBytes = int64(fuzzLimits.MaxMessageBytes), int64(fuzzLimits.MaxValueBytes)
-			cfg.Limits.MaxKeyBytes, cfg.Limits.MaxKeys = int64(fuzzLimits.MaxKeyBytes), int64(fuzzLimits.MaxKeys)
-			cfg.Ban.Violations = 0
-			cfg.Caps.PerSourceRate = 0
-			srv, err := proxy.New(cfg, proxy.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Listen(); err != nil {
-				t.Fatal(err)
-			}
-			go srv.Serve(context.Background())
+			srv := startFuzzProxy(t, store.Addr(), "auto")
 			for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 				if info, ok := srv.Store(); ok && info.Gen == st.g && info.Backend == st.b {
 					break
@@ -102,22 +83,7 @@ func FuzzAutoFramesAsTheStore(f *testing.F) {
 		for len(g.store.Ended) > 0 {
 			<-g.store.Ended
 		}
-		c, err := net.Dial("tcp", g.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		cut := int(split) % (len(data) + 1)
-		c.Write(data[:cut])
-		time.Sleep(time.Millisecond)
-		c.Write(data[cut:])
-		c.(*net.TCPConn).CloseWrite()
-		var got []byte
-		select {
-		case got = <-g.store.Ended:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the store never saw the connection end")
-		}
+		got := sendAndRecord(t, g.addr, data, split, g.store.Ended)
 		store := protocol.Config{Gen: protocol.GenSetting{Gen: g.store.Gen}, Backend: g.store.Backend, Limits: fuzzLimits}
 		want := validPrefix(store, data)
 		if !bytes.HasPrefix(want, got) {

@@ -66,27 +66,32 @@ func setup(t testing.TB) {
 	setupOnce.Do(func() {
 		for _, g := range []protocol.Generation{protocol.G0, protocol.G1, protocol.G3, protocol.G6} {
 			store := newRecorder(t)
-			cfg := config.Default()
-			cfg.Listen, cfg.MetricsListen, cfg.Upstream = "127.0.0.1:0", "", store.ln.Addr().String()
-			cfg.Generation = g.String()
-			cfg.EventLoops = *eventLoops
-			cfg.Limits.MaxMessageBytes = 1 << 16
-			cfg.Limits.MaxValueBytes = 1 << 14
-			cfg.Limits.MaxKeyBytes = 1 << 10
-			cfg.Limits.MaxKeys = 256
-			cfg.Ban.Violations = 0 // the fuzzer is one source that breaks rules all the time
-			cfg.Caps.PerSourceRate = 0
-			srv, err := proxy.New(cfg, proxy.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Listen(); err != nil {
-				t.Fatal(err)
-			}
-			go srv.Serve(context.Background())
+			srv := startFuzzProxy(t, store.ln.Addr().String(), g.String())
 			guards = append(guards, guarded{gen: g, addr: srv.Addr().String(), store: store})
 		}
 	})
+}
+
+// startFuzzProxy starts a proxy in front of upstream with the fuzzing limits, and no bans or
+// rate caps: the fuzzer is one source that breaks rules all the time.
+func startFuzzProxy(t testing.TB, upstream, generation string) *proxy.Server {
+	cfg := config.Default()
+	cfg.Listen, cfg.MetricsListen, cfg.Upstream = "127.0.0.1:0", "", upstream
+	cfg.Generation = generation
+	cfg.EventLoops = *eventLoops
+	cfg.Limits.MaxMessageBytes, cfg.Limits.MaxValueBytes = int64(fuzzLimits.MaxMessageBytes), int64(fuzzLimits.MaxValueBytes)
+	cfg.Limits.MaxKeyBytes, cfg.Limits.MaxKeys = int64(fuzzLimits.MaxKeyBytes), int64(fuzzLimits.MaxKeys)
+	cfg.Ban.Violations = 0
+	cfg.Caps.PerSourceRate = 0
+	srv, err := proxy.New(cfg, proxy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(context.Background())
+	return srv
 }
 
 // validPrefix is what the store may receive of data: every complete message before the first
@@ -124,27 +129,34 @@ func FuzzProxyForwardsOnlyValidMessages(f *testing.F) {
 			return
 		}
 		g := guards[int(which)%len(guards)]
-		c, err := net.Dial("tcp", g.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		cut := int(split) % (len(data) + 1)
-		c.Write(data[:cut])
-		time.Sleep(time.Millisecond)
-		c.Write(data[cut:])
-		c.(*net.TCPConn).CloseWrite()
-		var got []byte
-		select {
-		case got = <-g.store.conns:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the store never saw the connection end")
-		}
-		lim := protocol.Limits{MaxKeyBytes: 1 << 10, MaxValueBytes: 1 << 14, MaxKeys: 256, MaxMessageBytes: 1 << 16,
-			BlockWatchKey: true}
-		want := validPrefix(protocol.Config{Gen: protocol.GenSetting{Gen: g.gen}, Limits: lim}, data)
+		got := sendAndRecord(t, g.addr, data, split, g.store.conns)
+		want := validPrefix(protocol.Config{Gen: protocol.GenSetting{Gen: g.gen}, Limits: fuzzLimits}, data)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("%s: store received %d bytes %x\nwant %d bytes %x", g.gen, len(got), got, len(want), want)
 		}
 	})
+}
+
+// sendAndRecord sends data through the proxy at addr, split at an arbitrary point, ends the
+// client's side and returns what the store behind it received on that connection, which ended
+// reports when the store's side closes.
+func sendAndRecord(t *testing.T, addr string, data []byte, split uint16, ended <-chan []byte) []byte {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cut := int(split) % (len(data) + 1)
+	c.Write(data[:cut])
+	time.Sleep(time.Millisecond)
+	c.Write(data[cut:])
+	c.(*net.TCPConn).CloseWrite()
+	select {
+	case got := <-ended:
+		return got
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store never saw the connection end")
+	}
+	return nil
 }

@@ -98,7 +98,7 @@ type Server struct {
 	handlers  sync.WaitGroup
 	draining  atomic.Bool
 	drainEnd  chan struct{} // closed when drain closes what is left: held connections stop waiting
-	loops     *loops // nil: connections are forwarded by their goroutines only
+	loops     *loops        // nil: connections are forwarded by their goroutines only
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}

@@ -168,7 +168,7 @@ func (d *Decoder) Scan(p []byte) (n int, msg *Message, err error) {
 				} else {
 					v = uint64(binary.LittleEndian.Uint32(p[i:]))
 				}
-				if d.handshakeToLegacy() && uint32(v) == ValidateMagic {
+				if uint32(v) == ValidateMagic && d.handshakeToLegacy() {
 					d.off += 4
 					return i + 4, nil, d.fail(d.validateToLegacy())
 				}
@@ -295,7 +295,9 @@ func (d *Decoder) detect(b byte) bool {
 // handshakeToLegacy reports whether the field being read is the key length of a G0/G1 stream's
 // first message, a SET: where a torch 2.2+ client's VALIDATE magic lands in a G0/G1 store.
 func (d *Decoder) handshakeToLegacy() bool {
-	return !d.gen.Validated() && d.msg.Offset == 0 && d.msg.Wire == 0 && d.fieldOff == 1 && d.kind == FieldKey
+	// Stream offset 1 is the first field of the first message; a G0/G1 opcode 0 is SET, whose first
+	// field is the key.
+	return d.fieldOff == 1 && d.msg.Wire == 0 && !d.gen.Validated()
 }
 
 // validateToLegacy is the violation of a VALIDATE whose magic is complete on a G0/G1 stream. It is

@@ -3,7 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
+
 	"errors"
 	"fmt"
 	"io"
@@ -30,28 +30,38 @@ func (i StoreInfo) String() string { return i.Gen.String() + " (" + i.Backend.St
 // reads a VALIDATE and then whole messages. So no probe can freeze or grow a store of any
 // generation, even one that restarted as another torch between two probes.
 var (
-	probeValidate = []byte{0x00, 0xCE, 0xF7, 0x85, 0x3C}
-	// probePing is PING with nonce 0xffffffff: its bytes 1-3 make the G0/G1 key length >= 2^63.
-	probePing = []byte{0x0D, 0xFF, 0xFF, 0xFF, 0xFF}
-	// probeKey names the key of the BARRIER and QUEUE_LEN probes, which no job uses.
-	probeKey = []byte("storeguard/generation-probe")
+	// probeNonce is the PING nonce: its bytes make the G0/G1 key length >= 2^63.
+	probeNonce   = [4]byte{0xFF, 0xFF, 0xFF, 0xFF}
+	probeHello   = protocol.AppendHandshake(nil, protocol.G3, 0xFFFFFFFF) // VALIDATE, PING
+	probeKey     = []byte("storeguard/generation-probe")                  // the BARRIER and QUEUE_LEN probes' key, which no job uses
+	probeG2Steps = struct{ a, list, barrier, queueLen, cancelWait []byte }{
+		a: append(probeHello[:5:5], g2(protocol.Request{Op: protocol.OpGetNumKeys},
+			protocol.Request{Op: protocol.OpPing, U32: 0xFFFFFFFF})...),
+		list: g2(protocol.Request{Op: protocol.OpListKeys}),
+		barrier: g2(protocol.Request{Op: protocol.OpBarrier, Key: probeKey, Int: 1},
+			protocol.Request{Op: protocol.OpDeleteKey, Key: probeKey}),
+		queueLen:   g2(protocol.Request{Op: protocol.OpQueueLen, Key: probeKey}),
+		cancelWait: g2(protocol.Request{Op: protocol.OpCancelWait}),
+	}
+	// probeLegacy is step B: GETNUMKEYS, then CANCEL_WAIT as G1 numbers it (unknown to G0).
+	probeLegacy = must(protocol.Append(must(protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})),
+		protocol.G1, protocol.Request{Op: protocol.OpCancelWait}))
 )
 
-// Wire bytes of the G2+ operations the probes use (G2+ numbering).
-const (
-	wireG2GetNumKeys = 0x07
-	wireG2DeleteKey  = 0x08
-	wireG2CancelWait = 0x0C
-	wireG2QueueLen   = 0x10
-	wireG2ListKeys   = 0x11
-	wireG2Barrier    = 0x12
-	wireG0GetNumKeys = 0x06
-	wireG1CancelWait = 0x0B
-)
+// g2 encodes requests as G2 and later number them (every G2+ generation only adds opcodes).
+func g2(rs ...protocol.Request) []byte {
+	var b []byte
+	for _, r := range rs {
+		b = must(protocol.Append(b, protocol.LatestGeneration, r))
+	}
+	return b
+}
 
-func keyBytes(b []byte, k []byte) []byte {
-	b = binary.LittleEndian.AppendUint64(b, uint64(len(k)))
-	return append(b, k...)
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 // errStoreSlow: the store did not answer in time. Not an answer: the caller asks again later.
@@ -84,7 +94,7 @@ func exchange(ctx context.Context, addr string, timeout time.Duration, msg []byt
 }
 
 // LearnStore asks the store at addr which generation and backend it speaks, with messages that
-// every generation handles without harm (see probeValidate). Each answer is positive evidence:
+// every generation handles without harm (see probeHello). Each answer is positive evidence:
 // a reply of the expected length, or a close where a store of the other kind replies. A store
 // that is slow, busy or not up is an error, never a guess; the caller asks again. Steps:
 //
@@ -100,8 +110,7 @@ func exchange(ctx context.Context, addr string, timeout time.Duration, msg []byt
 // A G4 store on the legacy backend has no queue ops and answers exactly as a G3 store: it is
 // reported as G3.
 func LearnStore(ctx context.Context, addr string, timeout time.Duration) (StoreInfo, error) {
-	a := append(append(append([]byte(nil), probeValidate...), wireG2GetNumKeys), probePing...)
-	got, closed, err := exchange(ctx, addr, timeout, a, 12)
+	got, closed, err := exchange(ctx, addr, timeout, probeG2Steps.a, 12)
 	if err != nil {
 		return StoreInfo{}, err
 	}
@@ -111,7 +120,7 @@ func LearnStore(ctx context.Context, addr string, timeout time.Duration) (StoreI
 	case closed && len(got) == 8:
 		b, err := learnBackend(ctx, addr, timeout)
 		return StoreInfo{Gen: protocol.G2, Backend: b}, err
-	case !closed && len(got) == 12 && bytes.Equal(got[8:], probePing[1:]):
+	case !closed && len(got) == 12 && bytes.Equal(got[8:], probeNonce[:]):
 	default:
 		return StoreInfo{}, fmt.Errorf("unexpected answer %x (closed %v) to VALIDATE, GETNUMKEYS, PING: not a TCPStore of a known generation", got, closed)
 	}
@@ -120,34 +129,31 @@ func LearnStore(ctx context.Context, addr string, timeout time.Duration) (StoreI
 		return StoreInfo{}, err
 	}
 	g3 := func(op []byte, want int) (bool, error) { // true: the store answered the op after PING
-		msg := append(append(append([]byte(nil), probeValidate...), probePing...), op...)
+		msg := append(probeHello[:len(probeHello):len(probeHello)], op...)
 		got, closed, err := exchange(ctx, addr, timeout, msg, want)
 		switch {
 		case err != nil:
 			return false, err
-		case !closed && len(got) == want && bytes.Equal(got[:4], probePing[1:]):
+		case !closed && len(got) == want && bytes.Equal(got[:4], probeNonce[:]):
 			return true, nil
 		case closed && len(got) == 4:
 			return false, nil
 		}
 		return false, fmt.Errorf("unexpected answer %x (closed %v) to op %#x after PING", got, closed, op[0])
 	}
-	listKeys, err := g3([]byte{wireG2ListKeys}, 12)
+	listKeys, err := g3(probeG2Steps.list, 12)
 	if err != nil {
 		return StoreInfo{}, err
 	}
 	if listKeys {
-		barrier := keyBytes([]byte{wireG2Barrier}, probeKey)
-		barrier = binary.LittleEndian.AppendUint64(barrier, 1)
-		barrier = keyBytes(append(barrier, wireG2DeleteKey), probeKey)
-		g6, err := g3(barrier, 4+1+8)
+		g6, err := g3(probeG2Steps.barrier, 4+1+8)
 		if g6 {
 			return StoreInfo{Gen: protocol.G6, Backend: backend}, nil
 		}
 		return StoreInfo{Gen: protocol.G5, Backend: backend}, err
 	}
 	if backend == protocol.BackendLibuv {
-		g4, err := g3(keyBytes([]byte{wireG2QueueLen}, probeKey), 12)
+		g4, err := g3(probeG2Steps.queueLen, 12)
 		if g4 {
 			return StoreInfo{Gen: protocol.G4, Backend: backend}, nil
 		}
@@ -158,7 +164,7 @@ func LearnStore(ctx context.Context, addr string, timeout time.Duration) (StoreI
 
 // learnLegacy tells G0 from G1 (step B).
 func learnLegacy(ctx context.Context, addr string, timeout time.Duration) (StoreInfo, error) {
-	got, closed, err := exchange(ctx, addr, timeout, []byte{wireG0GetNumKeys, wireG1CancelWait}, 9)
+	got, closed, err := exchange(ctx, addr, timeout, probeLegacy, 9)
 	switch {
 	case err != nil:
 		return StoreInfo{}, err
@@ -183,7 +189,7 @@ func learnBackend(ctx context.Context, addr string, timeout time.Duration) (prot
 	end := time.Now().Add(timeout)
 	var b [1]byte
 	for time.Now().Before(end) {
-		if _, err := c.Write([]byte{wireG2CancelWait}); err != nil {
+		if _, err := c.Write(probeG2Steps.cancelWait); err != nil {
 			return protocol.BackendLegacy, nil
 		}
 		c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
@@ -254,37 +260,28 @@ func (s *storeState) await(timeout time.Duration, stop <-chan struct{}) (StoreIn
 }
 
 // learnStore keeps the store's generation known while ctx lives: it asks the store (retrying a
-// store that is not up, slow or busy, every 50 ms to 1 s), then holds one idle connection to it,
-// a sentinel, whose close says the store went away; then it forgets and asks again.
+// store that is not up, slow or busy, every 50 ms to 1 s) and, while the answer holds, keeps one
+// idle connection to it, a sentinel, whose close says the store went away; then it forgets and
+// asks again.
 func (s *Server) learnStore(ctx context.Context, state *storeState, addr string) {
 	const probeTimeout = 3 * time.Second
+	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		var info StoreInfo
-		for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-			var err error
-			info, err = LearnStore(ctx, addr, probeTimeout)
-			if err == nil {
-				break
-			}
+		sentinel, info, err := learnOnce(ctx, addr, probeTimeout)
+		if err != nil {
 			s.m.storeProbes.WithLabelValues("failed").Inc()
-			if ctx.Err() != nil {
-				return
-			}
-			if s.dialLog.allow(s.now()) {
+			if ctx.Err() == nil && s.dialLog.allow(s.now()) {
 				s.log.Info("auto: the store's generation is not known yet; new connections wait for it", "upstream", addr, "err", err)
 			}
 			select {
 			case <-ctx.Done():
-				return
 			case <-time.After(backoff):
 			}
-		}
-		s.m.storeProbes.WithLabelValues("learned").Inc()
-		sentinel, err := openSentinel(ctx, addr, info, probeTimeout)
-		if err != nil {
-			s.log.Info("auto: the store went away while its generation was learned; asking again", "err", err)
+			backoff = min(2*backoff, time.Second)
 			continue
 		}
+		backoff = 50 * time.Millisecond
+		s.m.storeProbes.WithLabelValues("learned").Inc()
 		state.set(info)
 		if ctx.Err() == nil {
 			s.m.setStore(info, true)
@@ -298,40 +295,27 @@ func (s *Server) learnStore(ctx context.Context, state *storeState, addr string)
 		state.forget()
 		if ctx.Err() == nil {
 			s.m.setStore(info, false)
-		}
-		if ctx.Err() == nil {
 			s.log.Warn("auto: the store closed the guard's connection (a restart?); new connections wait until its generation is learned again",
 				"upstream", addr, "err", err)
 		}
 	}
 }
 
-// openSentinel opens the idle connection whose close tells learnStore the store went away. It is
-// a client like any other: a G2+ store gets its handshake.
-func openSentinel(ctx context.Context, addr string, info StoreInfo, timeout time.Duration) (net.Conn, error) {
+// learnOnce connects the sentinel, then asks the store (LearnStore). The sentinel comes first, so
+// that a store that goes away at any moment after the answer's first byte has closed it. It
+// sends nothing: an idle connection costs no store anything, and nothing sent can be misread.
+func learnOnce(ctx context.Context, addr string, timeout time.Duration) (net.Conn, StoreInfo, error) {
 	d := net.Dialer{Timeout: timeout, KeepAlive: 15 * time.Second}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	sentinel, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, StoreInfo{}, err
 	}
-	if info.Gen >= protocol.G2 {
-		hs := append([]byte(nil), probeValidate...)
-		want := 0
-		if info.Gen >= protocol.G3 {
-			hs, want = append(hs, probePing...), 4
-		}
-		c.SetDeadline(time.Now().Add(timeout))
-		_, err = c.Write(hs)
-		if err == nil && want > 0 {
-			_, err = io.ReadFull(c, make([]byte, want))
-		}
-		c.SetDeadline(time.Time{})
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
+	info, err := LearnStore(ctx, addr, timeout)
+	if err != nil {
+		sentinel.Close()
+		return nil, StoreInfo{}, err
 	}
-	return c, nil
+	return sentinel, info, nil
 }
 
 // Store reports the generation and backend of the store as learned in auto mode; ok is false

@@ -3,10 +3,13 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -271,5 +274,34 @@ func TestDrainEndsConnectionsWaitingForTheStore(t *testing.T) {
 	closedByPeer(t, c)
 	if d := time.Since(t0); d > 3*time.Second {
 		t.Errorf("Serve returned %v after cancel", d)
+	}
+}
+
+// TestProbeBytesHarmNoLegacyStore: the probes are the bytes docs/protocol.md shows, and every one
+// that a G0/G1 store reads as a SET declares a key length of 2^63 or more, which it refuses before
+// allocating.
+func TestProbeBytesHarmNoLegacyStore(t *testing.T) {
+	key := hex.EncodeToString(probeKey)
+	klen := "1b00000000000000"
+	want := map[string]string{
+		"A": "00cef7853c 07 0dffffffff",
+		"B": "06 0b",
+		"F": "0c",
+		"C": "00cef7853c 0dffffffff 11",
+		"D": "00cef7853c 0dffffffff 12" + klen + key + "0100000000000000 08" + klen + key,
+		"E": "00cef7853c 0dffffffff 10" + klen + key,
+	}
+	hello := func(b []byte) []byte { return append(probeHello[:len(probeHello):len(probeHello)], b...) }
+	got := map[string][]byte{"A": probeG2Steps.a, "B": probeLegacy, "F": probeG2Steps.cancelWait,
+		"C": hello(probeG2Steps.list), "D": hello(probeG2Steps.barrier), "E": hello(probeG2Steps.queueLen)}
+	for name, w := range want {
+		if g := hex.EncodeToString(got[name]); g != strings.ReplaceAll(w, " ", "") {
+			t.Errorf("probe %s: %s, want %s", name, g, w)
+		}
+		if b := got[name]; b[0] == 0 {
+			if keyLen := binary.LittleEndian.Uint64(b[1:9]); keyLen < 1<<63 {
+				t.Errorf("probe %s: a G0/G1 store reads a key length of %#x", name, keyLen)
+			}
+		}
 	}
 }

@@ -200,9 +200,6 @@ func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte) bool {
 
 func i64(v int64) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(v)) }
 
-func str(b []byte, v []byte) []byte {
-	return append(binary.LittleEndian.AppendUint64(b, uint64(len(v))), v...)
-}
 
 // exec runs one message and writes its reply; false: the store closes the connection.
 func (s *Store) exec(c net.Conn, msg *protocol.Message, m []byte) bool {
@@ -225,21 +222,21 @@ func (s *Store) exec(c net.Conn, msg *protocol.Message, m []byte) bool {
 		switch {
 		case !ok && len(body(1)) == 0:
 			s.setLocked(k, append([]byte(nil), body(2)...))
-			reply = str(nil, body(2))
+			reply = protocol.AppendBytes(nil, body(2))
 		case !ok:
-			reply = str(nil, body(1))
+			reply = protocol.AppendBytes(nil, body(1))
 		default:
 			if bytes.Equal(cur, body(1)) {
 				s.setLocked(k, append([]byte(nil), body(2)...))
 			}
-			reply = str(nil, s.data[k])
+			reply = protocol.AppendBytes(nil, s.data[k])
 		}
 	case protocol.OpGet:
 		v, ok := s.data[string(body(0))]
 		if !ok && s.Backend == protocol.BackendLegacy {
 			return false // tcpStore_.at(): std::out_of_range
 		}
-		reply = str(nil, v)
+		reply = protocol.AppendBytes(nil, v)
 	case protocol.OpAdd:
 		k := string(body(0))
 		n := int64(f[1].Int)
@@ -275,7 +272,7 @@ func (s *Store) exec(c net.Conn, msg *protocol.Message, m []byte) bool {
 		}
 	case protocol.OpMultiGet:
 		for i := 1; i < len(f); i++ {
-			reply = str(reply, s.data[string(body(i))])
+			reply = protocol.AppendBytes(reply, s.data[string(body(i))])
 		}
 	case protocol.OpMultiSet:
 		for i := 1; i+1 < len(f); i += 2 {
@@ -289,7 +286,7 @@ func (s *Store) exec(c net.Conn, msg *protocol.Message, m []byte) bool {
 	case protocol.OpListKeys:
 		reply = i64(int64(len(s.data)))
 		for k := range s.data {
-			reply = str(reply, []byte(k))
+			reply = protocol.AppendBytes(reply, []byte(k))
 		}
 	case protocol.OpBarrier:
 		k := string(body(0))

@@ -200,7 +200,6 @@ func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte) bool {
 
 func i64(v int64) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(v)) }
 
-
 // exec runs one message and writes its reply; false: the store closes the connection.
 func (s *Store) exec(c net.Conn, msg *protocol.Message, m []byte) bool {
 	f := msg.Recorded()

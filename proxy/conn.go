@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -100,7 +101,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 }
 
 // admit decides on a new connection from src: a release func, or why it is refused.
-func (s *Server) admit(src netip.Addr) (release func(), reason RefuseReason) {
+func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason) {
 	if s.draining.Load() {
 		return nil, refuseDraining
 	}
@@ -982,7 +983,7 @@ func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
 	}
 }
 
-func (s *Server) refuse(src, dst netip.AddrPort, reason RefuseReason) {
+func (s *Server) refuse(src, dst netip.AddrPort, reason admission.Reason) {
 	s.m.refused.WithLabelValues(string(reason)).Inc()
 	e := s.event(src, dst, audit.ActionDenied, string(reason))
 	s.writeAudit(e)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/protocol"
@@ -45,9 +46,9 @@ func newSettings(c config.Config) (*settings, error) {
 	return st, nil
 }
 
-func (st *settings) gate() GateConfig {
+func (st *settings) gate() admission.Config {
 	c := st.cfg
-	return GateConfig{
+	return admission.Config{
 		Allow: c.Access.Allow, Deny: c.Access.Deny,
 		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
 		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
@@ -55,11 +56,11 @@ func (st *settings) gate() GateConfig {
 	}
 }
 
-var refuseReasons = []RefuseReason{RefuseDenied, RefuseNotAllowed, RefuseBanned, RefuseMaxConnections,
-	RefuseSourceConnections, RefuseSourceRate, RefuseSourceTable, refuseDraining}
+var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.MaxConnections,
+	admission.SourceConnections, admission.SourceRate, admission.SourceTable, refuseDraining}
 
 // refuseDraining: a connection accepted while the server shuts down.
-const refuseDraining RefuseReason = "draining"
+const refuseDraining admission.Reason = "draining"
 
 // startProcs is GOMAXPROCS as the process started (the CPUs it may use), before Serve raises it.
 var startProcs = runtime.GOMAXPROCS(0)
@@ -79,7 +80,7 @@ type Server struct {
 	audit *audit.Writer
 	now   func() time.Time
 	set   atomic.Pointer[settings]
-	gate  *Gate
+	gate  *admission.Gate
 	buf   *budget
 	m     *metrics
 
@@ -120,7 +121,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		s.now = time.Now
 	}
 	s.set.Store(st)
-	s.gate = NewGate(st.gate(), s.now)
+	s.gate = admission.New(st.gate(), s.now)
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes)
 	s.m = newMetrics(
 		func() float64 { return float64(s.gate.Stats().ActiveBans) },

@@ -1,4 +1,4 @@
-package proxy
+package admission
 
 import (
 	"fmt"
@@ -53,36 +53,36 @@ func gateMustAdmit(t *testing.T, g *Gate, src string) func() {
 func TestGateRefuseReasons(t *testing.T) {
 	tests := []struct {
 		name  string
-		cfg   GateConfig
+		cfg   Config
 		setup []string // sources admitted (and held) first
 		bans  []string // sources banned first
 		src   string
-		want  RefuseReason
+		want  Reason
 	}{
-		{name: "admitted", cfg: GateConfig{}, src: "10.0.0.1", want: ""},
-		{name: "denied", cfg: GateConfig{Deny: gatePrefixes("10.0.0.0/8")}, src: "10.1.2.3", want: RefuseDenied},
-		{name: "deny wins over allow", cfg: GateConfig{Allow: gatePrefixes("10.0.0.0/8"), Deny: gatePrefixes("10.1.0.0/16")}, src: "10.1.2.3", want: RefuseDenied},
-		{name: "not allowed", cfg: GateConfig{Allow: gatePrefixes("10.0.0.0/8")}, src: "192.168.0.1", want: RefuseNotAllowed},
-		{name: "allowed", cfg: GateConfig{Allow: gatePrefixes("10.0.0.0/8", "192.168.0.0/16")}, src: "192.168.0.1", want: ""},
-		{name: "ipv6 allowed", cfg: GateConfig{Allow: gatePrefixes("fd00::/8")}, src: "fd00::1", want: ""},
-		{name: "banned", cfg: GateConfig{BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, bans: []string{"10.0.0.1"}, src: "10.0.0.1", want: RefuseBanned},
-		{name: "ban is per source", cfg: GateConfig{BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, bans: []string{"10.0.0.2"}, src: "10.0.0.1", want: ""},
-		{name: "ban before global cap", cfg: GateConfig{MaxConnections: 1, BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, setup: []string{"10.0.0.2"}, bans: []string{"10.0.0.1"}, src: "10.0.0.1", want: RefuseBanned},
-		{name: "max connections", cfg: GateConfig{MaxConnections: 2}, setup: []string{"10.0.0.2", "10.0.0.3"}, src: "10.0.0.1", want: RefuseMaxConnections},
-		{name: "global cap before per source", cfg: GateConfig{MaxConnections: 1, PerSourceConnections: 1}, setup: []string{"10.0.0.1"}, src: "10.0.0.1", want: RefuseMaxConnections},
-		{name: "source connections", cfg: GateConfig{PerSourceConnections: 2}, setup: []string{"10.0.0.1", "10.0.0.1", "10.0.0.2"}, src: "10.0.0.1", want: RefuseSourceConnections},
-		{name: "source connections other source", cfg: GateConfig{PerSourceConnections: 2}, setup: []string{"10.0.0.1", "10.0.0.1"}, src: "10.0.0.2", want: ""},
-		{name: "source rate", cfg: GateConfig{PerSourceRate: 1, PerSourceBurst: 2}, setup: []string{"10.0.0.1", "10.0.0.1"}, src: "10.0.0.1", want: RefuseSourceRate},
-		{name: "source rate burst 0 is 1", cfg: GateConfig{PerSourceRate: 1}, setup: []string{"10.0.0.1"}, src: "10.0.0.1", want: RefuseSourceRate},
-		{name: "per source cap before rate", cfg: GateConfig{PerSourceConnections: 1, PerSourceRate: 1, PerSourceBurst: 1}, setup: []string{"10.0.0.1"}, src: "10.0.0.1", want: RefuseSourceConnections},
-		{name: "mapped ipv6 denied", cfg: GateConfig{Deny: gatePrefixes("10.0.0.0/8")}, src: "::ffff:10.0.0.1", want: RefuseDenied},
-		{name: "mapped ipv6 allowed", cfg: GateConfig{Allow: gatePrefixes("10.0.0.0/8")}, src: "::ffff:10.0.0.1", want: ""},
-		{name: "mapped prefix in config", cfg: GateConfig{Deny: gatePrefixes("::ffff:10.0.0.0/104")}, src: "10.0.0.1", want: RefuseDenied},
-		{name: "mapped source shares per source state", cfg: GateConfig{PerSourceConnections: 1}, setup: []string{"10.0.0.1"}, src: "::ffff:10.0.0.1", want: RefuseSourceConnections},
+		{name: "admitted", cfg: Config{}, src: "10.0.0.1", want: ""},
+		{name: "denied", cfg: Config{Deny: gatePrefixes("10.0.0.0/8")}, src: "10.1.2.3", want: Denied},
+		{name: "deny wins over allow", cfg: Config{Allow: gatePrefixes("10.0.0.0/8"), Deny: gatePrefixes("10.1.0.0/16")}, src: "10.1.2.3", want: Denied},
+		{name: "not allowed", cfg: Config{Allow: gatePrefixes("10.0.0.0/8")}, src: "192.168.0.1", want: NotAllowed},
+		{name: "allowed", cfg: Config{Allow: gatePrefixes("10.0.0.0/8", "192.168.0.0/16")}, src: "192.168.0.1", want: ""},
+		{name: "ipv6 allowed", cfg: Config{Allow: gatePrefixes("fd00::/8")}, src: "fd00::1", want: ""},
+		{name: "banned", cfg: Config{BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, bans: []string{"10.0.0.1"}, src: "10.0.0.1", want: Banned},
+		{name: "ban is per source", cfg: Config{BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, bans: []string{"10.0.0.2"}, src: "10.0.0.1", want: ""},
+		{name: "ban before global cap", cfg: Config{MaxConnections: 1, BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, setup: []string{"10.0.0.2"}, bans: []string{"10.0.0.1"}, src: "10.0.0.1", want: Banned},
+		{name: "max connections", cfg: Config{MaxConnections: 2}, setup: []string{"10.0.0.2", "10.0.0.3"}, src: "10.0.0.1", want: MaxConnections},
+		{name: "global cap before per source", cfg: Config{MaxConnections: 1, PerSourceConnections: 1}, setup: []string{"10.0.0.1"}, src: "10.0.0.1", want: MaxConnections},
+		{name: "source connections", cfg: Config{PerSourceConnections: 2}, setup: []string{"10.0.0.1", "10.0.0.1", "10.0.0.2"}, src: "10.0.0.1", want: SourceConnections},
+		{name: "source connections other source", cfg: Config{PerSourceConnections: 2}, setup: []string{"10.0.0.1", "10.0.0.1"}, src: "10.0.0.2", want: ""},
+		{name: "source rate", cfg: Config{PerSourceRate: 1, PerSourceBurst: 2}, setup: []string{"10.0.0.1", "10.0.0.1"}, src: "10.0.0.1", want: SourceRate},
+		{name: "source rate burst 0 is 1", cfg: Config{PerSourceRate: 1}, setup: []string{"10.0.0.1"}, src: "10.0.0.1", want: SourceRate},
+		{name: "per source cap before rate", cfg: Config{PerSourceConnections: 1, PerSourceRate: 1, PerSourceBurst: 1}, setup: []string{"10.0.0.1"}, src: "10.0.0.1", want: SourceConnections},
+		{name: "mapped ipv6 denied", cfg: Config{Deny: gatePrefixes("10.0.0.0/8")}, src: "::ffff:10.0.0.1", want: Denied},
+		{name: "mapped ipv6 allowed", cfg: Config{Allow: gatePrefixes("10.0.0.0/8")}, src: "::ffff:10.0.0.1", want: ""},
+		{name: "mapped prefix in config", cfg: Config{Deny: gatePrefixes("::ffff:10.0.0.0/104")}, src: "10.0.0.1", want: Denied},
+		{name: "mapped source shares per source state", cfg: Config{PerSourceConnections: 1}, setup: []string{"10.0.0.1"}, src: "::ffff:10.0.0.1", want: SourceConnections},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := NewGate(tt.cfg, newGateClock().Now)
+			g := New(tt.cfg, newGateClock().Now)
 			for _, s := range tt.setup {
 				gateMustAdmit(t, g, s)
 			}
@@ -112,15 +112,15 @@ func TestGateRefuseReasons(t *testing.T) {
 func TestGateReleaseFreesSlot(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  GateConfig
-		want RefuseReason // reason while the slot is held
+		cfg  Config
+		want Reason // reason while the slot is held
 	}{
-		{name: "global", cfg: GateConfig{MaxConnections: 1}, want: RefuseMaxConnections},
-		{name: "per source", cfg: GateConfig{PerSourceConnections: 1}, want: RefuseSourceConnections},
+		{name: "global", cfg: Config{MaxConnections: 1}, want: MaxConnections},
+		{name: "per source", cfg: Config{PerSourceConnections: 1}, want: SourceConnections},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := NewGate(tt.cfg, newGateClock().Now)
+			g := New(tt.cfg, newGateClock().Now)
 			release := gateMustAdmit(t, g, "10.0.0.1")
 			if _, r := g.Admit(gateAddr("10.0.0.1")); r != tt.want {
 				t.Fatalf("second Admit = %q, want %q", r, tt.want)
@@ -144,17 +144,17 @@ func TestGateReleaseFreesSlot(t *testing.T) {
 
 func TestGateRateRefill(t *testing.T) {
 	clk := newGateClock()
-	g := NewGate(GateConfig{PerSourceRate: 2, PerSourceBurst: 3}, clk.Now)
+	g := New(Config{PerSourceRate: 2, PerSourceBurst: 3}, clk.Now)
 	src := "10.0.0.1"
 	steps := []struct {
 		advance time.Duration
-		want    []RefuseReason // successive admissions at this time
+		want    []Reason // successive admissions at this time
 	}{
-		{0, []RefuseReason{"", "", "", RefuseSourceRate}},          // burst of 3
-		{250 * time.Millisecond, []RefuseReason{RefuseSourceRate}}, // half a token
-		{250 * time.Millisecond, []RefuseReason{"", RefuseSourceRate}},
-		{time.Second, []RefuseReason{"", "", RefuseSourceRate}},
-		{time.Hour, []RefuseReason{"", "", "", RefuseSourceRate}}, // capped at burst
+		{0, []Reason{"", "", "", SourceRate}},          // burst of 3
+		{250 * time.Millisecond, []Reason{SourceRate}}, // half a token
+		{250 * time.Millisecond, []Reason{"", SourceRate}},
+		{time.Second, []Reason{"", "", SourceRate}},
+		{time.Hour, []Reason{"", "", "", SourceRate}}, // capped at burst
 	}
 	for i, st := range steps {
 		clk.Advance(st.advance)
@@ -174,7 +174,7 @@ func TestGateRateRefill(t *testing.T) {
 
 func TestGateBan(t *testing.T) {
 	const window, duration = time.Minute, 10 * time.Minute
-	cfg := GateConfig{BanViolations: 3, BanWindow: window, BanDuration: duration}
+	cfg := Config{BanViolations: 3, BanWindow: window, BanDuration: duration}
 	tests := []struct {
 		name    string
 		gaps    []time.Duration // clock advance before each violation
@@ -190,7 +190,7 @@ func TestGateBan(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newGateClock()
-			g := NewGate(cfg, clk.Now)
+			g := New(cfg, clk.Now)
 			src := gateAddr("10.0.0.1")
 			got := -1
 			for i, gap := range tt.gaps {
@@ -206,7 +206,7 @@ func TestGateBan(t *testing.T) {
 				t.Fatalf("ban started at violation %d, want %d", got, tt.wantBan)
 			}
 			_, reason := g.Admit(src)
-			if banned := got != -1; banned != (reason == RefuseBanned) {
+			if banned := got != -1; banned != (reason == Banned) {
 				t.Fatalf("Admit = %q with banned = %v", reason, banned)
 			}
 		})
@@ -215,7 +215,7 @@ func TestGateBan(t *testing.T) {
 
 func TestGateBanExpiry(t *testing.T) {
 	clk := newGateClock()
-	g := NewGate(GateConfig{BanViolations: 2, BanWindow: time.Minute, BanDuration: 10 * time.Minute}, clk.Now)
+	g := New(Config{BanViolations: 2, BanWindow: time.Minute, BanDuration: 10 * time.Minute}, clk.Now)
 	src := gateAddr("::ffff:10.0.0.1") // banned through its mapped form
 	g.Violation(src)
 	if !g.Violation(gateAddr("10.0.0.1")) {
@@ -228,7 +228,7 @@ func TestGateBanExpiry(t *testing.T) {
 		t.Fatal("violations while banned started another ban")
 	}
 	clk.Advance(10*time.Minute - time.Nanosecond)
-	if _, r := g.Admit(src); r != RefuseBanned {
+	if _, r := g.Admit(src); r != Banned {
 		t.Fatalf("Admit just before expiry = %q, want banned", r)
 	}
 	clk.Advance(time.Nanosecond)
@@ -250,7 +250,7 @@ func TestGateBanResetsCount(t *testing.T) {
 	// A ban shorter than the window: the violations that led to it must not
 	// count again once it ends.
 	clk := newGateClock()
-	g := NewGate(GateConfig{BanViolations: 2, BanWindow: 10 * time.Minute, BanDuration: time.Minute}, clk.Now)
+	g := New(Config{BanViolations: 2, BanWindow: 10 * time.Minute, BanDuration: time.Minute}, clk.Now)
 	src := gateAddr("10.0.0.1")
 	g.Violation(src)
 	if !g.Violation(src) {
@@ -263,7 +263,7 @@ func TestGateBanResetsCount(t *testing.T) {
 }
 
 func TestGateBansOff(t *testing.T) {
-	g := NewGate(GateConfig{}, newGateClock().Now)
+	g := New(Config{}, newGateClock().Now)
 	for range 100 {
 		if g.Violation(gateAddr("10.0.0.1")) {
 			t.Fatal("ban with BanViolations 0")
@@ -275,19 +275,19 @@ func TestGateBansOff(t *testing.T) {
 }
 
 func TestGateUpdate(t *testing.T) {
-	g := NewGate(GateConfig{Allow: gatePrefixes("10.0.0.0/8"), MaxConnections: 2}, newGateClock().Now)
+	g := New(Config{Allow: gatePrefixes("10.0.0.0/8"), MaxConnections: 2}, newGateClock().Now)
 	live1 := gateMustAdmit(t, g, "10.0.0.1")
 	live2 := gateMustAdmit(t, g, "10.0.0.2")
 
-	g.Update(GateConfig{Allow: gatePrefixes("192.168.0.0/16"), Deny: gatePrefixes("192.168.9.0/24"), MaxConnections: 3})
+	g.Update(Config{Allow: gatePrefixes("192.168.0.0/16"), Deny: gatePrefixes("192.168.9.0/24"), MaxConnections: 3})
 	steps := []struct {
 		src  string
-		want RefuseReason
+		want Reason
 	}{
-		{"10.0.0.3", RefuseNotAllowed},
-		{"192.168.9.1", RefuseDenied},
+		{"10.0.0.3", NotAllowed},
+		{"192.168.9.1", Denied},
 		{"192.168.1.1", ""}, // the new cap of 3 counts the live connections
-		{"192.168.1.2", RefuseMaxConnections},
+		{"192.168.1.2", MaxConnections},
 	}
 	for _, s := range steps {
 		if _, r := g.Admit(gateAddr(s.src)); r != s.want {
@@ -303,13 +303,13 @@ func TestGateUpdate(t *testing.T) {
 
 	// Per-source limits switched on by Update do not underflow on release of
 	// connections admitted before it.
-	g2 := NewGate(GateConfig{}, newGateClock().Now)
+	g2 := New(Config{}, newGateClock().Now)
 	old := gateMustAdmit(t, g2, "10.0.0.1")
-	g2.Update(GateConfig{PerSourceConnections: 1})
+	g2.Update(Config{PerSourceConnections: 1})
 	cur := gateMustAdmit(t, g2, "10.0.0.1")
 	old()
-	if _, r := g2.Admit(gateAddr("10.0.0.1")); r != RefuseSourceConnections {
-		t.Fatalf("Admit = %q, want %q: the pre-Update release freed a per-source slot", r, RefuseSourceConnections)
+	if _, r := g2.Admit(gateAddr("10.0.0.1")); r != SourceConnections {
+		t.Fatalf("Admit = %q, want %q: the pre-Update release freed a per-source slot", r, SourceConnections)
 	}
 	cur()
 	gateMustAdmit(t, g2, "10.0.0.1")
@@ -317,14 +317,14 @@ func TestGateUpdate(t *testing.T) {
 
 func TestGateSourceTable(t *testing.T) {
 	clk := newGateClock()
-	g := NewGate(GateConfig{PerSourceConnections: 10, PerSourceRate: 1, PerSourceBurst: 1}, clk.Now)
+	g := New(Config{PerSourceConnections: 10, PerSourceRate: 1, PerSourceBurst: 1}, clk.Now)
 	g.maxSources = 3
 	live := gateMustAdmit(t, g, "10.0.0.1")
 	gateMustAdmit(t, g, "10.0.0.2")() // released, but its bucket is empty
 	gateMustAdmit(t, g, "10.0.0.3")()
 
-	if _, r := g.Admit(gateAddr("10.0.0.4")); r != RefuseSourceTable {
-		t.Fatalf("Admit with a full table = %q, want %q", r, RefuseSourceTable)
+	if _, r := g.Admit(gateAddr("10.0.0.4")); r != SourceTable {
+		t.Fatalf("Admit with a full table = %q, want %q", r, SourceTable)
 	}
 	// Known sources are still admitted when the table is full.
 	clk.Advance(time.Second)
@@ -336,13 +336,13 @@ func TestGateSourceTable(t *testing.T) {
 	if s := g.Stats(); s.Sources != 2 {
 		t.Fatalf("Sources = %d, want 2 (10.0.0.1 live, 10.0.0.4 new)", s.Sources)
 	}
-	if _, r := g.Admit(gateAddr("10.0.0.1")); r != RefuseSourceRate {
+	if _, r := g.Admit(gateAddr("10.0.0.1")); r != SourceRate {
 		t.Fatalf("swept-but-live source lost its bucket: Admit = %q", r)
 	}
 	live()
 
 	// A violation from a new source is dropped, not stored, when the table is full.
-	g2 := NewGate(GateConfig{PerSourceConnections: 1, BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, clk.Now)
+	g2 := New(Config{PerSourceConnections: 1, BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, clk.Now)
 	g2.maxSources = 1
 	gateMustAdmit(t, g2, "10.0.0.1")
 	if g2.Violation(gateAddr("10.0.0.2")) {
@@ -355,7 +355,7 @@ func TestGateSourceTable(t *testing.T) {
 
 func TestGateSweep(t *testing.T) {
 	clk := newGateClock()
-	g := NewGate(GateConfig{
+	g := New(Config{
 		PerSourceConnections: 10, PerSourceRate: 1, PerSourceBurst: 2,
 		BanViolations: 2, BanWindow: time.Minute, BanDuration: 10 * time.Minute,
 	}, clk.Now)
@@ -367,12 +367,12 @@ func TestGateSweep(t *testing.T) {
 
 	steps := []struct {
 		advance time.Duration
-		want    GateStats
+		want    Stats
 	}{
-		{0, GateStats{Active: 1, Sources: 4, ActiveBans: 1}},
-		{time.Second, GateStats{Active: 1, Sources: 3, ActiveBans: 1}},      // .2 refilled
-		{time.Minute, GateStats{Active: 1, Sources: 2, ActiveBans: 1}},      // .3's violation left the window
-		{10 * time.Minute, GateStats{Active: 1, Sources: 1, ActiveBans: 0}}, // .4's ban expired
+		{0, Stats{Active: 1, Sources: 4, ActiveBans: 1}},
+		{time.Second, Stats{Active: 1, Sources: 3, ActiveBans: 1}},      // .2 refilled
+		{time.Minute, Stats{Active: 1, Sources: 2, ActiveBans: 1}},      // .3's violation left the window
+		{10 * time.Minute, Stats{Active: 1, Sources: 1, ActiveBans: 0}}, // .4's ban expired
 	}
 	for i, s := range steps {
 		clk.Advance(s.advance)
@@ -383,14 +383,14 @@ func TestGateSweep(t *testing.T) {
 	}
 	live()
 	g.Sweep()
-	if got := g.Stats(); got != (GateStats{}) {
+	if got := g.Stats(); got != (Stats{}) {
 		t.Fatalf("Stats after last release = %+v, want zero", got)
 	}
 }
 
 func TestGateConcurrent(t *testing.T) {
 	const workers, iters, maxConns = 64, 500, 40
-	g := NewGate(GateConfig{MaxConnections: maxConns, PerSourceConnections: 3}, nil)
+	g := New(Config{MaxConnections: maxConns, PerSourceConnections: 3}, nil)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	held := 0 // admitted and not yet released, counted by the test
@@ -443,7 +443,7 @@ func TestGateConcurrent(t *testing.T) {
 }
 
 func BenchmarkGateAdmit(b *testing.B) {
-	cfg := GateConfig{
+	cfg := Config{
 		Allow:                gatePrefixes("10.0.0.0/8", "192.168.0.0/16", "fd00::/8"),
 		Deny:                 gatePrefixes("10.255.0.0/16"),
 		MaxConnections:       20000,
@@ -453,7 +453,7 @@ func BenchmarkGateAdmit(b *testing.B) {
 		BanViolations:        5, BanWindow: time.Minute, BanDuration: 10 * time.Minute,
 	}
 	b.Run("one source", func(b *testing.B) {
-		g := NewGate(cfg, nil)
+		g := New(cfg, nil)
 		src := gateAddr("10.0.0.1")
 		b.ReportAllocs()
 		for b.Loop() {
@@ -465,7 +465,7 @@ func BenchmarkGateAdmit(b *testing.B) {
 		}
 	})
 	b.Run("1024 sources parallel", func(b *testing.B) {
-		g := NewGate(cfg, nil)
+		g := New(cfg, nil)
 		var srcs [1024]netip.Addr
 		for i := range srcs {
 			srcs[i] = netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
@@ -484,11 +484,11 @@ func BenchmarkGateAdmit(b *testing.B) {
 		})
 	})
 	b.Run("refused denied", func(b *testing.B) {
-		g := NewGate(cfg, nil)
+		g := New(cfg, nil)
 		src := gateAddr("10.255.0.1")
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, reason := g.Admit(src); reason != RefuseDenied {
+			if _, reason := g.Admit(src); reason != Denied {
 				b.Fatal(reason)
 			}
 		}

@@ -1,4 +1,7 @@
-package proxy
+// Package admission decides which connections the guard admits: access lists, connection caps,
+// per-source rates and bans. It has no sockets: the proxy asks it on each accept and tells it of
+// each violation.
+package admission
 
 import (
 	"net/netip"
@@ -7,22 +10,22 @@ import (
 	"time"
 )
 
-// RefuseReason says why a connection was refused; "" means admitted. It is a
+// Reason says why a connection was refused; "" means admitted. It is a
 // bounded metrics label (connections_refused_total{reason}).
-type RefuseReason string
+type Reason string
 
 const (
-	RefuseDenied            RefuseReason = "denied"             // source in access.deny
-	RefuseNotAllowed        RefuseReason = "not_allowed"        // access.allow non-empty and source not in it
-	RefuseBanned            RefuseReason = "banned"             // source is serving a ban
-	RefuseMaxConnections    RefuseReason = "max_connections"    // global cap
-	RefuseSourceConnections RefuseReason = "source_connections" // per-source concurrent cap
-	RefuseSourceRate        RefuseReason = "source_rate"        // per-source new connections per second
-	RefuseSourceTable       RefuseReason = "source_table_full"  // no room to track a new source
+	Denied            Reason = "denied"             // source in access.deny
+	NotAllowed        Reason = "not_allowed"        // access.allow non-empty and source not in it
+	Banned            Reason = "banned"             // source is serving a ban
+	MaxConnections    Reason = "max_connections"    // global cap
+	SourceConnections Reason = "source_connections" // per-source concurrent cap
+	SourceRate        Reason = "source_rate"        // per-source new connections per second
+	SourceTable       Reason = "source_table_full"  // no room to track a new source
 )
 
-// GateConfig is the admission policy: access.*, caps.* and ban.* of the config.
-type GateConfig struct {
+// Config is the admission policy: access.*, caps.* and ban.* of the config.
+type Config struct {
 	Allow, Deny          []netip.Prefix // empty Allow = everyone
 	MaxConnections       int            // 0 = unlimited
 	PerSourceConnections int            // 0 = unlimited
@@ -33,8 +36,8 @@ type GateConfig struct {
 	BanDuration          time.Duration
 }
 
-// GateStats is a snapshot for the connections_active and bans_active gauges.
-type GateStats struct {
+// Stats is a snapshot for the connections_active and bans_active gauges.
+type Stats struct {
 	Active     int // admitted connections not yet released
 	Sources    int // sources with per-source state
 	ActiveBans int // sources banned right now
@@ -59,7 +62,7 @@ const (
 type Gate struct {
 	now   func() time.Time
 	epoch time.Time
-	cfg   atomic.Pointer[GateConfig] // normalized; swapped whole by Update
+	cfg   atomic.Pointer[Config] // normalized; swapped whole by Update
 
 	mu         sync.Mutex
 	active     int
@@ -82,8 +85,8 @@ type sourceState struct {
 	violations []time.Duration
 }
 
-// NewGate returns a Gate enforcing cfg. now is the clock; nil means time.Now.
-func NewGate(cfg GateConfig, now func() time.Time) *Gate {
+// New returns a Gate enforcing cfg. now is the clock; nil means time.Now.
+func New(cfg Config, now func() time.Time) *Gate {
 	if now == nil {
 		now = time.Now
 	}
@@ -101,7 +104,7 @@ func NewGate(cfg GateConfig, now func() time.Time) *Gate {
 // Update swaps in a new policy. It applies to admissions and violations from
 // now on; live connections are kept, and their release still frees the slots
 // they took.
-func (g *Gate) Update(cfg GateConfig) {
+func (g *Gate) Update(cfg Config) {
 	cfg.Allow = normalizePrefixes(cfg.Allow)
 	cfg.Deny = normalizePrefixes(cfg.Deny)
 	if cfg.PerSourceRate > 0 && cfg.PerSourceBurst < 1 {
@@ -145,15 +148,15 @@ func containsAddr(ps []netip.Prefix, a netip.Addr) bool {
 //
 // Checks run in this order: deny, allow, ban, global cap, per-source
 // concurrent cap, per-source rate. A refused connection takes no rate token.
-func (g *Gate) Admit(src netip.Addr) (release func(), reason RefuseReason) {
+func (g *Gate) Admit(src netip.Addr) (release func(), reason Reason) {
 	src = src.Unmap()
 	cfg := g.cfg.Load()
 	// The access lists never change under a snapshot, so match them unlocked.
 	if containsAddr(cfg.Deny, src) {
-		return nil, RefuseDenied
+		return nil, Denied
 	}
 	if len(cfg.Allow) > 0 && !containsAddr(cfg.Allow, src) {
-		return nil, RefuseNotAllowed
+		return nil, NotAllowed
 	}
 	perSource := cfg.PerSourceConnections > 0 || cfg.PerSourceRate > 0
 
@@ -162,23 +165,23 @@ func (g *Gate) Admit(src netip.Addr) (release func(), reason RefuseReason) {
 	now := g.since()
 	st := g.sources[src]
 	if st != nil && g.bannedLocked(src, st, now) {
-		return nil, RefuseBanned
+		return nil, Banned
 	}
 	if cfg.MaxConnections > 0 && g.active >= cfg.MaxConnections {
-		return nil, RefuseMaxConnections
+		return nil, MaxConnections
 	}
 	if st == nil && perSource {
 		if st = g.newSourceLocked(src, cfg, now); st == nil {
-			return nil, RefuseSourceTable
+			return nil, SourceTable
 		}
 	}
 	if cfg.PerSourceConnections > 0 && st.conns >= cfg.PerSourceConnections {
-		return nil, RefuseSourceConnections
+		return nil, SourceConnections
 	}
 	if cfg.PerSourceRate > 0 {
 		st.refill(cfg, now)
 		if st.tokens < 1 {
-			return nil, RefuseSourceRate
+			return nil, SourceRate
 		}
 		st.tokens--
 	}
@@ -246,11 +249,11 @@ func (g *Gate) Violation(src netip.Addr) (banned bool) {
 }
 
 // Stats returns a snapshot of the gate's counters.
-func (g *Gate) Stats() GateStats {
+func (g *Gate) Stats() Stats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.since()
-	s := GateStats{Active: g.active, Sources: len(g.sources)}
+	s := Stats{Active: g.active, Sources: len(g.sources)}
 	for _, st := range g.banned {
 		if now < st.bannedUntil {
 			s.ActiveBans++
@@ -269,7 +272,7 @@ func (g *Gate) Sweep() {
 	g.sweepLocked(cfg, g.since())
 }
 
-func (g *Gate) sweepLocked(cfg *GateConfig, now time.Duration) {
+func (g *Gate) sweepLocked(cfg *Config, now time.Duration) {
 	for src, st := range g.sources {
 		if st.bannedUntil != 0 && now >= st.bannedUntil {
 			st.bannedUntil = 0
@@ -283,7 +286,7 @@ func (g *Gate) sweepLocked(cfg *GateConfig, now time.Duration) {
 
 // newSourceLocked adds state for src, sweeping first if the table is full.
 // It returns nil if there is still no room.
-func (g *Gate) newSourceLocked(src netip.Addr, cfg *GateConfig, now time.Duration) *sourceState {
+func (g *Gate) newSourceLocked(src netip.Addr, cfg *Config, now time.Duration) *sourceState {
 	if len(g.sources) >= g.maxSources {
 		if g.sweptFull && now-g.lastFull < fullSweepInterval && now >= g.lastFull {
 			return nil
@@ -316,7 +319,7 @@ func (g *Gate) bannedLocked(src netip.Addr, st *sourceState, now time.Duration) 
 func (g *Gate) since() time.Duration { return g.now().Sub(g.epoch) }
 
 // refill brings the token bucket up to now. A new bucket starts full.
-func (st *sourceState) refill(cfg *GateConfig, now time.Duration) {
+func (st *sourceState) refill(cfg *Config, now time.Duration) {
 	burst := float64(cfg.PerSourceBurst)
 	if !st.filled {
 		st.filled, st.tokens, st.refilled = true, burst, now
@@ -332,7 +335,7 @@ func (st *sourceState) refill(cfg *GateConfig, now time.Duration) {
 }
 
 // pruneViolations drops violations that have slid out of the window.
-func (st *sourceState) pruneViolations(cfg *GateConfig, now time.Duration) {
+func (st *sourceState) pruneViolations(cfg *Config, now time.Duration) {
 	i := 0
 	for i < len(st.violations) && now-st.violations[i] >= cfg.BanWindow {
 		i++
@@ -344,7 +347,7 @@ func (st *sourceState) pruneViolations(cfg *GateConfig, now time.Duration) {
 	st.violations = st.violations[i:]
 }
 
-func (st *sourceState) idle(cfg *GateConfig, now time.Duration) bool {
+func (st *sourceState) idle(cfg *Config, now time.Duration) bool {
 	if st.conns > 0 || st.bannedUntil != 0 {
 		return false
 	}

@@ -294,7 +294,7 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 	binary.BigEndian.PutUint64(id[:], s.id)
 	// The reassembler's key for this stream alone, so that a reused 4-tuple is a new stream.
 	s.flow = gopacket.NewFlow(endpointStream, id[:], nil)
-	s.dec.Reset(c.r.dec)
+	s.g.Reset(c.r.dec, &c.r.pol, c.now)
 	if syn {
 		s.isn, s.next, s.seen = isn, isn+1, isn+1
 	} else {

@@ -32,6 +32,7 @@ import (
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -97,17 +98,17 @@ func Replay(ctx context.Context, cfg config.Config, files []string, opts Options
 
 // Replayer replays captures one after another with one configuration and one audit log.
 type Replayer struct {
-	cfg       config.Config
-	dec       protocol.Config
-	deadlines protocol.Deadlines // cfg's, computed once: a Config is large to copy per segment
-	opts      Options
-	ports     [1024]uint64 // bit set of server ports
-	audit     *audit.Writer
-	action    audit.Action
-	sum       Summary
-	nextID    uint64
-	clock     time.Time // capture time, for the audit writer
-	emitErr   error
+	cfg     config.Config
+	dec     protocol.Config
+	pol     guard.Policy // every stream's, as serve's: a capture is judged as serve would have
+	opts    Options
+	ports   [1024]uint64 // bit set of server ports
+	audit   *audit.Writer
+	action  audit.Action
+	sum     Summary
+	nextID  uint64
+	clock   time.Time // capture time, for the audit writer
+	emitErr error
 }
 
 // New checks cfg and opts and opens the audit file, if any.
@@ -133,7 +134,10 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 	if opts.MaxBufferedPagesTotal <= 0 {
 		opts.MaxBufferedPagesTotal = defaultPagesTotal
 	}
-	r := &Replayer{cfg: cfg, dec: dec, deadlines: cfg.Deadlines(), opts: opts, action: audit.ActionBlocked}
+	// Monitor stays off: a stream's judgement ends at its first violation in either mode; the mode
+	// only names the action.
+	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen}, opts: opts,
+		action: audit.ActionBlocked}
 	if cfg.Mode == config.ModeMonitor {
 		r.action = audit.ActionWouldBlock
 	}

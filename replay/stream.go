@@ -9,6 +9,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/reassembly"
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -31,16 +32,10 @@ type stream struct {
 	route route     // where its segments go (see capture.feed)
 	maxTS time.Time // latest timestamp of the segments the reassembler has, or would have, been given
 
-	dec      protocol.Decoder
-	bytes    uint64
-	counts   [32]uint64                // complete messages by protocol.Op
-	head     [audit.MaxFirstBytes]byte // the first bytes of the message in progress
-	headN    int
-	msgStart time.Time // capture time the message in progress began
-	spared   bool      // first-message deadline waived, as serve does for G0's silent connection
-	talker   bool      // has completed a message; counted in capture.talkers
-	due      time.Time // deadline while in capture.timers
-	timer    int       // index in capture.timers, -1 when not there
+	g     guard.Stream // serve's judgement of the stream
+	bytes uint64       // payload of a midstream stream, which is not judged
+	due   time.Time    // deadline while in capture.timers
+	timer int          // index in capture.timers, -1 when not there
 
 	done      bool
 	verdict   Verdict
@@ -110,47 +105,21 @@ func (s *stream) ReassemblyComplete(reassembly.AssemblerContext) bool {
 	return true
 }
 
-// feed decodes p, the next bytes of the stream, arriving at the capture clock's time.
+// feed judges p, the next bytes of the stream, arriving at the capture clock's time.
 func (s *stream) feed(p []byte) {
 	now := s.c.now
 	if s.expireDue(now, true) {
 		return // the message in progress timed out before these bytes came
 	}
-	s.bytes += uint64(len(p))
-	fwd := 0 // p[:fwd] ends with a complete message
-	for i := 0; i < len(p); {
-		n, msg, err := s.dec.Scan(p[i:])
-		i += n
-		if err != nil {
-			v, _ := err.(*protocol.Violation)
-			s.reject(v, s.firstBytes(p[fwd:]), now)
-			return
-		}
-		if msg != nil {
-			fwd, s.headN = i, 0
-			if int(msg.Op) < len(s.counts) {
-				s.counts[msg.Op]++
-			}
-			if !s.talker {
-				s.talker = true
-				s.c.talkers[s.key.src.Addr()]++
-			}
-		}
+	d := s.g.Feed(p, now)
+	if d.Talked {
+		s.c.talkers[s.key.src.Addr()]++
 	}
-	if tail := p[fwd:]; len(tail) > 0 && s.dec.InMessage() {
-		if s.dec.PartialBytes() == uint64(len(tail)) {
-			s.msgStart = now // the message in progress began in these bytes
-		}
-		s.headN += copy(s.head[s.headN:], tail)
+	if d.Violation != nil {
+		s.reject(d.Violation, d.First, now)
+		return
 	}
 	s.schedule()
-}
-
-// firstBytes is what serve logs as storeguard.first_bytes: the offending message from its start.
-func (s *stream) firstBytes(rest []byte) []byte {
-	b := make([]byte, 0, audit.MaxFirstBytes)
-	b = append(b, s.head[:s.headN]...)
-	return append(b, rest[:min(len(rest), cap(b)-len(b))]...)
 }
 
 // deadline is when serve's read deadline would fire in the stream's state; zero for none.
@@ -158,7 +127,7 @@ func (s *stream) deadline() time.Time {
 	if s.done || s.midstream {
 		return time.Time{}
 	}
-	return s.c.r.deadlines.Next(&s.dec, s.start, s.msgStart, s.spared)
+	return s.g.Deadline()
 }
 
 // expireDue applies a deadline that has passed by now and reports whether the stream is decided.
@@ -175,17 +144,12 @@ func (s *stream) expireDue(now time.Time, delivering bool) bool {
 	if d.IsZero() || now.Before(d) || (!delivering && s.holePending()) {
 		return false
 	}
-	if s.dec.InMessage() {
-		s.reject(s.c.r.deadlines.Expire(&s.dec), s.firstBytes(nil), d)
+	if e := s.g.Expired(s.c.talkers[s.key.src.Addr()] > 0); e.Violation != nil {
+		s.reject(e.Violation, e.First, d)
 		return true
 	}
-	if protocol.MaySpareSilent(s.c.r.dec.Gen, s.c.talkers[s.key.src.Addr()] > 0) {
-		s.spared = true
-		s.schedule()
-		return false
-	}
-	s.reject(s.c.r.deadlines.Expire(&s.dec), nil, d)
-	return true
+	s.schedule() // spared
+	return false
 }
 
 func (s *stream) holePending() bool { return int32(s.seen-s.next) > 0 }
@@ -213,9 +177,9 @@ func (s *stream) observe() {
 }
 
 func (s *stream) reject(v *protocol.Violation, first []byte, at time.Time) {
-	_, known := s.dec.Generation()
+	_, known := s.g.Generation()
 	s.violation = v
-	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, s.c.r.action, audit.ModeReplay, first, s.bytes)
+	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, s.c.r.action, audit.ModeReplay, first, s.g.Bytes())
 	s.event.Timestamp, s.event.ConnID = at, s.id
 	end := at
 	if s.last.After(end) {
@@ -236,7 +200,7 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 	}
 	c.live.Remove(s.elem)
 	s.elem = c.done.PushBack(s)
-	if s.talker {
+	if s.g.Talked() {
 		a := s.key.src.Addr()
 		if c.talkers[a]--; c.talkers[a] <= 0 {
 			delete(c.talkers, a)
@@ -268,17 +232,17 @@ func (s *stream) schedule() {
 
 func (s *stream) result() StreamResult {
 	gen := "unknown"
-	if g, ok := s.dec.Generation(); ok {
+	if g, ok := s.g.Generation(); ok {
 		gen = g.String()
 	}
 	msgs := make(map[string]uint64)
-	for op, n := range s.counts {
+	for op, n := range s.g.Counts() {
 		if n > 0 {
 			msgs[protocol.Op(op).String()] = n
 		}
 	}
 	r := StreamResult{Src: s.key.src, Dst: s.key.dst, Generation: gen, Messages: msgs, Verdict: s.verdict,
-		Reason: s.reason, Start: s.start, End: s.end, Bytes: s.bytes, ID: s.id, File: s.c.file}
+		Reason: s.reason, Start: s.start, End: s.end, Bytes: s.bytes + s.g.Bytes(), ID: s.id, File: s.c.file}
 	if s.violation != nil {
 		r.Violation = newViolation(s.violation)
 	}

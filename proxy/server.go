@@ -21,25 +21,29 @@ import (
 	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
 )
 
 // settings is one validated configuration, swapped atomically on reload. A connection keeps the
 // settings it was accepted under.
 type settings struct {
-	cfg       config.Config
-	dec       protocol.Config
-	deadlines protocol.Deadlines
-	monitor   bool
-	local     netip.AddrPort // the upstream, when it is an address on this host (connectNow)
+	cfg     config.Config
+	dec     protocol.Config
+	pol     guard.Policy // every connection's
+	monitor bool
+	local   netip.AddrPort // the upstream, when it is an address on this host (connectNow)
 }
 
-func newSettings(c config.Config) (*settings, error) {
+// newSettings validates c; onMessage sees each complete message of every connection.
+func newSettings(c config.Config, onMessage func(*protocol.Message)) (*settings, error) {
 	dec, err := c.Decoder()
 	if err != nil {
 		return nil, err
 	}
-	st := &settings{cfg: c, dec: dec, deadlines: c.Deadlines(), monitor: c.Mode == config.ModeMonitor}
+	monitor := c.Mode == config.ModeMonitor
+	st := &settings{cfg: c, dec: dec, monitor: monitor,
+		pol: guard.Policy{Deadlines: c.Deadlines(), Configured: dec.Gen, Monitor: monitor, OnMessage: onMessage}}
 	if ap, err := netip.ParseAddrPort(c.Upstream); err == nil && ap.Addr().Unmap().IsLoopback() {
 		st.local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
@@ -108,10 +112,6 @@ type Server struct {
 
 // New validates cfg and builds a server; Listen and Serve start it.
 func New(cfg config.Config, opts Options) (*Server, error) {
-	st, err := newSettings(cfg)
-	if err != nil {
-		return nil, err
-	}
 	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock,
 		conns: make(map[*conn]struct{}), talkers: make(map[netip.Addr]int)}
 	if s.log == nil {
@@ -119,6 +119,10 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	st, err := newSettings(cfg, s.countMessage)
+	if err != nil {
+		return nil, err
 	}
 	s.set.Store(st)
 	s.gate = admission.New(st.gate(), s.now)
@@ -302,7 +306,7 @@ func (s *Server) reload(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	st, err := newSettings(cfg)
+	st, err := newSettings(cfg, s.countMessage)
 	if err != nil {
 		return err
 	}
@@ -358,6 +362,9 @@ func (s *Server) httpHandler() http.Handler {
 	})
 	return mux
 }
+
+// countMessage counts a complete message that a connection forwards.
+func (s *Server) countMessage(m *protocol.Message) { s.m.byOp[m.Generation][m.Op].Inc() }
 
 // markTalker records that src has a connection that completed a message; done undoes it.
 func (s *Server) markTalker(src netip.Addr) (done func()) {

@@ -3,12 +3,12 @@ package proxy
 import (
 	"bytes"
 	"encoding/binary"
+	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/netip"
 	"runtime"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -109,41 +109,41 @@ func TestConnectLocal(t *testing.T) {
 	if err != nil {
 		t.Fatalf("connect to a listening store: %v", err)
 	}
-	peer, err := syscall.Getpeername(int(fd))
-	if sa, ok := peer.(*syscall.SockaddrInet4); err != nil || !ok || sa.Port != int(ap.Port()) {
+	peer, err := unix.Getpeername(int(fd))
+	if sa, ok := peer.(*unix.SockaddrInet4); err != nil || !ok || sa.Port != int(ap.Port()) {
 		t.Errorf("peer %v, %v: want %v", peer, err, ap)
 	}
-	syscall.Close(int(fd))
+	unix.Close(int(fd))
 	if ln6, err := net.Listen("tcp", "[::1]:0"); err == nil { // IPv6, where the host has it
 		fd, err := connectLocal(netip.MustParseAddrPort(ln6.Addr().String()))
 		if err != nil {
 			t.Errorf("connect to a store on [::1]: %v", err)
 		} else {
-			syscall.Close(int(fd))
+			unix.Close(int(fd))
 		}
 		ln6.Close()
 	}
 	ln.Close()
 	if fd, err := connectLocal(ap); err == nil {
-		syscall.Close(int(fd))
+		unix.Close(int(fd))
 		t.Fatal("connect to a closed port succeeded")
 	}
 
 	// A listener with a backlog of 1 that never accepts: once its queue is full, the kernel drops
 	// further SYNs, and connectLocal must not wait for the retransmission.
-	lfd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Close(lfd)
-	if err := syscall.Bind(lfd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+	defer unix.Close(lfd)
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Listen(lfd, 1); err != nil {
+	if err := unix.Listen(lfd, 1); err != nil {
 		t.Fatal(err)
 	}
-	sa, _ := syscall.Getsockname(lfd)
-	full := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*syscall.SockaddrInet4).Port))
+	sa, _ := unix.Getsockname(lfd)
+	full := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
 	var refused int
 	for range 8 {
 		fd, err := connectLocal(full)
@@ -151,7 +151,7 @@ func TestConnectLocal(t *testing.T) {
 			refused++
 			continue
 		}
-		defer syscall.Close(int(fd))
+		defer unix.Close(int(fd))
 	}
 	if refused == 0 {
 		t.Error("every connect to a full accept queue reported established")
@@ -355,13 +355,13 @@ func TestSockaddrAddrPortMatchesGo(t *testing.T) {
 		t.Skip("no lo interface")
 	}
 	for _, tc := range []struct {
-		sa   syscall.Sockaddr
+		sa   unix.Sockaddr
 		want string
 	}{
-		{&syscall.SockaddrInet4{Port: 80, Addr: [4]byte{10, 1, 2, 3}}, "10.1.2.3:80"},
-		{&syscall.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("::ffff:10.1.2.3").As16()}, "10.1.2.3:80"},
-		{&syscall.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("2001:db8::1").As16()}, "[2001:db8::1]:80"},
-		{&syscall.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("fe80::1").As16(), ZoneId: uint32(lo.Index)},
+		{&unix.SockaddrInet4{Port: 80, Addr: [4]byte{10, 1, 2, 3}}, "10.1.2.3:80"},
+		{&unix.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("::ffff:10.1.2.3").As16()}, "10.1.2.3:80"},
+		{&unix.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("2001:db8::1").As16()}, "[2001:db8::1]:80"},
+		{&unix.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("fe80::1").As16(), ZoneId: uint32(lo.Index)},
 			"[fe80::1%lo]:80"},
 	} {
 		if got := sockaddrAddrPort(tc.sa).String(); got != tc.want {
@@ -392,16 +392,16 @@ func TestClientOptionsOfAcceptedSockets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer syscall.Close(int(fd))
+		defer unix.Close(int(fd))
 		for {
-			nfd, _, err := syscall.Accept4(int(fd), syscall.SOCK_CLOEXEC)
-			if err == syscall.EINTR {
+			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+			if err == unix.EINTR {
 				continue
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { syscall.Close(nfd) })
+			t.Cleanup(func() { unix.Close(nfd) })
 			return nfd
 		}
 	}

@@ -3,16 +3,13 @@ package proxy
 import (
 	"fmt"
 	"net"
-	"net/netip"
-	"os"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Event loops accept connections and forward them. When the store is on this host, the accepting
@@ -35,7 +32,7 @@ type loop struct {
 	wakeR  int // the loop's side of its wake-up pipe
 	wakeW  int
 	buf    []byte
-	events []syscall.EpollEvent
+	events []unix.EpollEvent
 	conns  []*conn // indexed by file descriptor: each connection under both of its own
 	done   chan struct{}
 
@@ -52,6 +49,46 @@ type loop struct {
 	stop     bool
 	woken    bool
 	ended    bool // run returned and closed the descriptors: requests are dropped
+}
+
+// viaLoop writes to the store without waiting: what the store cannot take yet is kept for the
+// goroutines the loop then hands the connection to (settle), as is the start of a message the
+// budget cannot hold at once.
+var viaLoop transport = loopTransport{}
+
+type loopTransport struct{}
+
+func (loopTransport) send(c *conn, a, b []byte) bool {
+	if len(a) == 0 {
+		a, b = b, nil
+	}
+	if len(a) == 0 {
+		return true
+	}
+	if len(c.pendUp) > 0 {
+		c.pendUp = append(append(c.pendUp, a...), b...)
+		return true
+	}
+	n, errno := writeFd(c.ufd, a, b)
+	c.s.m.bytesC2S.Add(float64(n))
+	if errno != 0 && errno != unix.EAGAIN {
+		c.closeBoth()
+		return false
+	}
+	if n < len(a) {
+		c.pendUp = append(append([]byte(nil), a[n:]...), b...)
+	} else if n -= len(a); n < len(b) {
+		c.pendUp = append([]byte(nil), b[n:]...)
+	}
+	return true
+}
+
+func (loopTransport) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
+	if c.s.buf.tryAcquire(n) {
+		return true, true
+	}
+	c.resumeTail = append([]byte(nil), tail...)
+	return false, true
 }
 
 // loops are a server's event loops; connections are spread over them in turn.
@@ -93,20 +130,20 @@ func (ls *loops) stop() {
 }
 
 func newLoop(s *Server) (*loop, error) {
-	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("event loop: epoll_create1: %w", err)
 	}
 	var p [2]int
-	if err := syscall.Pipe2(p[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
-		syscall.Close(epfd)
+	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		unix.Close(epfd)
 		return nil, fmt.Errorf("event loop: pipe2: %w", err)
 	}
 	l := &loop{s: s, epfd: epfd, wakeR: p[0], wakeW: p[1], buf: make([]byte, readSize),
-		events: make([]syscall.EpollEvent, 256), done: make(chan struct{}),
+		events: make([]unix.EpollEvent, 256), done: make(chan struct{}),
 		lfd: -1, listen: -1}
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wakeR)}
-	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, l.wakeR, &ev); err != nil {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(l.wakeR)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, l.wakeR, &ev); err != nil {
 		l.closeFds()
 		return nil, fmt.Errorf("event loop: epoll_ctl: %w", err)
 	}
@@ -114,15 +151,15 @@ func newLoop(s *Server) (*loop, error) {
 }
 
 func (l *loop) closeFds() {
-	syscall.Close(l.epfd)
-	syscall.Close(l.wakeR)
-	syscall.Close(l.wakeW)
+	unix.Close(l.epfd)
+	unix.Close(l.wakeR)
+	unix.Close(l.wakeW)
 	if l.lfd >= 0 {
-		syscall.Close(l.lfd)
+		unix.Close(l.lfd)
 		l.lfd = -1
 	}
 	if l.listen >= 0 { // asked for, never taken
-		syscall.Close(l.listen)
+		unix.Close(l.listen)
 		l.listen = -1
 	}
 	if l.unlisten != nil {
@@ -142,7 +179,7 @@ func (l *loop) request(change func()) bool {
 	change()
 	if !l.woken {
 		l.woken = true
-		syscall.Write(l.wakeW, []byte{1}) // a full pipe already wakes the loop
+		unix.Write(l.wakeW, []byte{1}) // a full pipe already wakes the loop
 	}
 	return true
 }
@@ -181,7 +218,7 @@ func (l *loop) run() {
 			lastYield = now
 		}
 		if err != 0 {
-			if err == syscall.EINTR {
+			if err == unix.EINTR {
 				continue
 			}
 			l.s.log.Error("event loop: epoll_wait failed; handing its connections back", "err", err)
@@ -210,7 +247,7 @@ func (l *loop) run() {
 func (l *loop) serveRequests() (stop bool) {
 	var b [64]byte
 	for {
-		if n, _ := syscall.Read(l.wakeR, b[:]); n <= 0 {
+		if n, _ := unix.Read(l.wakeR, b[:]); n <= 0 {
 			break
 		}
 	}
@@ -230,7 +267,7 @@ func (l *loop) serveRequests() (stop bool) {
 	}
 	if unlisten != nil {
 		if l.lfd >= 0 {
-			syscall.Close(l.lfd) // also takes it out of the epoll set
+			unix.Close(l.lfd) // also takes it out of the epoll set
 			l.lfd = -1
 		}
 		close(unlisten)
@@ -263,7 +300,7 @@ func (ls *loops) acceptFrom(ln *net.TCPListener) error {
 		fd, err := dupFd(ln)
 		if err != nil {
 			for _, fd := range fds {
-				syscall.Close(fd)
+				unix.Close(fd)
 			}
 			return err
 		}
@@ -275,7 +312,7 @@ func (ls *loops) acceptFrom(ln *net.TCPListener) error {
 	for i, l := range ls.all {
 		fd := fds[i]
 		if !l.request(func() { l.listen = fd }) {
-			syscall.Close(fd) // that loop ended; the others accept
+			unix.Close(fd) // that loop ended; the others accept
 		}
 	}
 	ln.Close()
@@ -294,16 +331,13 @@ func (ls *loops) stopAccepting() {
 
 // watchListener adds the listening socket to the loop's epoll set.
 func (l *loop) watchListener() {
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | epollExclusive, Fd: int32(l.lfd)}
-	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, l.lfd, &ev); err != nil {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(l.lfd)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, l.lfd, &ev); err != nil {
 		l.s.log.Error("event loop: cannot watch the listening socket; this loop stops accepting", "err", err)
-		syscall.Close(l.lfd)
+		unix.Close(l.lfd)
 		l.lfd = -1
 	}
 }
-
-// epollExclusive is EPOLLEXCLUSIVE (Linux 4.5), which package syscall does not name.
-const epollExclusive = 1 << 28
 
 // acceptBatch is the most connections a loop accepts before it serves its other events.
 const acceptBatch = 16
@@ -312,18 +346,18 @@ const acceptBatch = 16
 // as EMFILE pauses accepting on this loop for acceptPause.
 func (l *loop) acceptSome() {
 	for range acceptBatch {
-		fd, sa, err := syscall.Accept4(l.lfd, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+		fd, sa, err := unix.Accept4(l.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 		switch err {
 		case nil:
 			l.take(fd, sa)
 			continue
-		case syscall.EAGAIN:
+		case unix.EAGAIN:
 			return
-		case syscall.EINTR, syscall.ECONNABORTED:
+		case unix.EINTR, unix.ECONNABORTED:
 			continue
 		}
 		l.s.acceptFailed(err)
-		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, l.lfd, nil)
+		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, l.lfd, nil)
 		l.paused = true
 		time.AfterFunc(acceptPause, func() { l.request(func() { l.unpause = true }) })
 		return
@@ -332,7 +366,7 @@ func (l *loop) acceptSome() {
 
 // take admits a connection the loop accepted. One it can connect to the store at once it forwards
 // itself from the first byte; any other goes to goroutines, as from Serve's accept loop.
-func (l *loop) take(fd int, sa syscall.Sockaddr) {
+func (l *loop) take(fd int, sa unix.Sockaddr) {
 	s := l.s
 	s.handlers.Add(1)
 	defer func() {
@@ -343,7 +377,7 @@ func (l *loop) take(fd int, sa syscall.Sockaddr) {
 	}()
 	src := sockaddrAddrPort(sa)
 	local := src
-	if lsa, err := syscall.Getsockname(fd); err == nil {
+	if lsa, err := unix.Getsockname(fd); err == nil {
 		local = sockaddrAddrPort(lsa)
 	}
 	dst := originalDstFd(fd, local)
@@ -352,7 +386,7 @@ func (l *loop) take(fd int, sa syscall.Sockaddr) {
 		go func() { // the audit log may be slow: never in the loop
 			defer s.handlers.Done()
 			s.refuse(src, dst, reason)
-			syscall.Close(fd)
+			unix.Close(fd)
 		}()
 		return
 	}
@@ -362,7 +396,7 @@ func (l *loop) take(fd int, sa syscall.Sockaddr) {
 		// Connections are spread over the loops in turn: EPOLLEXCLUSIVE wakes the same loop for
 		// every connection while it waits.
 		to := s.loops.pick()
-		c.cfd, c.lp, c.inLoop = int32(fd), to, true
+		c.takenFromAccept(to, fd)
 		s.track(c, true)
 		if to == l {
 			l.register(c)
@@ -371,15 +405,9 @@ func (l *loop) take(fd int, sa syscall.Sockaddr) {
 		if to.adopt(c) {
 			return
 		}
-		c.mu.Lock() // that loop ended: this one takes the connection
-		c.lp = l
-		closed := c.closed // closed meanwhile, with the close asked of the ended loop
-		c.mu.Unlock()
-		if closed {
-			c.leaveLoop()
-			return
+		if c.retarget(l) { // that loop ended: this one takes the connection, unless it closed meanwhile
+			l.register(c)
 		}
-		l.register(c)
 		return
 	}
 	tc, err := attach(int32(fd))
@@ -395,77 +423,6 @@ func (l *loop) take(fd int, sa syscall.Sockaddr) {
 	go c.serve(false)
 }
 
-// clientOptions are what Go sets on the connections it accepts, and setClientOptions on the ones
-// a loop accepts: no Nagle delay, and keep-alive probes after 15 s idle, every 15 s, 9 of them, so
-// that a client host that vanished frees its connection (and its place under the caps) within
-// minutes.
-var clientOptions = [...]struct{ level, name, value int }{
-	{syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1},
-	{syscall.SOL_SOCKET, syscall.SO_KEEPALIVE, 1},
-	{syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE, 15},
-	{syscall.IPPROTO_TCP, syscall.TCP_KEEPINTVL, 15},
-	{syscall.IPPROTO_TCP, syscall.TCP_KEEPCNT, 9},
-}
-
-func setClientOptions(fd int) {
-	for _, o := range clientOptions {
-		syscall.SetsockoptInt(fd, o.level, o.name, o.value)
-	}
-}
-
-func hasClientOptions(fd int) bool {
-	for _, o := range clientOptions {
-		if v, err := syscall.GetsockoptInt(fd, o.level, o.name); err != nil || v != o.value {
-			return false
-		}
-	}
-	return true
-}
-
-// clientOptionsOf sets clientOptions on a socket a loop accepted, unless accepted sockets inherit
-// them from the listening socket, which has them (Linux copies them to each accepted socket; 5
-// system calls fewer per connection). That is checked on the first accepted socket, and if it
-// did not inherit them, every socket gets them set as before.
-func (ls *loops) clientOptionsOf(fd int) {
-	switch ls.inherit.Load() {
-	case inherits:
-		return
-	case inheritUnknown:
-		if hasClientOptions(fd) {
-			ls.inherit.Store(inherits)
-			return
-		}
-		ls.inherit.Store(inheritsNot)
-	}
-	setClientOptions(fd)
-}
-
-const (
-	inheritUnknown = iota
-	inherits
-	inheritsNot
-)
-
-// sockaddrAddrPort is sa as Go's accept reports it: IPv4-mapped addresses unmapped, and a
-// link-local address with its zone, the interface's name (its index if it has none).
-func sockaddrAddrPort(sa syscall.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *syscall.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *syscall.SockaddrInet6:
-		a := netip.AddrFrom16(sa.Addr).Unmap()
-		if sa.ZoneId != 0 {
-			zone := strconv.Itoa(int(sa.ZoneId))
-			if ifi, err := net.InterfaceByIndex(int(sa.ZoneId)); err == nil {
-				zone = ifi.Name
-			}
-			a = a.WithZone(zone)
-		}
-		return netip.AddrPortFrom(a, uint16(sa.Port))
-	}
-	return netip.AddrPort{}
-}
-
 func (l *loop) releaseAll() {
 	for _, c := range l.conns {
 		if c != nil && c.registered { // each connection is there twice
@@ -476,11 +433,11 @@ func (l *loop) releaseAll() {
 
 func (l *loop) register(c *conn) {
 	for _, fd := range [2]int32{c.cfd, c.ufd} {
-		ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: fd}
-		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: fd}
+		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
 			l.s.log.Warn("event loop: epoll_ctl failed; the connection stays with its goroutines",
 				"conn", c.id, "err", err)
-			syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
+			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
 			c.leaveLoop()
 			return
 		}
@@ -521,8 +478,8 @@ func (l *loop) release(c *conn, why handback) {
 	if why != handbackNone || !c.isClosed() {
 		// Handed back: stop watching. A closed connection's descriptors are closed next, which
 		// takes them out of the epoll set (the loop holds the only descriptors of its sockets).
-		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
-		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.ufd), nil)
+		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
+		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.ufd), nil)
 	}
 	l.conns[c.cfd], l.conns[c.ufd] = nil, nil
 	c.registered = false
@@ -531,7 +488,7 @@ func (l *loop) release(c *conn, why handback) {
 
 // serveEvent reads what one of c's sockets has and passes it on; anything but a plain read and
 // complete writes hands c back to its goroutines.
-func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
+func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	defer func() {
 		if r := recover(); r != nil {
 			l.s.m.panics.Inc()
@@ -554,7 +511,7 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 	n, errno := readFd(src, l.buf)
 	switch {
 	case n > 0:
-	case errno == syscall.EAGAIN:
+	case errno == unix.EAGAIN:
 		return
 	case errno == 0 && fromClient:
 		l.clientDone(c)
@@ -566,30 +523,21 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 				side = "client"
 			}
 			l.s.log.Debug("connection ended by an error or by the store", "conn", c.id, "side", side,
-				"errno", int(errno), "bytes_in", c.bytesIn)
+				"errno", int(errno), "bytes_in", c.g.Bytes())
 		}
 		c.closeBoth()
 		l.release(c, handbackNone)
 		return
 	}
 	if fromClient {
-		switch {
-		case !c.process(l.buf[:n]):
-			l.release(c, handbackNone)
-		case len(c.pendUp) > 0:
-			l.release(c, handbackBackpressure)
-		case c.resumeTail != nil:
-			l.release(c, handbackPartial)
-		default:
-			l.watchDeadline(c)
-		}
+		l.settle(c, c.process(l.buf[:n]))
 		return
 	}
 	w, errno := writeFd(c.cfd, l.buf[:n], nil)
 	c.s.m.bytesS2C.Add(float64(w))
 	switch {
 	case w == n:
-	case errno == 0 || errno == syscall.EAGAIN:
+	case errno == 0 || errno == unix.EAGAIN:
 		c.pendClient = append([]byte(nil), l.buf[w:n]...)
 		l.release(c, handbackBackpressure)
 	default:
@@ -598,10 +546,26 @@ func (l *loop) serveEvent(c *conn, ev syscall.EpollEvent) {
 	}
 }
 
+// settle keeps c in the loop after the guard's decision was carried out, or lets it go: closed
+// (alive false), or to goroutines when the store could not take all of it or the budget could
+// not hold the start of a message at once. Otherwise it arms c's deadline timer.
+func (l *loop) settle(c *conn, alive bool) {
+	switch {
+	case !alive:
+		l.release(c, handbackNone)
+	case len(c.pendUp) > 0:
+		l.release(c, handbackBackpressure)
+	case c.resumeTail != nil:
+		l.release(c, handbackPartial)
+	default:
+		l.watchDeadline(c)
+	}
+}
+
 // watchDeadline arms c's timer when a message in progress has a deadline (timeouts.message). The
 // timer only asks the loop to look: deadlineDue decides on the connection's state then.
 func (l *loop) watchDeadline(c *conn) {
-	dl := c.nextDeadline()
+	dl := c.g.Deadline()
 	if dl.IsZero() || (!c.timerAt.IsZero() && !c.timerAt.After(dl)) {
 		return // none, or the timer fires by then already
 	}
@@ -614,18 +578,15 @@ func (l *loop) watchDeadline(c *conn) {
 	c.timer.Reset(d)
 }
 
-// deadlineDue is c's timer firing: a message still in progress past its deadline is a violation;
-// one in progress with a later deadline re-arms the timer.
+// deadlineDue is c's timer firing: the guard judges a deadline that has passed; one still ahead
+// (the message in progress began later) re-arms the timer.
 func (l *loop) deadlineDue(c *conn) {
 	c.timerAt = time.Time{}
-	next := c.nextDeadline()
-	switch {
-	case next.IsZero():
-	case c.s.now().Before(next):
+	if next := c.g.Deadline(); next.IsZero() || c.s.now().Before(next) {
 		l.watchDeadline(c)
-	case !c.violation(c.st.deadlines.Expire(&c.dec), nil, 0):
-		l.release(c, handbackNone)
+		return
 	}
+	l.settle(c, c.expired())
 }
 
 // clientDone handles the client's end of stream as the goroutines would: the half-close goes on
@@ -633,104 +594,7 @@ func (l *loop) deadlineDue(c *conn) {
 // reach the client, for at most replyGrace; the store's own close then ends the connection.
 func (l *loop) clientDone(c *conn) {
 	c.clientEnded = true
-	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, int(c.cfd), nil)
-	syscall.Shutdown(int(c.ufd), syscall.SHUT_WR)
+	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
+	unix.Shutdown(int(c.ufd), unix.SHUT_WR)
 	time.AfterFunc(replyGrace, c.closeBoth)
-}
-
-// The loop's reads, writes and non-blocking epoll_waits never block, so they are raw system calls:
-// none of the runtime's bookkeeping for a call that might (entersyscall, exitsyscall), which
-// costs about as much as a small read itself. Only the epoll_wait that waits goes through it.
-
-// epollWait waits up to msec milliseconds for events on epfd; 0 returns at once. (Each
-// unsafe.Pointer is converted within the call expression, as syscall.Syscall requires.)
-func epollWait(epfd int, events []syscall.EpollEvent, msec int) (int, syscall.Errno) {
-	var n uintptr
-	var e syscall.Errno
-	if msec == 0 {
-		n, _, e = syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd),
-			uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
-	} else {
-		n, _, e = syscall.Syscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd),
-			uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
-	}
-	return int(n), e
-}
-
-// readFd reads what fd has; n == 0 with errno 0 is the end of the stream.
-func readFd(fd int32, p []byte) (int, syscall.Errno) {
-	return rawIO(syscall.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p))
-}
-
-// writeFd writes a and then b (which may be empty) with one system call, without waiting.
-func writeFd(fd int32, a, b []byte) (int, syscall.Errno) {
-	if len(b) == 0 {
-		return rawIO(syscall.SYS_WRITE, fd, unsafe.Pointer(&a[0]), len(a))
-	}
-	iov := [2]syscall.Iovec{{Base: &a[0]}, {Base: &b[0]}}
-	iov[0].SetLen(len(a))
-	iov[1].SetLen(len(b))
-	return rawIO(syscall.SYS_WRITEV, fd, unsafe.Pointer(&iov[0]), len(iov))
-}
-
-// rawIO is read, write or writev of fd as a raw system call, again if a signal interrupted it:
-// the count, or 0 and the errno. (p stays an unsafe.Pointer up to the call expression, as
-// syscall.RawSyscall requires.)
-func rawIO(trap uintptr, fd int32, p unsafe.Pointer, n int) (int, syscall.Errno) {
-	for {
-		r, _, e := syscall.RawSyscall(trap, uintptr(fd), uintptr(p), uintptr(n))
-		switch e {
-		case 0:
-			return int(r), 0
-		case syscall.EINTR:
-		default:
-			return 0, e
-		}
-	}
-}
-
-// detach takes the client and store sockets away from Go's poller: it duplicates their
-// descriptors, for the caller to own, and closes the net.Conns (the sockets live on through the
-// duplicates). On an error both net.Conns are left as they were.
-func detach(client, up *net.TCPConn) (cfd, ufd int32, err error) {
-	if cfd, err = dupFd(client); err != nil {
-		return -1, -1, err
-	}
-	if ufd, err = dupFd(up); err != nil {
-		syscall.Close(int(cfd))
-		return -1, -1, err
-	}
-	client.Close()
-	up.Close()
-	return cfd, ufd, nil
-}
-
-func dupFd(sc syscall.Conn) (int32, error) {
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	nfd, derr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) {
-		r, _, e := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_DUPFD_CLOEXEC, 0)
-		if e != 0 {
-			derr = os.NewSyscallError("fcntl", e)
-			return
-		}
-		nfd = int(r)
-	}); err != nil {
-		return -1, err
-	}
-	return int32(nfd), derr
-}
-
-// attach gives a descriptor from detach back to Go's poller; the descriptor is closed either way.
-func attach(fd int32) (*net.TCPConn, error) {
-	f := os.NewFile(uintptr(fd), "")
-	defer f.Close()
-	c, err := net.FileConn(f)
-	if err != nil {
-		return nil, err
-	}
-	return c.(*net.TCPConn), nil
 }

@@ -1,0 +1,406 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+)
+
+// The goroutine transport: a connection read and decoded on a goroutine of its own, the store's
+// replies copied back on another, through Go's poller. Every connection starts here unless a loop
+// takes it from its first byte (connectNow), and comes back here whenever a loop cannot go on
+// without waiting.
+
+// viaGoroutines writes to the store with blocking writes and waits for budget.
+var viaGoroutines transport = goroutines{}
+
+type goroutines struct{}
+
+func (goroutines) send(c *conn, a, b []byte) bool {
+	if len(a)+len(b) == 0 {
+		return true
+	}
+	if !c.awaitUp() {
+		return false
+	}
+	var n int64
+	var err error
+	if len(a) == 0 {
+		var w int
+		w, err = c.up.Write(b)
+		n = int64(w)
+	} else {
+		c.vecArr = [2][]byte{a, b}
+		c.vec = c.vecArr[:]
+		n, err = c.vec.WriteTo(c.up)
+	}
+	c.s.m.bytesC2S.Add(float64(n))
+	if err != nil {
+		c.closeBoth()
+		return false
+	}
+	return true
+}
+
+// reserve waits for the budget until the message's deadline, which is then the guard's to judge.
+func (goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if dl := c.g.Deadline(); !dl.IsZero() {
+		ctx, cancel = context.WithDeadline(context.Background(), dl)
+	}
+	defer cancel()
+	if err := c.s.buf.acquire(ctx, n); err != nil {
+		// The guard judges the message as it stands, tail included, which monitor mode sends
+		// on: held for that moment outside the budget (a read's worth at most).
+		c.carry = append(c.carry, tail...)
+		return false, c.expired()
+	}
+	return true, true
+}
+
+// handle admits a connection Serve accepted, on a goroutine of its own, and serves it.
+func (s *Server) handle(tc *net.TCPConn) {
+	remote := addrPort(tc.RemoteAddr())
+	src := netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
+	dst := originalDst(tc)
+	release, reason := s.admit(src.Addr())
+	if reason != "" {
+		s.refuse(src, dst, reason)
+		tc.Close()
+		s.handlers.Done()
+		return
+	}
+	c := s.newConn(tc, src, dst, release)
+	s.track(c, true)
+	c.serve(false)
+}
+
+// originalDst is the address the client dialled: after an nftables/iptables REDIRECT (the
+// transparent sidecar of configs/) the socket's local address is the proxy port, and the
+// kernel keeps the original in SO_ORIGINAL_DST.
+func originalDst(c *net.TCPConn) netip.AddrPort {
+	local := addrPort(c.LocalAddr())
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return local
+	}
+	orig := local
+	rc.Control(func(fd uintptr) { orig = originalDstFd(int(fd), local) })
+	return orig
+}
+
+// awaitGeneration holds a connection that arrived before the store's generation was known (auto
+// mode) until it is: nothing is read from the client or sent to the store meanwhile. It reports
+// false, having counted it, when timeouts.upstream-dial passed first (or drain ended).
+func (c *conn) awaitGeneration() bool {
+	info, ok := c.s.store.Load().await(c.st.cfg.Timeouts.UpstreamDial, c.s.drainEnd)
+	if !ok && c.isClosed() {
+		return false // drain closed it
+	}
+	if !ok {
+		c.s.m.storeWaits.WithLabelValues("timeout").Inc()
+		c.s.log.Info("auto: closing a connection that waited for the store's generation", "conn", c.id,
+			"source", c.src.String(), "waited", c.st.cfg.Timeouts.UpstreamDial.String())
+		return false
+	}
+	c.s.m.storeWaits.WithLabelValues("learned").Inc()
+	c.awaitStore = false
+	c.g.Reset(c.st.decoderFor(info), &c.st.pol, c.start)
+	return true
+}
+
+// serve forwards the connection with goroutines until it ends, then ends it, unless a loop takes
+// it (the loop then ends it). A new connection goes straight to a loop when connectNow can
+// connect it; fromLoop: a loop handed the connection back.
+func (c *conn) serve(fromLoop bool) {
+	took := false
+	defer func() {
+		if !took {
+			c.end()
+		}
+	}()
+	defer c.s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
+	if c.awaitStore && !c.awaitGeneration() {
+		close(c.upReady) // no store connection: there is nothing to wait for
+		c.closeBoth()
+		return
+	}
+	switch {
+	case fromLoop:
+		if !c.fromLoop() {
+			return
+		}
+	case c.connectNow():
+		var live bool
+		if took, live = c.toLoop(); took || !live {
+			return
+		}
+	}
+	select {
+	case <-c.upReady:
+	default:
+		// The store is dialled while the client's first bytes are already being decoded: a
+		// hostile message is refused at once even while the store is still starting.
+		go c.dialStore()
+	}
+	took = c.pipeClientToStore()
+}
+
+// dialUpstream connects to the store, retrying refused connections until timeout: workers often
+// start before the master's store listens, and torch retries a refused connect but not a
+// connection that is accepted and then closed, which is what the guard would otherwise do to
+// them. It gives up early once stop reports true (the client left or was refused).
+func dialUpstream(addr string, timeout time.Duration, stop func() bool) (net.Conn, error) {
+	deadline := time.Now().Add(timeout)
+	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		d := net.Dialer{Timeout: time.Until(deadline), KeepAlive: -1} // no keep-alive probes to the local store
+		up, err := d.Dial("tcp", addr)
+		if err == nil {
+			return up, nil
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < backoff || stop() {
+			return nil, err
+		}
+		time.Sleep(backoff)
+	}
+}
+
+// dialStore connects to the store and starts the reply direction; on failure it closes the client.
+func (c *conn) dialStore() {
+	defer close(c.upReady)
+	s, st := c.s, c.st
+	up, err := dialUpstream(st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial, c.isClosed)
+	if err != nil {
+		if c.isClosed() {
+			return // the client left or was refused: not the store's failure
+		}
+		s.m.dialFailures.Inc()
+		if s.dialLog.allow(s.now()) {
+			s.log.Warn("upstream dial failed; closing client (logged at most once a second)", "conn", c.id,
+				"upstream", st.cfg.Upstream, "err", err)
+		}
+		c.closeBoth()
+		return
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		up.Close()
+		return
+	}
+	c.up = up.(*net.TCPConn)
+	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
+		// Ask the handler, wherever it is, to offer the connection to a loop: wake it from a read.
+		c.kick = true
+		c.client.SetReadDeadline(time.Unix(1, 0))
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.startReplies()
+}
+
+// startReplies starts the reply direction's goroutine, once.
+func (c *conn) startReplies() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.s2cStarted || c.up == nil || c.closed {
+		return
+	}
+	c.s2cStarted = true
+	go c.pipeStoreToClient()
+}
+
+func (c *conn) replying() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s2cStarted
+}
+
+// awaitUp waits for dialStore and reports whether the store is connected.
+func (c *conn) awaitUp() bool {
+	<-c.upReady
+	return c.up != nil
+}
+
+// pipeClientToStore reads the client, decodes, and forwards complete valid messages, until the
+// connection ends or a loop takes it (took: the loop owns it now).
+func (c *conn) pipeClientToStore() (took bool) {
+	rc, err := c.client.SyscallConn()
+	if err != nil {
+		c.closeBoth()
+		return false
+	}
+	for {
+		if c.takeKick() {
+			c.deadline = time.Unix(1, 0) // the kick moved the read deadline: setDeadline re-arms it
+			if c.adoptable() {
+				took, live := c.toLoop()
+				if took || !live {
+					return took
+				}
+				if rc, err = c.client.SyscallConn(); err != nil {
+					c.closeBoth()
+					return false
+				}
+			} else {
+				c.startReplies()
+			}
+		}
+		c.setDeadline()
+		bp, n, err := readPooled(rc)
+		if n > 0 {
+			ok := c.process((*bp)[:n])
+			readBufs.Put(bp)
+			if !ok {
+				return false
+			}
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && c.kicked() {
+				continue
+			}
+			if !c.endRead(err) {
+				return false
+			}
+		}
+	}
+}
+
+func (c *conn) kicked() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kick
+}
+
+func (c *conn) takeKick() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.kick
+	c.kick = false
+	return k
+}
+
+// adoptable reports whether a loop may take the connection now: the store is connected and the
+// client is between messages, with no deadline to watch.
+func (c *conn) adoptable() bool {
+	return c.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
+		!c.isClosed()
+}
+
+// readPooled reads what the socket has into a pooled buffer, taking the buffer only once data is
+// there: while the socket would block, the buffer goes back to the pool, so an idle connection
+// holds none. The caller returns the buffer when n > 0. It costs the same system calls as a
+// plain Read (a read that would block, then the read that succeeds).
+func readPooled(rc syscall.RawConn) (bp *[]byte, n int, err error) {
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		if bp == nil {
+			bp = readBufs.Get().(*[]byte)
+		}
+		for {
+			n, rerr = syscall.Read(int(fd), *bp)
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		if rerr == syscall.EAGAIN {
+			readBufs.Put(bp)
+			bp = nil
+			return false
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+	case rerr != nil:
+		err = os.NewSyscallError("read", rerr)
+	case n == 0:
+		err = io.EOF
+	}
+	if n <= 0 {
+		if bp != nil {
+			readBufs.Put(bp)
+		}
+		return nil, 0, err
+	}
+	return bp, n, err
+}
+
+// setDeadline arms the read deadline the connection's state calls for: the guard's deadline (a
+// message in progress, or the first message), else the idle timeout; none by default, since a
+// WAIT may last hours.
+func (c *conn) setDeadline() {
+	dl := c.g.Deadline()
+	if idle := c.st.cfg.Timeouts.Idle; dl.IsZero() && idle > 0 && !c.g.Passing() {
+		dl = c.s.now().Add(idle)
+	}
+	if !dl.Equal(c.deadline) {
+		c.deadline = dl
+		c.client.SetReadDeadline(dl)
+	}
+}
+
+// endRead handles a read error; it reports whether to keep reading.
+func (c *conn) endRead(err error) bool {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		if c.g.Deadline().IsZero() {
+			c.s.log.Debug("idle timeout", "conn", c.id)
+			c.closeBoth()
+			return false
+		}
+		return c.expired()
+	case errors.Is(err, io.EOF):
+		// The client is done sending: pass the half-close on (a partial message is dropped,
+		// never forwarded) and let the store's last replies through for a while.
+		if !c.awaitUp() {
+			c.closeBoth()
+			return false
+		}
+		c.up.CloseWrite()
+		c.up.SetReadDeadline(c.s.now().Add(replyGrace))
+		return false
+	default:
+		c.closeBoth()
+		return false
+	}
+}
+
+// pipeStoreToClient passes the store's bytes to the client untouched.
+func (c *conn) pipeStoreToClient() {
+	defer close(c.s2cDone)
+	defer c.closeBoth()
+	defer c.s.recoverConn(c)
+	if len(c.pendClient) > 0 {
+		w, err := c.client.Write(c.pendClient)
+		c.s.m.bytesS2C.Add(float64(w))
+		c.pendClient = nil
+		if err != nil {
+			return
+		}
+	}
+	rc, err := c.up.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		bp, n, err := readPooled(rc)
+		if n > 0 {
+			w, werr := c.client.Write((*bp)[:n])
+			c.s.m.bytesS2C.Add(float64(w))
+			readBufs.Put(bp)
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,277 @@
+package proxy
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Every change of a connection's owner (c.own) is in this file, under c.mu:
+//
+//	accept ──► goroutines ──toLoop──► loop ──leaveLoop──► detached ──fromLoop──► goroutines
+//	  │                                ▲
+//	  └──connectNow (take)─────────────┘
+//
+// closeBoth can come at any point: it sets closed and the owner at that moment closes the sockets
+// (goroutines: at once; a loop: when it serves the request; detached: fromLoop, or leaveLoop). A
+// connection goes to a loop only between messages, with the store connected and no deadline to
+// watch; a loop gives it back when it would have to wait (see loop_linux.go).
+
+// connectNow connects to a store on this host outside Go's poller, for a loop to forward the
+// connection from its first byte: no dialling goroutine, no poller registration, no kick. The
+// store socket is then ufd. It reports false, leaving the dial to dialStore, when loops do not
+// take this connection or the store did not take it at once (it is not listening yet, or its
+// accept queue is full).
+func (c *conn) connectNow() bool {
+	if c.s.loops == nil || c.awaitStore || !c.st.local.IsValid() || c.st.cfg.Timeouts.Idle != 0 ||
+		!c.g.Deadline().IsZero() {
+		return false
+	}
+	fd, err := connectLocal(c.st.local)
+	if err != nil {
+		return false
+	}
+	c.ufd = fd
+	close(c.upReady)
+	return true
+}
+
+// connectLocal connects a non-blocking socket to ap and returns it once established. A connect
+// to this host runs the whole handshake within the call, so the socket is established when it
+// returns EINPROGRESS, unless the listener dropped the SYN: then, as for a refusal, it fails.
+func connectLocal(ap netip.AddrPort) (int32, error) {
+	family, sa := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()})
+	if ap.Addr().Is4() {
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, os.NewSyscallError("socket", err)
+	}
+	if err = unix.Connect(fd, sa); err == unix.EINPROGRESS {
+		_, err = unix.Getpeername(fd) // ENOTCONN until established
+	}
+	if err == nil {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) // as net.Dial
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return int32(fd), nil
+}
+
+// takenFromAccept is a connection a loop accepted and connected (connectNow): it belongs to the
+// loop l from its first byte, with its client socket fd.
+func (c *conn) takenFromAccept(l *loop, fd int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cfd, c.own, c.lp, c.out = int32(fd), ownLoop, l, viaLoop
+}
+
+// retarget gives a connection that takenFromAccept meant for a loop that has ended to the loop l
+// instead; it reports false, having ended the connection, when it was closed meanwhile (the close
+// was asked of the ended loop).
+func (c *conn) retarget(l *loop) bool {
+	c.mu.Lock()
+	c.lp = l
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		c.leaveLoop()
+	}
+	return !closed
+}
+
+// toLoop hands the connection to an event loop. took: the loop owns it now, and the caller must
+// not touch it again (the loop ends it, or hands it back to a new serve goroutine). Otherwise live
+// reports whether it goes on with goroutines.
+func (c *conn) toLoop() (took, live bool) {
+	cfd, ufd, err := c.loopFds()
+	if err != nil {
+		// Out of descriptors, most likely: the connection stays on its goroutines, unharmed.
+		c.s.log.Debug("could not hand a connection to an event loop", "conn", c.id, "err", err)
+		if c.up == nil && !c.attachUp() {
+			return false, false
+		}
+		c.startReplies()
+		return false, true
+	}
+	l := c.s.loops.pick()
+	c.mu.Lock()
+	c.cfd, c.ufd = cfd, ufd
+	if c.closed {
+		c.closeDetached()
+		c.mu.Unlock()
+		return false, false
+	}
+	c.own, c.lp, c.out = ownLoop, l, viaLoop
+	c.mu.Unlock()
+	if l.adopt(c) {
+		return true, true
+	}
+	c.mu.Lock() // the loop ended: stay on goroutines
+	c.own, c.lp = ownDetached, nil
+	c.mu.Unlock()
+	return false, c.fromLoop()
+}
+
+// leaveLoop is called by the loop that lets c go, after it stopped watching c's sockets: a closed
+// connection ends there, a live one goes on with goroutines.
+func (c *conn) leaveLoop() {
+	c.mu.Lock()
+	c.own, c.lp = ownDetached, nil
+	closed := c.closed
+	if closed {
+		c.closeDetached()
+	}
+	c.mu.Unlock()
+	if closed {
+		c.end()
+		return
+	}
+	go c.serve(true)
+}
+
+// fromLoop gives the connection's sockets back to Go's poller after a loop and writes what the
+// loop left unwritten; it reports whether the connection lives on.
+func (c *conn) fromLoop() bool {
+	c.out = viaGoroutines
+	if !c.reattach() {
+		return false
+	}
+	if len(c.pendUp) > 0 {
+		ok := c.out.send(c, nil, c.pendUp)
+		c.pendUp = nil
+		if !ok {
+			return false
+		}
+	}
+	if t := c.resumeTail; t != nil {
+		c.resumeTail = nil
+		if !c.keep(t) {
+			return false
+		}
+	}
+	c.startReplies()
+	return true
+}
+
+// reattach gives detached sockets to Go's poller; it reports whether the connection lives on.
+func (c *conn) reattach() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		c.closeDetached()
+		return false
+	}
+	client, err := attach(c.cfd)
+	if err == nil {
+		c.cfd = -1
+		var up *net.TCPConn
+		if up, err = attach(c.ufd); err == nil {
+			c.client, c.up, c.ufd, c.own = client, up, -1, ownGoroutines
+			return true
+		}
+		client.Close()
+	}
+	c.s.log.Warn("could not take a connection back from its event loop; closing it", "conn", c.id, "err", err)
+	c.closed = true
+	if c.ufd >= 0 { // attach closed what it was given, and cfd is then -1
+		unix.Close(int(c.ufd))
+	}
+	c.cfd, c.ufd = -1, -1
+	return false
+}
+
+// loopFds takes the connection's sockets away from Go's poller for a loop: the client's, and the
+// store's unless connectNow made it outside the poller (then it is ufd already).
+func (c *conn) loopFds() (cfd, ufd int32, err error) {
+	if c.up != nil {
+		return detach(c.client, c.up)
+	}
+	if cfd, err = dupFd(c.client); err != nil {
+		return -1, -1, err
+	}
+	c.client.Close()
+	return cfd, c.ufd, nil
+}
+
+// attachUp gives the store socket connectNow made to Go's poller, for goroutines to forward; it
+// reports whether the connection lives on.
+func (c *conn) attachUp() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fd := c.ufd
+	c.ufd = -1
+	if c.closed {
+		unix.Close(int(fd))
+		return false
+	}
+	up, err := attach(fd)
+	if err != nil {
+		c.s.log.Warn("could not give a store connection to Go's poller; closing it", "conn", c.id, "err", err)
+		c.closed = true
+		c.client.Close()
+		return false
+	}
+	c.up = up
+	return true
+}
+
+// closeDetached closes the descriptors a loop owned; c.mu is held.
+func (c *conn) closeDetached() {
+	if c.cfd >= 0 {
+		unix.Close(int(c.cfd))
+		unix.Close(int(c.ufd))
+	}
+	c.cfd, c.ufd = -1, -1
+}
+
+// detach takes the client and store sockets away from Go's poller: it duplicates their
+// descriptors, for the caller to own, and closes the net.Conns (the sockets live on through the
+// duplicates). On an error both net.Conns are left as they were.
+func detach(client, up *net.TCPConn) (cfd, ufd int32, err error) {
+	if cfd, err = dupFd(client); err != nil {
+		return -1, -1, err
+	}
+	if ufd, err = dupFd(up); err != nil {
+		unix.Close(int(cfd))
+		return -1, -1, err
+	}
+	client.Close()
+	up.Close()
+	return cfd, ufd, nil
+}
+
+// dupFd duplicates sc's descriptor, close-on-exec, for the caller to own.
+func dupFd(sc syscall.Conn) (int32, error) {
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+		if derr != nil {
+			derr = os.NewSyscallError("fcntl", derr)
+		}
+	}); err != nil {
+		return -1, err
+	}
+	return int32(nfd), derr
+}
+
+// attach gives a descriptor from detach back to Go's poller; the descriptor is closed either way.
+func attach(fd int32) (*net.TCPConn, error) {
+	f := os.NewFile(uintptr(fd), "")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}

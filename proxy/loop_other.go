@@ -1,0 +1,37 @@
+//go:build !linux
+
+package proxy
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+)
+
+// Event loops (epoll) and the transparent redirect's original destination (SO_ORIGINAL_DST) need
+// Linux. Elsewhere every connection is forwarded by its goroutines, and its destination is the
+// address it reached: enough to develop and test storeguard on a laptop, not to deploy it.
+
+var errNoLoops = errors.New("event loops need Linux (epoll)")
+
+type loop struct{}
+
+type loops struct{}
+
+func startLoops(*Server, int) (*loops, error)    { return nil, errNoLoops }
+func (*loops) pick() *loop                       { return nil }
+func (*loops) stop()                             {}
+func (*loops) acceptFrom(*net.TCPListener) error { return errNoLoops }
+func (*loops) stopAccepting()                    {}
+func (*loop) requestClose(*conn)                 {}
+
+func (c *conn) connectNow() bool { return false }
+
+func (c *conn) toLoop() (took, live bool) {
+	c.startReplies()
+	return false, true
+}
+
+func (c *conn) fromLoop() bool { return false }
+
+func originalDstFd(_ int, local netip.AddrPort) netip.AddrPort { return local }

@@ -1,0 +1,156 @@
+package proxy
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// originalDstFd is the address a client dialled before an nftables/iptables REDIRECT, for a socket
+// whose local address is local (see originalDst).
+func originalDstFd(fd int, local netip.AddrPort) netip.AddrPort {
+	level := unix.SOL_IP
+	if local.Addr().Is6() && !local.Addr().Is4In6() {
+		level = unix.SOL_IPV6 // IP6T_SO_ORIGINAL_DST has SO_ORIGINAL_DST's number
+	}
+	var sa [unix.SizeofSockaddrInet6]byte // sockaddr_in or sockaddr_in6
+	n := uint32(len(sa))
+	_, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), unix.SO_ORIGINAL_DST,
+		uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&n)), 0)
+	if e != 0 {
+		return local
+	}
+	port := uint16(sa[2])<<8 | uint16(sa[3])
+	switch {
+	case sa[0] == unix.AF_INET && n >= 8:
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), port)
+	case sa[0] == unix.AF_INET6 && n >= 24:
+		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(sa[8:24])), port)
+	}
+	return local
+}
+
+// clientOptions are what Go sets on the connections it accepts, and setClientOptions on the ones
+// a loop accepts: no Nagle delay, and keep-alive probes after 15 s idle, every 15 s, 9 of them, so
+// that a client host that vanished frees its connection (and its place under the caps) within
+// minutes.
+var clientOptions = [...]struct{ level, name, value int }{
+	{unix.IPPROTO_TCP, unix.TCP_NODELAY, 1},
+	{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+	{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 15},
+	{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15},
+	{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9},
+}
+
+func setClientOptions(fd int) {
+	for _, o := range clientOptions {
+		unix.SetsockoptInt(fd, o.level, o.name, o.value)
+	}
+}
+
+func hasClientOptions(fd int) bool {
+	for _, o := range clientOptions {
+		if v, err := unix.GetsockoptInt(fd, o.level, o.name); err != nil || v != o.value {
+			return false
+		}
+	}
+	return true
+}
+
+// clientOptionsOf sets clientOptions on a socket a loop accepted, unless accepted sockets inherit
+// them from the listening socket, which has them (Linux copies them to each accepted socket; 5
+// system calls fewer per connection). That is checked on the first accepted socket, and if it
+// did not inherit them, every socket gets them set as before.
+func (ls *loops) clientOptionsOf(fd int) {
+	switch ls.inherit.Load() {
+	case inherits:
+		return
+	case inheritUnknown:
+		if hasClientOptions(fd) {
+			ls.inherit.Store(inherits)
+			return
+		}
+		ls.inherit.Store(inheritsNot)
+	}
+	setClientOptions(fd)
+}
+
+const (
+	inheritUnknown = iota
+	inherits
+	inheritsNot
+)
+
+// sockaddrAddrPort is sa as Go's accept reports it: IPv4-mapped addresses unmapped, and a
+// link-local address with its zone, the interface's name (its index if it has none).
+func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		a := netip.AddrFrom16(sa.Addr).Unmap()
+		if sa.ZoneId != 0 {
+			zone := strconv.Itoa(int(sa.ZoneId))
+			if ifi, err := net.InterfaceByIndex(int(sa.ZoneId)); err == nil {
+				zone = ifi.Name
+			}
+			a = a.WithZone(zone)
+		}
+		return netip.AddrPortFrom(a, uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// The loop's reads, writes and non-blocking epoll_waits never block, so they are raw system calls:
+// none of the runtime's bookkeeping for a call that might (entersyscall, exitsyscall), which
+// costs about as much as a small read itself. Only the epoll_wait that waits goes through it.
+
+// epollWait waits up to msec milliseconds for events on epfd; 0 returns at once. (Each
+// unsafe.Pointer is converted within the call expression, as unix.Syscall requires.)
+func epollWait(epfd int, events []unix.EpollEvent, msec int) (int, unix.Errno) {
+	var n uintptr
+	var e unix.Errno
+	if msec == 0 {
+		n, _, e = unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd),
+			uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	} else {
+		n, _, e = unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd),
+			uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	}
+	return int(n), e
+}
+
+// readFd reads what fd has; n == 0 with errno 0 is the end of the stream.
+func readFd(fd int32, p []byte) (int, unix.Errno) {
+	return rawIO(unix.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p))
+}
+
+// writeFd writes a and then b (which may be empty) with one system call, without waiting.
+func writeFd(fd int32, a, b []byte) (int, unix.Errno) {
+	if len(b) == 0 {
+		return rawIO(unix.SYS_WRITE, fd, unsafe.Pointer(&a[0]), len(a))
+	}
+	iov := [2]unix.Iovec{{Base: &a[0]}, {Base: &b[0]}}
+	iov[0].SetLen(len(a))
+	iov[1].SetLen(len(b))
+	return rawIO(unix.SYS_WRITEV, fd, unsafe.Pointer(&iov[0]), len(iov))
+}
+
+// rawIO is read, write or writev of fd as a raw system call, again if a signal interrupted it:
+// the count, or 0 and the errno. (p stays an unsafe.Pointer up to the call expression, as
+// unix.RawSyscall requires.)
+func rawIO(trap uintptr, fd int32, p unsafe.Pointer, n int) (int, unix.Errno) {
+	for {
+		r, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(p), uintptr(n))
+		switch e {
+		case 0:
+			return int(r), 0
+		case unix.EINTR:
+		default:
+			return 0, e
+		}
+	}
+}

@@ -2,10 +2,10 @@ package proxy
 
 import (
 	"runtime"
-	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -113,7 +113,7 @@ func newMetrics(bansActive, buffered func() float64) *metrics {
 		[]string{"generation", "backend"})
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
 		[]string{"version", "goversion"})
-	build.WithLabelValues(Version(), runtime.Version()).Set(1)
+	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.loopConns, handbacks, build,
@@ -142,12 +142,4 @@ func newMetrics(bansActive, buffered func() float64) *metrics {
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("failed")
 	return m
-}
-
-// Version is the module version of the running binary, or "devel".
-func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "devel"
 }

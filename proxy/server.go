@@ -22,6 +22,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -170,7 +171,7 @@ func (s *Server) MetricsAddr() net.Addr {
 func (s *Server) Serve(ctx context.Context) error {
 	st := s.set.Load()
 	s.log.Info("storeguard serving", "listen", s.ln.Addr().String(), "upstream", st.cfg.Upstream,
-		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", Version())
+		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", version.String())
 	s.warnExposure(st.cfg.Upstream)
 	s.learnMu.Lock()
 	s.learnCtx = ctx

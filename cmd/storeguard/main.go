@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
-	"github.com/storeguard/storeguard/proxy"
+	"github.com/storeguard/storeguard/internal/version"
 )
 
 func main() {
@@ -22,7 +22,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Use:           "storeguard",
 		Short:         "A guard proxy for PyTorch's TCPStore (MASTER_PORT)",
 		SilenceErrors: true,
-		Version:       proxy.Version(),
+		Version:       version.String(),
 	}
 	root.AddCommand(newServeCommand(), config.NewCommand(), audit.NewCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newIdentifyCommand())
 	root.SetArgs(args)

@@ -276,10 +276,20 @@ func (c *conn) isClosed() bool {
 // hostile input must never stop the proxy.
 func (s *Server) recoverConn(c *conn) {
 	if r := recover(); r != nil {
-		s.m.panics.Inc()
-		s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
-		c.closeBoth()
+		s.panicked(r, c)
 	}
+}
+
+// panicked counts and logs a recovered panic, and closes c, the connection it was handling (nil:
+// none yet).
+func (s *Server) panicked(r any, c *conn) {
+	s.m.panics.Inc()
+	if c == nil {
+		s.log.Error("accepting a connection panicked", "panic", r, "stack", string(debug.Stack()))
+		return
+	}
+	s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
+	c.closeBoth()
 }
 
 // everySecond lets one event through per second, for logs a flood could otherwise fill.

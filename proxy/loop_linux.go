@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"runtime"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -371,8 +370,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	s.handlers.Add(1)
 	defer func() {
 		if r := recover(); r != nil {
-			s.m.panics.Inc()
-			s.log.Error("accepting a connection panicked", "panic", r, "stack", string(debug.Stack()))
+			s.panicked(r, nil)
 		}
 	}()
 	src := sockaddrAddrPort(sa)
@@ -491,9 +489,7 @@ func (l *loop) release(c *conn, why handback) {
 func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	defer func() {
 		if r := recover(); r != nil {
-			l.s.m.panics.Inc()
-			l.s.log.Error("connection handler panicked", "conn", c.id, "panic", r, "stack", string(debug.Stack()))
-			c.closeBoth()
+			l.s.panicked(r, c)
 			if c.registered { // else release itself panicked after letting c go
 				l.release(c, handbackNone)
 			}

@@ -231,12 +231,18 @@ func (w *Writer) Conn(client, server netip.AddrPort, cisn, sisn uint32) *Conn {
 
 // Open writes the three-way handshake, 50 µs apart.
 func (c *Conn) Open(t time.Time) error {
-	if err := c.W.WriteSegment(t, c.Client, c.Server, Segment{Seq: c.CSeq, Flags: SYN}); err != nil {
+	return c.exchange(t, SYN, Segment{Seq: c.CSeq, Flags: SYN})
+}
+
+// exchange writes first from the client (a SYN or a FIN), the store's answer with the same flag,
+// and the client's last ACK, 50 µs apart; each flag takes a sequence number.
+func (c *Conn) exchange(t time.Time, flag Flags, first Segment) error {
+	if err := c.W.WriteSegment(t, c.Client, c.Server, first); err != nil {
 		return err
 	}
 	c.CSeq++
 	if err := c.W.WriteSegment(t.Add(50*time.Microsecond), c.Server, c.Client,
-		Segment{Seq: c.SSeq, Ack: c.CSeq, Flags: SYN | ACK}); err != nil {
+		Segment{Seq: c.SSeq, Ack: c.CSeq, Flags: flag | ACK}); err != nil {
 		return err
 	}
 	c.SSeq++
@@ -287,14 +293,5 @@ func (c *Conn) Reply(t time.Time, payload []byte, mss int) error {
 
 // Close writes the client's FIN, the store's FIN and the last ACK.
 func (c *Conn) Close(t time.Time) error {
-	if err := c.W.WriteSegment(t, c.Client, c.Server, Segment{Seq: c.CSeq, Ack: c.SSeq, Flags: FIN | ACK}); err != nil {
-		return err
-	}
-	c.CSeq++
-	if err := c.W.WriteSegment(t.Add(50*time.Microsecond), c.Server, c.Client,
-		Segment{Seq: c.SSeq, Ack: c.CSeq, Flags: FIN | ACK}); err != nil {
-		return err
-	}
-	c.SSeq++
-	return c.W.WriteSegment(t.Add(100*time.Microsecond), c.Client, c.Server, Segment{Seq: c.CSeq, Ack: c.SSeq, Flags: ACK})
+	return c.exchange(t, FIN, Segment{Seq: c.CSeq, Ack: c.SSeq, Flags: FIN | ACK})
 }

@@ -324,15 +324,15 @@ func (s *Server) reload(cfg config.Config) error {
 	return nil
 }
 
+// sweepLoop lets the gate forget idle sources and ended bans every 5 s until ctx ends.
 func (s *Server) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
-	for {
+	for ctx.Err() == nil {
 		select {
-		case <-ctx.Done():
-			return
 		case <-t.C:
 			s.gate.Sweep()
+		case <-ctx.Done():
 		}
 	}
 }

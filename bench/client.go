@@ -124,28 +124,10 @@ type replyShape struct {
 }
 
 var (
-	replyNone  = replyShape{}
 	replyInt   = replyShape{fixed: 8}
 	replyByte  = replyShape{fixed: 1}
 	replyBytes = replyShape{strings: 1}
 )
-
-// replyOf returns the reply shape of op with nkeys keys.
-func replyOf(op protocol.Op, nkeys int) replyShape {
-	switch op {
-	case protocol.OpGet, protocol.OpCompareSet:
-		return replyBytes
-	case protocol.OpAdd, protocol.OpGetNumKeys, protocol.OpDeleteKey:
-		return replyInt
-	case protocol.OpCheck, protocol.OpWait:
-		return replyByte
-	case protocol.OpMultiGet:
-		return replyShape{strings: nkeys}
-	case protocol.OpPing:
-		return replyShape{fixed: 4}
-	}
-	return replyNone // VALIDATE, SET, MULTI_SET, APPEND
-}
 
 func (cl *client) readReply(s replyShape) error {
 	if s.fixed > 0 {

@@ -134,6 +134,34 @@ func parseLine(text []byte, readErr error) (Event, error) {
 	return e, nil
 }
 
+// ExpandFiles returns the logs to read for paths, each file once (so
+// `audit audit.log*` reads each file once). With rotated, each path's
+// backups come first, oldest first; a path with neither backups nor a file of
+// its own stays in, for Summarize to report it missing.
+func ExpandFiles(paths []string, rotated bool) ([]string, error) {
+	var out []string
+	seen := make(map[string]bool)
+	for _, path := range paths {
+		files := []string{path}
+		if rotated {
+			var err error
+			if files, err = RotatedFiles(path); err != nil {
+				return nil, err
+			}
+			if len(files) == 0 {
+				files = []string{path}
+			}
+		}
+		for _, f := range files {
+			if !seen[f] {
+				seen[f] = true
+				out = append(out, f)
+			}
+		}
+	}
+	return out, nil
+}
+
 // RotatedFiles returns path's backups that exist, oldest first
 // (path.N[.gz] … path.1[.gz]), followed by path itself.
 func RotatedFiles(path string) ([]string, error) {

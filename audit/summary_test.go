@@ -2,10 +2,8 @@ package audit
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -199,20 +197,28 @@ func TestSummaryTop(t *testing.T) {
 	}
 }
 
-func runCommand(t *testing.T, args ...string) ([]byte, error) {
+// summaryOutput is what `storeguard audit FILE... --top 3 --format format`
+// prints: the summary of paths and their rotated backups.
+func summaryOutput(t *testing.T, format string, paths ...string) []byte {
 	t.Helper()
-	cmd := NewCommand()
+	files, err := ExpandFiles(paths, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Summarize(files, Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(io.Discard)
-	cmd.SetArgs(args)
-	err := cmd.Execute()
-	return out.Bytes(), err
+	if err := s.Top(3).Write(&out, format); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
 }
 
-// TestCommandGolden runs the cobra command end to end, one golden file per
-// format. Rewrite them with: go test ./audit/ -run Golden -update
-func TestCommandGolden(t *testing.T) {
+// TestSummaryGolden summarizes the sample logs, one golden file per format.
+// Rewrite them with: go test ./audit/ -run Golden -update
+func TestSummaryGolden(t *testing.T) {
 	testdata, err := filepath.Abs("testdata")
 	if err != nil {
 		t.Fatal(err)
@@ -220,10 +226,7 @@ func TestCommandGolden(t *testing.T) {
 	writeSampleLogs(t, t.TempDir())
 	for _, format := range []string{"table", "json", "csv"} {
 		t.Run(format, func(t *testing.T) {
-			got, err := runCommand(t, "audit.log", "extra.log", "--format", format, "--top", "3")
-			if err != nil {
-				t.Fatal(err)
-			}
+			got := summaryOutput(t, format, "audit.log", "extra.log")
 			path := filepath.Join(testdata, "summary."+format+".golden")
 			if *update {
 				if err := os.WriteFile(path, got, 0o644); err != nil {
@@ -260,41 +263,38 @@ func lineDiff(want, got string) string {
 	return b.String()
 }
 
-func TestCommandFilters(t *testing.T) {
+func TestFilters(t *testing.T) {
 	files := writeSampleLogs(t, t.TempDir())
+	date := func(s string) time.Time {
+		d, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
 	tests := []struct {
 		name               string
-		args               []string
+		paths              []string
+		filter             Filter
 		files              int
 		events, suppressed uint64
-		wantErr            string
 	}{
-		{name: "all", args: nil, files: len(files), events: 11, suppressed: 8},
-		{name: "duplicates read once", args: []string{files[0], files[1]}, files: len(files), events: 11, suppressed: 8},
-		{name: "plain ip", args: []string{"--source", "192.0.2.1"}, files: len(files), events: 4, suppressed: 7},
-		{name: "cidr and rule", args: []string{"--source", "192.0.2.0/24", "--rule", "value_too_long"}, files: len(files), events: 2},
-		{name: "since rfc3339", args: []string{"--since", "2025-03-01T13:00:00Z"}, files: len(files), events: 6, suppressed: 1},
-		{name: "until date", args: []string{"--until", "2025-03-02"}, files: len(files), events: 11, suppressed: 8},
-		{name: "since duration ago", args: []string{"--since", "1h"}, files: len(files)}, // the log is from 2025
-		{name: "bad format", args: []string{"--format", "xml"}, wantErr: "--format"},
-		{name: "bad source", args: []string{"--source", "10.0.0.0/99"}, wantErr: "--source"},
-		{name: "bad since", args: []string{"--since", "yesterday"}, wantErr: "--since"},
+		{name: "all", files: len(files), events: 11, suppressed: 8},
+		{name: "duplicates read once", paths: []string{files[0], files[1]}, files: len(files), events: 11, suppressed: 8},
+		{name: "one address", filter: Filter{Source: netip.MustParsePrefix("192.0.2.1/32")}, files: len(files), events: 4, suppressed: 7},
+		{name: "cidr and rule", filter: Filter{Source: netip.MustParsePrefix("192.0.2.0/24"), Rule: "value_too_long"}, files: len(files), events: 2},
+		{name: "since", filter: Filter{Since: date("2025-03-01T13:00:00Z")}, files: len(files), events: 6, suppressed: 1},
+		{name: "until", filter: Filter{Until: date("2025-03-02T00:00:00Z")}, files: len(files), events: 11, suppressed: 8},
+		{name: "since an hour ago", filter: Filter{Since: time.Now().Add(-time.Hour)}, files: len(files)}, // the log is from 2025
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			args := append([]string{"audit.log", "extra.log", "--format", "json"}, tt.args...)
-			out, err := runCommand(t, args...)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want one about %s", err, tt.wantErr)
-				}
-				return
-			}
+			paths, err := ExpandFiles(append([]string{"audit.log", "extra.log"}, tt.paths...), true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var s Summary
-			if err := json.Unmarshal(out, &s); err != nil {
+			s, err := Summarize(paths, tt.filter)
+			if err != nil {
 				t.Fatal(err)
 			}
 			if s.Files != tt.files || s.Events != tt.events || s.Suppressed != tt.suppressed {
@@ -303,26 +303,22 @@ func TestCommandFilters(t *testing.T) {
 		})
 	}
 
-	out, err := runCommand(t, "audit.log", "extra.log", "--rotated=false", "--format", "json")
+	paths, err := ExpandFiles([]string{"audit.log", "extra.log", "audit.log"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got Summary
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatal(err)
+	if !slices.Equal(paths, []string{"audit.log", "extra.log"}) {
+		t.Fatalf("without rotated backups: %v, want audit.log and extra.log once each", paths)
 	}
-	want, err := Summarize([]string{"audit.log", "extra.log"}, Filter{})
+	got, err := Summarize(paths, Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Files != 2 || got.Events != want.Events || got.Events >= 11 {
-		t.Errorf("--rotated=false: %d files, %d events; want 2 files, %d events", got.Files, got.Events, want.Events)
+	if got.Files != 2 || got.Events >= 11 {
+		t.Errorf("without rotated backups: %d files, %d events; want 2 files, fewer than 11 events", got.Files, got.Events)
 	}
 
-	if _, err := runCommand(t, "missing.log"); err == nil {
-		t.Error("a missing file is not an error")
-	}
-	if _, err := runCommand(t); err == nil {
-		t.Error("no FILE is not an error")
+	if paths, err := ExpandFiles([]string{"missing.log"}, true); err != nil || !slices.Equal(paths, []string{"missing.log"}) {
+		t.Errorf("a missing file expands to %v, %v; want itself, for Summarize to report", paths, err)
 	}
 }

@@ -1,104 +1,108 @@
 // Package config loads storeguard's configuration: the embedded default, then
 // an optional YAML file, then STOREGUARD_* environment variables, then the
-// serve flags that were given. It validates the result once and hands back a
-// plain Config; nothing reads viper after Load returns. To reload, call Load
-// again with the same Options and keep the old Config if it fails.
+// command-line settings that were given. Viper layers them and unmarshals the
+// result; Load validates it once and hands back a plain Config, and nothing
+// reads viper after Load returns. To reload, call Load again with the same
+// Options and keep the old Config if it fails. The command line itself is
+// cmd/storeguard's: this package knows no flags.
 package config
 
 import (
 	"fmt"
-	"github.com/storeguard/storeguard/protocol"
 	"log/slog"
 	"net/netip"
 	"time"
+
+	"github.com/storeguard/storeguard/protocol"
 )
 
-// Config mirrors the keys of docs/design.md. Field comments name the key.
+// Config mirrors the keys of docs/design.md; each field's mapstructure tag is
+// its key, under its section's.
 type Config struct {
-	Listen        string // listen
-	Upstream      string // upstream
-	MetricsListen string // metrics-listen; "" disables metrics
-	AuditLog      string // audit-log; "" sends audit events to the structured log only
+	Listen        string `mapstructure:"listen"`
+	Upstream      string `mapstructure:"upstream"`
+	MetricsListen string `mapstructure:"metrics-listen"` // "" disables metrics
+	AuditLog      string `mapstructure:"audit-log"`      // "" sends audit events to the structured log only
 	// Generation is the raw generation setting (auto, G0.., or a torch
 	// release); protocol.ParseGeneration turns it into a protocol setting.
-	Generation string
-	Backend    Backend // backend
-	Mode       Mode    // mode
-	// EventLoops is event-loops: how many event loops accept and forward connections; 0 = one
+	Generation string  `mapstructure:"generation"`
+	Backend    Backend `mapstructure:"backend"`
+	Mode       Mode    `mapstructure:"mode"`
+	// EventLoops is how many event loops accept and forward connections; 0 = one
 	// per CPU the process may use, -1 = none (two goroutines per connection).
-	EventLoops int
+	EventLoops int `mapstructure:"event-loops"`
 
-	Limits   Limits
-	Timeouts Timeouts
-	Access   Access
-	Caps     Caps
-	Ban      Ban
-	Audit    Audit
-	Log      Log
-	Replay   Replay
+	Limits   Limits   `mapstructure:"limits"`
+	Timeouts Timeouts `mapstructure:"timeouts"`
+	Access   Access   `mapstructure:"access"`
+	Caps     Caps     `mapstructure:"caps"`
+	Ban      Ban      `mapstructure:"ban"`
+	Audit    Audit    `mapstructure:"audit"`
+	Log      Log      `mapstructure:"log"`
+	Replay   Replay   `mapstructure:"replay"`
 }
 
 // Limits are the per-message ceilings (limits.*). Byte sizes and counts are
 // int64 because they are compared with 64-bit lengths read from the wire.
 type Limits struct {
-	MaxKeyBytes     int64 // limits.max-key-bytes
-	MaxValueBytes   int64 // limits.max-value-bytes
-	MaxKeys         int64 // limits.max-keys
-	MaxMessageBytes int64 // limits.max-message-bytes
-	BlockWatchKey   bool  // limits.block-watch-key
-	RejectZeroCount bool  // limits.reject-zero-count
+	MaxKeyBytes     int64 `mapstructure:"max-key-bytes"`
+	MaxValueBytes   int64 `mapstructure:"max-value-bytes"`
+	MaxKeys         int64 `mapstructure:"max-keys"`
+	MaxMessageBytes int64 `mapstructure:"max-message-bytes"`
+	BlockWatchKey   bool  `mapstructure:"block-watch-key"`
+	RejectZeroCount bool  `mapstructure:"reject-zero-count"`
 }
 
 // Timeouts (timeouts.*). Zero means off where docs/design.md says so.
 type Timeouts struct {
-	UpstreamDial time.Duration // timeouts.upstream-dial
-	Message      time.Duration // timeouts.message
-	FirstMessage time.Duration // timeouts.first-message; 0 = off
-	Idle         time.Duration // timeouts.idle; 0 = off
-	Drain        time.Duration // timeouts.drain
+	UpstreamDial time.Duration `mapstructure:"upstream-dial"`
+	Message      time.Duration `mapstructure:"message"`
+	FirstMessage time.Duration `mapstructure:"first-message"` // 0 = off
+	Idle         time.Duration `mapstructure:"idle"`          // 0 = off
+	Drain        time.Duration `mapstructure:"drain"`
 }
 
 // Access lists source prefixes (access.*). Prefixes are masked and never
 // IPv4-mapped IPv6, so compare them with netip.Addr.Unmap()ed addresses.
 type Access struct {
-	Allow []netip.Prefix // access.allow; empty = everyone
-	Deny  []netip.Prefix // access.deny
+	Allow []netip.Prefix `mapstructure:"allow"` // empty = everyone
+	Deny  []netip.Prefix `mapstructure:"deny"`
 }
 
 // Caps limit connection admission (caps.*).
 type Caps struct {
-	MaxConnections       int     // caps.max-connections
-	PerSourceConnections int     // caps.per-source-connections; 0 = unlimited
-	PerSourceRate        float64 // caps.per-source-rate, new connections/s; 0 = unlimited
-	PerSourceBurst       int     // caps.per-source-burst
-	BufferBudgetBytes    int64   // caps.buffer-budget-bytes
+	MaxConnections       int     `mapstructure:"max-connections"`
+	PerSourceConnections int     `mapstructure:"per-source-connections"` // 0 = unlimited
+	PerSourceRate        float64 `mapstructure:"per-source-rate"`        // new connections/s; 0 = unlimited
+	PerSourceBurst       int     `mapstructure:"per-source-burst"`
+	BufferBudgetBytes    int64   `mapstructure:"buffer-budget-bytes"`
 }
 
 // Ban (ban.*): Violations within Window ban a source for Duration.
 type Ban struct {
-	Violations int           // ban.violations; 0 = bans off
-	Window     time.Duration // ban.window
-	Duration   time.Duration // ban.duration
+	Violations int           `mapstructure:"violations"` // 0 = bans off
+	Window     time.Duration `mapstructure:"window"`
+	Duration   time.Duration `mapstructure:"duration"`
 }
 
 // Audit configures the audit-log file and its per-source sampling (audit.*).
 type Audit struct {
-	MaxBytes     int64         // audit.max-bytes
-	MaxBackups   int           // audit.max-backups
-	SampleFirst  int           // audit.sample-first
-	SampleEvery  int           // audit.sample-every
-	SampleWindow time.Duration // audit.sample-window
+	MaxBytes     int64         `mapstructure:"max-bytes"`
+	MaxBackups   int           `mapstructure:"max-backups"`
+	SampleFirst  int           `mapstructure:"sample-first"`
+	SampleEvery  int           `mapstructure:"sample-every"`
+	SampleWindow time.Duration `mapstructure:"sample-window"`
 }
 
 // Log configures the structured log (log.*).
 type Log struct {
-	Level  slog.Level // log.level: debug, info, warn or error
-	Format LogFormat  // log.format
+	Level  slog.Level `mapstructure:"level"` // debug, info, warn or error
+	Format LogFormat  `mapstructure:"format"`
 }
 
 // Replay configures storeguard replay (replay.*).
 type Replay struct {
-	Ports []uint16 // replay.ports
+	Ports []uint16 `mapstructure:"ports"`
 }
 
 // Backend is the store's server backend (backend).

@@ -12,27 +12,19 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/spf13/pflag"
 )
 
-// load writes yaml (if any) to a file and loads it with exactly env and the
-// serve flags parsed from args.
-func load(t *testing.T, yaml string, env []string, args ...string) (Config, error) {
+// load writes yaml (if any) to a file and loads it with exactly env and flags.
+func load(t *testing.T, yaml string, env []string, flags ...Flag) (Config, error) {
 	t.Helper()
 	var path string
 	if yaml != "" {
 		path = writeFile(t, yaml)
 	}
-	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-	AddServeFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
 	if env == nil {
 		env = []string{}
 	}
-	return Load(Options{File: path, Env: env, Flags: fs})
+	return Load(Options{File: path, Env: env, Flags: flags})
 }
 
 func writeFile(t *testing.T, content string) string {
@@ -44,9 +36,9 @@ func writeFile(t *testing.T, content string) string {
 	return path
 }
 
-func mustLoad(t *testing.T, yaml string, env []string, args ...string) Config {
+func mustLoad(t *testing.T, yaml string, env []string, flags ...Flag) Config {
 	t.Helper()
-	c, err := load(t, yaml, env, args...)
+	c, err := load(t, yaml, env, flags...)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -238,9 +230,9 @@ func TestConfigFileFromEnvAndFlag(t *testing.T) {
 	if err != nil || c.Mode != ModeMonitor {
 		t.Fatalf("$STOREGUARD_CONFIG: mode %q, err %v", c.Mode, err)
 	}
-	c = mustLoad(t, "", nil, "--config", path)
-	if c.Mode != ModeMonitor {
-		t.Fatalf("--config: mode %q", c.Mode)
+	c, err = Load(Options{File: path, Env: []string{"STOREGUARD_CONFIG=/nonexistent.yaml"}})
+	if err != nil || c.Mode != ModeMonitor {
+		t.Fatalf("File over $STOREGUARD_CONFIG: mode %q, err %v", c.Mode, err)
 	}
 	if _, err := Load(Options{File: filepath.Join(t.TempDir(), "missing.yaml"), Env: []string{}}); err == nil {
 		t.Fatal("a missing file loaded")
@@ -264,57 +256,43 @@ func TestFlagsWin(t *testing.T) {
 	file := "listen: \"127.0.0.1:1000\"\nmode: monitor\nlog:\n  level: debug\n"
 	env := []string{"STOREGUARD_LISTEN=127.0.0.1:2000", "STOREGUARD_UPSTREAM=127.0.0.1:3000"}
 	tests := []struct {
-		name string
-		args []string
-		want func(*Config)
+		name  string
+		flags []Flag
+		want  func(*Config)
 	}{
 		{"no flags: env over file", nil, func(c *Config) {
 			c.Listen, c.Upstream, c.Mode, c.Log.Level = "127.0.0.1:2000", "127.0.0.1:3000", ModeMonitor, slog.LevelDebug
 		}},
-		{"flag over env and file", []string{"--listen", "127.0.0.1:4000", "--mode=enforce"}, func(c *Config) {
+		{"flag over env and file", []Flag{{"listen", "listen", "127.0.0.1:4000"}, {"mode", "mode", "enforce"}}, func(c *Config) {
 			c.Listen, c.Upstream, c.Log.Level = "127.0.0.1:4000", "127.0.0.1:3000", slog.LevelDebug
 		}},
 		// Given explicitly, a flag wins even when it repeats the built-in default.
-		{"flag equal to the default still wins", []string{"--log-level", "info", "--mode", "enforce"}, func(c *Config) {
+		{"flag equal to the default still wins", []Flag{{"log.level", "log-level", "info"}, {"mode", "mode", "enforce"}}, func(c *Config) {
 			c.Listen, c.Upstream = "127.0.0.1:2000", "127.0.0.1:3000"
 		}},
-		{"aliases and empty values", []string{"--log-format=text", "--metrics-listen="}, func(c *Config) {
+		{"aliases and empty values", []Flag{{"log.format", "log-format", "text"}, {"metrics-listen", "metrics-listen", ""}}, func(c *Config) {
 			c.Listen, c.Upstream, c.Mode, c.Log.Level = "127.0.0.1:2000", "127.0.0.1:3000", ModeMonitor, slog.LevelDebug
 			c.Log.Format, c.MetricsListen = LogText, ""
+		}},
+		{"lists are comma-separated", []Flag{{"access.allow", "allow", "10.0.0.0/8, 10.1.0.0/16"}, {"replay.ports", "ports", "1,2"}}, func(c *Config) {
+			c.Listen, c.Upstream, c.Mode, c.Log.Level = "127.0.0.1:2000", "127.0.0.1:3000", ModeMonitor, slog.LevelDebug
+			c.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.1.0.0/16")}
+			c.Replay.Ports = []uint16{1, 2}
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			want := Default()
 			tt.want(&want)
-			got := mustLoad(t, file, env, tt.args...)
+			got := mustLoad(t, file, env, tt.flags...)
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("got  %+v\nwant %+v", got, want)
 			}
 		})
 	}
-}
-
-// Flags registered elsewhere bind by key name, whatever their type.
-func TestTypedFlags(t *testing.T) {
-	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
-	fs.Int("limits.max-keys", 0, "")
-	fs.Bool("limits.reject-zero-count", false, "")
-	fs.Duration("timeouts.idle", 0, "")
-	fs.StringSlice("access.allow", nil, "")
-	fs.Int("unrelated", 0, "")
-	if err := fs.Parse([]string{"--limits.max-keys=7", "--limits.reject-zero-count", "--timeouts.idle=3m", "--access.allow=10.0.0.0/8,10.1.0.0/16", "--unrelated=3"}); err != nil {
-		t.Fatal(err)
-	}
-	got, err := Load(Options{Flags: fs, Env: []string{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := Default()
-	want.Limits.MaxKeys, want.Limits.RejectZeroCount, want.Timeouts.Idle = 7, true, 3*time.Minute
-	want.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.1.0.0/16")}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("got  %+v\nwant %+v", got, want)
+	_, err := load(t, "", nil, Flag{"limits", "limits", "5"})
+	if fe := findKey(err, "limits"); fe == nil || !strings.Contains(fe.Error(), "is not a setting (flag --limits)") {
+		t.Errorf("a flag for a section: %v", err)
 	}
 }
 
@@ -396,11 +374,11 @@ func TestValidationErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var args []string
+			var flags []Flag
 			if strings.Contains(tt.name, "flag") {
-				args = []string{"--mode", "off"}
+				flags = []Flag{{Key: "mode", Name: "mode", Value: "off"}}
 			}
-			c, err := load(t, tt.yaml, tt.env, args...)
+			c, err := load(t, tt.yaml, tt.env, flags...)
 			if err == nil {
 				t.Fatalf("loaded %+v, want an error for %s", c, tt.wantKey)
 			}
@@ -454,6 +432,28 @@ func TestAllErrorsReported(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("keys %v, want %v\n%v", got, want, err)
+	}
+}
+
+// Values that do not parse are reported each with its own message, whichever
+// layer they come from, and a bad list item leaves no second error behind.
+func TestDecodeErrorsFromEveryLayer(t *testing.T) {
+	_, err := load(t, "limits:\n  max-keys: 8k\naccess:\n  allow: [1.2.3.4, x]\n",
+		[]string{"STOREGUARD_CAPS_PER_SOURCE_RATE=abc"}, Flag{Key: "log.level", Name: "log-level", Value: "INFO+2"})
+	want := []string{
+		`limits.max-keys: "8k" is not an integer (`,
+		`access.allow[1]: "x" is not a CIDR (`,
+		`caps.per-source-rate: "abc" is not a number (env STOREGUARD_CAPS_PER_SOURCE_RATE)`,
+		`log.level: "INFO+2" is not one of debug, info, warn, error (flag --log-level)`,
+	}
+	got := fieldErrors(err)
+	if len(got) != len(want) {
+		t.Fatalf("%d errors, want %d:\n%v", len(got), len(want), err)
+	}
+	for i, fe := range got {
+		if !strings.HasPrefix(fe.Error(), want[i]) {
+			t.Errorf("error %d: %q, want %q...", i, fe, want[i])
+		}
 	}
 }
 
@@ -522,7 +522,7 @@ func TestEnvName(t *testing.T) {
 }
 
 func TestEnvNearMisses(t *testing.T) {
-	got := envNearMisses([]string{"STOREGUARD_LIMITS_MAX_KEY_BYTE=1", "STOREGUARD_PORT=tcp://x", "STOREGUARD_LISTEN=:1", "STOREGUARD_CONFIG=x"})
+	got := EnvNearMisses([]string{"STOREGUARD_LIMITS_MAX_KEY_BYTE=1", "STOREGUARD_PORT=tcp://x", "STOREGUARD_LISTEN=:1", "STOREGUARD_CONFIG=x"})
 	if len(got) != 1 || !strings.Contains(got[0], "did you mean STOREGUARD_LIMITS_MAX_KEY_BYTES?") {
 		t.Fatalf("near misses %q", got)
 	}

@@ -50,24 +50,13 @@ func init() {
 	if len(p.errs) > 0 {
 		panic(fmt.Sprintf("config: embedded default.yaml: %v", p.errs))
 	}
-	// Decoding the default also proves decode and default.yaml agree.
-	read := map[string]bool{}
-	d := decoder{get: func(key string) any {
-		if schema.kinds[key] != kindScalar && schema.kinds[key] != kindList {
-			panic("config: decode reads " + key + ", which default.yaml lacks")
-		}
-		read[key] = true
-		return defaultValues[key]
-	}}
-	d.decode(&defaultConfig)
-	for _, key := range schema.leaves {
-		if !read[key] {
-			panic("config: default.yaml has " + key + ", which decode never reads")
-		}
-	}
-	if errs := append(d.errs, defaultConfig.validate()...); len(errs) > 0 {
+	// Decoding the default also proves Config and default.yaml agree: decode
+	// fails on a key without a field and on a field without a key.
+	c, errs := decode(newViper())
+	if errs = append(errs, c.validate()...); len(errs) > 0 {
 		panic(fmt.Sprintf("config: embedded default.yaml is invalid: %v", errs))
 	}
+	defaultConfig = c
 }
 
 func (s *schemaInfo) add(n *yaml.Node, prefix string) {
@@ -108,6 +97,10 @@ const (
 
 // Keys returns every leaf key, in the order of the default file.
 func Keys() []string { return append([]string(nil), schema.leaves...) }
+
+// DefaultYAML returns the embedded default file: every key with its default
+// and a comment.
+func DefaultYAML() []byte { return append([]byte(nil), defaultYAML...) }
 
 func join(prefix, name string) string {
 	if prefix == "" {

@@ -3,13 +3,13 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/storeguard/storeguard/protocol"
 	"net"
 	"net/netip"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // Upper bounds keep every sum the proxy computes from these settings far
@@ -262,12 +262,8 @@ func isLoopback(host string) bool {
 	return err == nil && a.IsLoopback()
 }
 
-var releaseRE = regexp.MustCompile(`^([1-9][0-9]?)\.(0|[1-9][0-9]?)$`)
-
-// checkGeneration accepts the spellings docs/design.md gives for the
-// generation key: auto, G0 to G7 and torch releases 1.13 to 2.99, ignoring
-// case. It stands in for protocol.ParseGeneration, which this call is to be
-// switched to so that the spellings are defined in one place.
+// checkGeneration accepts the generation spellings protocol.ParseGeneration
+// defines (auto, a G-name, a torch release), so they live in one place.
 func checkGeneration(s string) error {
 	_, err := protocol.ParseGeneration(s)
 	return err

@@ -7,8 +7,6 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
-	"github.com/storeguard/storeguard/audit"
-	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/version"
 )
 
@@ -24,7 +22,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		SilenceErrors: true,
 		Version:       version.String(),
 	}
-	root.AddCommand(newServeCommand(), config.NewCommand(), audit.NewCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newIdentifyCommand())
+	root.AddCommand(newServeCommand(), newConfigCommand(), newAuditCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newIdentifyCommand())
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)

@@ -32,7 +32,7 @@ func newProbeCommand() *cobra.Command {
 	cmd.MarkFlagRequired("target")
 	cmd.MarkFlagRequired("generation")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		cfg, err := config.Load(config.Options{Flags: fs})
+		cfg, err := config.Load(loadOptions(fs))
 		if err != nil {
 			return err
 		}

@@ -32,7 +32,7 @@ func newReplayCommand() *cobra.Command {
 	fs.Bool("json", false, "one JSON object per line per stream")
 	fs.String("audit", "", "write the audit events serve would have written (mode replay) to this file")
 	cmd.RunE = func(cmd *cobra.Command, files []string) error {
-		cfg, err := config.Load(config.Options{Flags: cmd.Flags()})
+		cfg, err := config.Load(loadOptions(fs))
 		if err != nil {
 			return fmt.Errorf("bad configuration:\n%w", err)
 		}

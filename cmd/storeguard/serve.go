@@ -22,24 +22,17 @@ func newServeCommand() *cobra.Command {
 		Short: "Guard a TCPStore: listen on MASTER_PORT and forward only valid messages upstream",
 		Args:  cobra.NoArgs,
 	}
-	config.AddServeFlags(cmd.Flags())
+	addServeFlags(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		opts := config.Options{Flags: cmd.Flags()}
+		opts := loadOptions(cmd.Flags())
 		cfg, err := config.Load(opts)
 		if err != nil {
 			cmd.SilenceUsage = true
 			return fmt.Errorf("bad configuration:\n%w", err)
 		}
-		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, configFile(cmd))
+		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, opts.Path())
 	}
 	return cmd
-}
-
-func configFile(cmd *cobra.Command) string {
-	if f, _ := cmd.Flags().GetString("config"); f != "" {
-		return f
-	}
-	return os.Getenv("STOREGUARD_CONFIG")
 }
 
 func serve(ctx context.Context, cfg config.Config, load func() (config.Config, error), path string) error {

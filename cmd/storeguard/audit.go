@@ -1,4 +1,4 @@
-package audit
+package main
 
 import (
 	"fmt"
@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/storeguard/storeguard/audit"
 )
 
-// NewCommand returns `audit FILE...`, which summarizes audit logs.
-func NewCommand() *cobra.Command {
+// newAuditCommand returns `audit FILE...`, which summarizes audit logs.
+func newAuditCommand() *cobra.Command {
 	var (
 		since, until, source string
-		f                    Filter
+		f                    audit.Filter
 		format               string
 		top                  int
 		rotated              bool
@@ -31,17 +32,17 @@ func NewCommand() *cobra.Command {
 			if f.Until, err = parseTime(until, now); err != nil {
 				return fmt.Errorf("--until: %w", err)
 			}
-			if f.Source, err = parsePrefix(source); err != nil {
+			if f.Source, err = parseSource(source); err != nil {
 				return fmt.Errorf("--source: %w", err)
 			}
 			if !slices.Contains([]string{"table", "json", "csv"}, format) {
 				return fmt.Errorf("--format: want table, json or csv, got %q", format)
 			}
-			paths, err := expandFiles(args, rotated)
+			paths, err := audit.ExpandFiles(args, rotated)
 			if err != nil {
 				return err
 			}
-			s, err := Summarize(paths, f)
+			s, err := audit.Summarize(paths, f)
 			if err != nil {
 				return err
 			}
@@ -59,6 +60,8 @@ func NewCommand() *cobra.Command {
 	return cmd
 }
 
+// parseTime reads --since and --until: RFC3339, a date, or a duration before
+// now; "" is no bound.
 func parseTime(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
@@ -75,7 +78,8 @@ func parseTime(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%q is not RFC3339, YYYY-MM-DD or a duration", s)
 }
 
-func parsePrefix(s string) (netip.Prefix, error) {
+// parseSource reads --source: a CIDR, or one address; "" is every source.
+func parseSource(s string) (netip.Prefix, error) {
 	if s == "" {
 		return netip.Prefix{}, nil
 	}
@@ -85,30 +89,4 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	}
 	p, err := netip.ParsePrefix(s)
 	return p.Masked(), err
-}
-
-// expandFiles adds rotated backups, oldest first, and drops duplicates so
-// `audit audit.log*` reads each file once.
-func expandFiles(args []string, rotated bool) ([]string, error) {
-	var out []string
-	seen := make(map[string]bool)
-	for _, arg := range args {
-		files := []string{arg}
-		if rotated {
-			var err error
-			if files, err = RotatedFiles(arg); err != nil {
-				return nil, err
-			}
-			if len(files) == 0 {
-				files = []string{arg} // let Summarize report it missing
-			}
-		}
-		for _, f := range files {
-			if !seen[f] {
-				seen[f] = true
-				out = append(out, f)
-			}
-		}
-	}
-	return out, nil
 }

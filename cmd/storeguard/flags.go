@@ -1,0 +1,70 @@
+package main
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"github.com/storeguard/storeguard/config"
+)
+
+// addServeFlags registers the flags that override config keys: --config (the
+// file) and one flag per top-level key of the same name, plus --log-level and
+// --log-format. Defaults shown in help are the built-in ones; a flag only
+// overrides the file and env when it is given.
+func addServeFlags(fs *pflag.FlagSet) {
+	d := config.Default()
+	fs.String("config", "", "YAML config file (also $STOREGUARD_CONFIG); flags override it")
+	fs.String("listen", d.Listen, "address clients connect to")
+	fs.String("upstream", d.Upstream, "address of the real TCPStore")
+	fs.String("metrics-listen", d.MetricsListen, `Prometheus /metrics address; "" disables`)
+	fs.String("audit-log", d.AuditLog, `audit JSONL file; "" sends audit events to the log`)
+	fs.String("generation", d.Generation, "store generation: auto | G0..G6 | torch release MAJOR.MINOR")
+	fs.String("backend", string(d.Backend), "store backend: auto | legacy | libuv")
+	fs.String("mode", string(d.Mode), "enforce | monitor")
+	fs.Int("event-loops", d.EventLoops, "event loops accepting and forwarding connections: 0 = one per CPU, -1 = none")
+	fs.String("log-level", strings.ToLower(d.Log.Level.String()), "debug | info | warn | error")
+	fs.String("log-format", string(d.Log.Format), "json | text")
+}
+
+// flagAliases map flag names that are not keys themselves.
+var flagAliases = map[string]string{
+	"log-level":  "log.level",
+	"log-format": "log.format",
+}
+
+// flagKey returns the config key the flag name sets, or "" if it sets none.
+func flagKey(name string) string {
+	if k, ok := flagAliases[name]; ok {
+		return k
+	}
+	if slices.Contains(config.Keys(), name) {
+		return name
+	}
+	return ""
+}
+
+// loadOptions are config.Load's options for a command's parsed flags: --config
+// names the file, and each flag given whose name is a key (or an alias of
+// one) sets it, whatever the flag's type.
+func loadOptions(fs *pflag.FlagSet) config.Options {
+	var opts config.Options
+	if f := fs.Lookup("config"); f != nil {
+		opts.File = f.Value.String()
+	}
+	fs.Visit(func(f *pflag.Flag) { // Visit sees only flags that were given
+		if key := flagKey(f.Name); key != "" {
+			opts.Flags = append(opts.Flags, config.Flag{Key: key, Name: f.Name, Value: flagText(f)})
+		}
+	})
+	return opts
+}
+
+// flagText is a flag's value as config reads it: a list flag's items
+// comma-separated.
+func flagText(f *pflag.Flag) string {
+	if s, ok := f.Value.(pflag.SliceValue); ok {
+		return strings.Join(s.GetSlice(), ",")
+	}
+	return f.Value.String()
+}

@@ -1,7 +1,9 @@
 // Package storesim is a TCPStore server of a chosen generation and backend for tests: it frames
 // each connection with a decoder of its generation, answers as real torch does (replies, closes,
 // the libuv backend's first-read VALIDATE check), and records every byte each connection sent.
-// The interop suite runs real torch; this is the stand-in for unit and fuzz tests.
+// The interop suite runs real torch; this is the stand-in for unit and fuzz tests. A recorder
+// (StartRecorder) only records: the one fake store for tests that must see every byte the guard
+// forwards, whatever it means to a store.
 //
 // What it follows of real stores (docs/protocol.md, docs/protocol-confirmed.md): an unknown
 // opcode or a length a store cannot take closes the connection; a G2+ legacy store closes a
@@ -24,33 +26,59 @@ import (
 type Store struct {
 	Gen     protocol.Generation
 	Backend protocol.Backend
-	// Ended receives, when a connection ends, everything it sent (dropped if nobody reads).
+	// Ended receives, when a connection ends, everything it sent (dropped while 64 wait unread).
 	Ended chan []byte
 
 	ln      net.Listener
+	record  bool // a recorder (StartRecorder)
 	mu      sync.Mutex
 	paused  bool
 	resume  *sync.Cond
-	conns   []*bytes.Buffer
+	reply   []byte
+	conns   []*conn
 	open    map[net.Conn]struct{}
 	data    map[string][]byte
 	waiters map[net.Conn][]string
 }
 
+// conn is what the store keeps of one accepted connection.
+type conn struct {
+	received bytes.Buffer
+	ended    bool
+}
+
 // Start listens on addr ("127.0.0.1:0" for any port) and serves until Close.
 func Start(addr string, gen protocol.Generation, backend protocol.Backend) (*Store, error) {
+	if gen < protocol.G2 {
+		backend = protocol.BackendLegacy
+	}
+	return start(addr, &Store{Gen: gen, Backend: backend})
+}
+
+// StartRecorder listens on addr and records what each connection sends without reading it as
+// any generation: it closes a connection only when the peer does (or at Close) and answers each
+// read with what SetReply set, nothing by default. Gen and Backend are unused.
+func StartRecorder(addr string) (*Store, error) {
+	return start(addr, &Store{record: true})
+}
+
+func start(addr string, s *Store) (*Store, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	if gen < protocol.G2 {
-		backend = protocol.BackendLegacy
-	}
-	s := &Store{Gen: gen, Backend: backend, Ended: make(chan []byte, 64), ln: ln,
-		open: map[net.Conn]struct{}{}, data: map[string][]byte{}, waiters: map[net.Conn][]string{}}
+	s.ln, s.Ended = ln, make(chan []byte, 64)
+	s.open, s.data, s.waiters = map[net.Conn]struct{}{}, map[string][]byte{}, map[net.Conn][]string{}
 	s.resume = sync.NewCond(&s.mu)
 	go s.serve()
 	return s, nil
+}
+
+// SetReply makes a recorder answer every read from now on with b (nil: nothing).
+func (s *Store) SetReply(b []byte) {
+	s.mu.Lock()
+	s.reply = append([]byte(nil), b...)
+	s.mu.Unlock()
 }
 
 // Addr is the listening address.
@@ -68,8 +96,8 @@ func (s *Store) Close() {
 	s.resume.Broadcast()
 }
 
-// Pause makes the store stop answering (reads still arrive), as a busy or frozen store;
-// Resume lets it go on.
+// Pause makes the store stop answering and reading (each connection's read in progress still
+// arrives), as a busy or frozen store; Resume lets it go on.
 func (s *Store) Pause() {
 	s.mu.Lock()
 	s.paused = true
@@ -90,14 +118,28 @@ func (s *Store) NumConns() int {
 	return len(s.conns)
 }
 
-// Received returns what connection i (in accept order) sent so far.
+// Received returns what connection i (in accept order) sent so far; nil if there is no such
+// connection.
 func (s *Store) Received(i int) []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if i >= len(s.conns) {
 		return nil
 	}
-	return append([]byte(nil), s.conns[i].Bytes()...)
+	return append([]byte(nil), s.conns[i].received.Bytes()...)
+}
+
+// Forget drops what ended connections sent (Received is then empty for them; NumConns still
+// counts them), for a fuzz target that takes each connection's bytes from Ended and runs for
+// long.
+func (s *Store) Forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		if c.ended {
+			c.received = bytes.Buffer{}
+		}
+	}
 }
 
 // NumKeys is the number of keys stored.
@@ -113,12 +155,65 @@ func (s *Store) serve() {
 		if err != nil {
 			return
 		}
-		rec := &bytes.Buffer{}
+		rec := &conn{}
 		s.mu.Lock()
 		s.conns = append(s.conns, rec)
 		s.open[c] = struct{}{}
 		s.mu.Unlock()
-		go s.conn(c, rec)
+		if s.record {
+			go s.recordConn(c, rec)
+		} else {
+			go s.simulateConn(c, rec)
+		}
+	}
+}
+
+// read reads from c into b and records it, then waits while the store is paused.
+func (s *Store) read(c net.Conn, rec *conn, b []byte) (int, error) {
+	n, err := c.Read(b)
+	if n > 0 {
+		s.mu.Lock()
+		rec.received.Write(b[:n])
+		for s.paused {
+			s.resume.Wait()
+		}
+		s.mu.Unlock()
+	}
+	return n, err
+}
+
+// end closes c and reports what it sent on Ended.
+func (s *Store) end(c net.Conn, rec *conn) {
+	c.Close()
+	s.mu.Lock()
+	delete(s.open, c)
+	delete(s.waiters, c)
+	rec.ended = true
+	b := append([]byte(nil), rec.received.Bytes()...)
+	s.mu.Unlock()
+	select {
+	case s.Ended <- b:
+	default:
+	}
+}
+
+// recordConn serves a recorder's connection until the peer closes it.
+func (s *Store) recordConn(c net.Conn, rec *conn) {
+	defer s.end(c, rec)
+	rb := make([]byte, 64<<10)
+	for {
+		n, err := s.read(c, rec, rb)
+		if n > 0 {
+			s.mu.Lock()
+			reply := s.reply
+			s.mu.Unlock()
+			if len(reply) > 0 {
+				c.Write(reply)
+			}
+		}
+		if err != nil {
+			return
+		}
 	}
 }
 
@@ -132,32 +227,16 @@ func (s *Store) limits() protocol.Limits {
 		MaxMessageBytes: protocol.MaxLimit}
 }
 
-func (s *Store) conn(c net.Conn, rec *bytes.Buffer) {
-	defer func() {
-		c.Close()
-		s.mu.Lock()
-		delete(s.open, c)
-		delete(s.waiters, c)
-		b := append([]byte(nil), rec.Bytes()...)
-		s.mu.Unlock()
-		select {
-		case s.Ended <- b:
-		default:
-		}
-	}()
+// simulateConn serves a simulated store's connection as a store of its generation would.
+func (s *Store) simulateConn(c net.Conn, rec *conn) {
+	defer s.end(c, rec)
 	dec := protocol.NewDecoder(protocol.Config{Gen: protocol.GenSetting{Gen: s.Gen}, Backend: s.Backend, Limits: s.limits()})
 	var pending []byte // bytes from the start of the message in progress
 	firstRead := true
 	rb := make([]byte, 64<<10)
 	for {
-		n, err := c.Read(rb)
+		n, err := s.read(c, rec, rb)
 		if n > 0 {
-			s.mu.Lock()
-			rec.Write(rb[:n])
-			for s.paused {
-				s.resume.Wait()
-			}
-			s.mu.Unlock()
 			pending = append(pending, rb[:n]...)
 			if firstRead && s.Gen.Validated() && s.Backend == protocol.BackendLibuv && pending[0] != 0 {
 				// libuv: the first read's first command is not VALIDATE. It returns without

@@ -1,0 +1,66 @@
+package storesim
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// A recorder keeps each connection's bytes apart, in accept order, answers every read with the
+// reply of the moment, reports a connection's bytes on Ended when it ends, and forgets ended
+// connections on request.
+func TestRecorder(t *testing.T) {
+	s, err := StartRecorder("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		return c
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	a := dial()
+	a.Write([]byte("\x00\xffa"))
+	wait("a's bytes", func() bool { return bytes.Equal(s.Received(0), []byte("\x00\xffa")) })
+	s.SetReply([]byte("ok"))
+	b := dial()
+	b.Write([]byte("b"))
+	got := make([]byte, 2)
+	if _, err := io.ReadFull(b, got); err != nil || string(got) != "ok" {
+		t.Fatalf("reply %q, %v", got, err)
+	}
+	if n := s.NumConns(); n != 2 || string(s.Received(1)) != "b" || s.Received(2) != nil {
+		t.Fatalf("%d connections, the second sent %q, a third %q", n, s.Received(1), s.Received(2))
+	}
+	a.(*net.TCPConn).CloseWrite()
+	select {
+	case e := <-s.Ended:
+		if string(e) != "\x00\xffa" {
+			t.Errorf("ended with %q", e)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no end reported")
+	}
+	if _, err := io.ReadAll(a); err != nil {
+		t.Errorf("the recorder did not close the ended connection: %v", err)
+	}
+	s.Forget()
+	if s.Received(0) != nil || string(s.Received(1)) != "b" || s.NumConns() != 2 {
+		t.Errorf("after Forget: %q, %q, %d connections", s.Received(0), s.Received(1), s.NumConns())
+	}
+}

@@ -8,25 +8,27 @@ import (
 
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/proxy"
 )
 
 type autoGuard struct {
 	store *storesim.Store
+	mode  mode
 	addr  string
 }
 
 var (
 	autoOnce   sync.Once
-	autoGuards []autoGuard
+	autoGuards [][]autoGuard // per simulated store kind, a guard of each forwarding mode
 )
 
 // fuzzLimits are the limits of every fuzzed guard, small so that the fuzzer reaches them.
 var fuzzLimits = protocol.Limits{MaxKeyBytes: 1 << 10, MaxValueBytes: 1 << 14, MaxKeys: 256, MaxMessageBytes: 1 << 16,
 	BlockWatchKey: true}
 
-// setupAuto starts, for the whole fuzzing process, one simulated store per generation (and both
-// backends of G6) with a guard in auto mode in front of each, and waits until each guard has
-// learned its store.
+// setupAuto starts, for the whole fuzzing process, simulated stores of every generation (and both
+// backends of G6), each with a guard in auto mode in front of it per forwarding mode, and waits
+// until each guard has learned its store.
 func setupAuto(t testing.TB) {
 	autoOnce.Do(func() {
 		stores := []struct {
@@ -35,21 +37,33 @@ func setupAuto(t testing.TB) {
 		}{{protocol.G0, protocol.BackendLegacy}, {protocol.G1, protocol.BackendLegacy}, {protocol.G2, protocol.BackendLibuv},
 			{protocol.G3, protocol.BackendLegacy}, {protocol.G4, protocol.BackendLibuv}, {protocol.G5, protocol.BackendLibuv},
 			{protocol.G6, protocol.BackendLibuv}, {protocol.G6, protocol.BackendLegacy}}
+		type learning struct {
+			srv  *proxy.Server
+			want proxy.StoreInfo
+		}
+		var started []learning
 		for _, st := range stores {
-			store, err := storesim.Start("127.0.0.1:0", st.g, st.b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := startFuzzProxy(t, store.Addr(), "auto")
-			for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				if info, ok := srv.Store(); ok && info.Gen == st.g && info.Backend == st.b {
-					break
+			var each []autoGuard
+			for _, m := range modes {
+				store, err := storesim.Start("127.0.0.1:0", st.g, st.b)
+				if err != nil {
+					t.Fatal(err)
 				}
+				srv := startFuzzProxy(t, store.Addr(), "auto", m)
+				started = append(started, learning{srv, proxy.StoreInfo{Gen: st.g, Backend: st.b}})
+				each = append(each, autoGuard{store: store, mode: m, addr: srv.Addr().String()})
+			}
+			autoGuards = append(autoGuards, each)
+		}
+		// The guards learn their stores at once: wait for all of them.
+		end := time.Now().Add(10 * time.Second)
+		for _, l := range started {
+			for info, ok := l.srv.Store(); !ok || info != l.want; info, ok = l.srv.Store() {
 				if time.Now().After(end) {
-					t.Fatalf("the guard did not learn the simulated %s %s store", st.g, st.b)
+					t.Fatalf("a guard did not learn the simulated %s %s store", l.want.Gen, l.want.Backend)
 				}
+				time.Sleep(5 * time.Millisecond)
 			}
-			autoGuards = append(autoGuards, autoGuard{store: store, addr: srv.Addr().String()})
 		}
 	})
 }
@@ -58,6 +72,7 @@ func setupAuto(t testing.TB) {
 // fuzzer puts in front, or none) and store generation, every byte the guard forwards is framed
 // into whole messages by a decoder of the store's true generation, and is a prefix of what that
 // decoder accepts of the stream: the guard never forwards a byte the store would read otherwise.
+// Both forwarding paths forward the same bytes.
 func FuzzAutoFramesAsTheStore(f *testing.F) {
 	setupAuto(f)
 	var g6 []byte
@@ -74,24 +89,30 @@ func FuzzAutoFramesAsTheStore(f *testing.F) {
 		if len(body) > 1<<16 {
 			return
 		}
-		g := autoGuards[int(which)%len(autoGuards)]
 		var data []byte
 		if c := int(client) % (int(protocol.LatestGeneration) + 2); c > 0 {
 			data = protocol.AppendHandshake(nil, protocol.Generation(c-1), 9)
 		}
 		data = append(data, body...)
-		for len(g.store.Ended) > 0 {
-			<-g.store.Ended
-		}
-		got := sendAndRecord(t, g.addr, data, split, g.store.Ended)
-		store := protocol.Config{Gen: protocol.GenSetting{Gen: g.store.Gen}, Backend: g.store.Backend, Limits: fuzzLimits}
-		want := validPrefix(store, data)
-		if !bytes.HasPrefix(want, got) {
-			t.Fatalf("%s %s store: it received %x\nwhich is not a prefix of the %x its own decoder accepts of %x",
-				g.store.Gen, g.store.Backend, got, want, data)
-		}
-		if whole := validPrefix(store, got); !bytes.Equal(whole, got) {
-			t.Fatalf("%s %s store: it received %x, of which only %x are whole messages", g.store.Gen, g.store.Backend, got, whole)
+		var first []byte // what the first mode's store received
+		for i, g := range autoGuards[int(which)%len(autoGuards)] {
+			got := sendAndRecord(t, g.addr, data, split, g.store)
+			store := protocol.Config{Gen: protocol.GenSetting{Gen: g.store.Gen}, Backend: g.store.Backend, Limits: fuzzLimits}
+			want := validPrefix(store, data)
+			if !bytes.HasPrefix(want, got) {
+				t.Fatalf("%s %s store, %s: it received %x\nwhich is not a prefix of the %x its own decoder accepts of %x",
+					g.store.Gen, g.store.Backend, g.mode.name, got, want, data)
+			}
+			if whole := validPrefix(store, got); !bytes.Equal(whole, got) {
+				t.Fatalf("%s %s store, %s: it received %x, of which only %x are whole messages",
+					g.store.Gen, g.store.Backend, g.mode.name, got, whole)
+			}
+			if i == 0 {
+				first = got
+			} else if !bytes.Equal(got, first) {
+				t.Fatalf("%s %s store: with %s it received %x, with %s %x",
+					g.store.Gen, g.store.Backend, modes[0].name, first, g.mode.name, got)
+			}
 		}
 	})
 }

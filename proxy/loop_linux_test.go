@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"encoding/binary"
-	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/netip"
@@ -14,10 +13,15 @@ import (
 
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/protocol"
+	"golang.org/x/sys/unix"
 )
 
 // These tests drive a connection into an event loop (event_loop_connections reads 1) and then
-// through each way out of it, checking that the bytes each side receives are exactly right.
+// through each way out of it, checking that the bytes each side receives are exactly right. They
+// run on loops only (run's loopsOnly): each asserts what a loop does with a connection (adopts it,
+// keeps its partial message and deadline, hands it back, holds no goroutine for it), which the
+// goroutine path does not do. proxy_test.go sends the same kinds of traffic (partial messages,
+// violations, deadlines, budget waits) in both modes.
 
 func (h *harness) loopConns() string { return h.metric("storeguard_event_loop_connections") }
 
@@ -28,14 +32,11 @@ func (h *harness) handbacks(reason string) string {
 // adopted sends the G3 handshake and waits until a loop forwards the connection.
 func (h *harness) adopted(c net.Conn) []byte {
 	h.t.Helper()
-	if *testEventLoops < 0 {
-		h.t.Skip("event loops are off (-event-loops=-1)")
-	}
 	hs := protocol.AppendHandshake(nil, protocol.G3, 5)
 	if _, err := c.Write(hs); err != nil {
 		h.t.Fatal(err)
 	}
-	eventually(h.t, "the handshake at the store", func() bool { return bytes.Equal(h.store.received(0), hs) })
+	eventually(h.t, "the handshake at the store", func() bool { return bytes.Equal(h.store.Received(0), hs) })
 	eventually(h.t, "a loop forwarding the connection", func() bool { return h.loopConns() == "1" })
 	return hs
 }
@@ -51,17 +52,19 @@ func pattern(n int) []byte {
 // An upstream given as an address on this host is connected before the client's first byte, and a
 // loop forwards from there (connectNow); one given as a name is dialled while the client is read,
 // and the handler hands the connection over once the store is up (the kick).
-func TestLoopForwardsBothWays(t *testing.T) {
+func TestLoopForwardsBothWays(t *testing.T) { run(t, testLoopForwardsBothWays, loopsOnly) }
+
+func testLoopForwardsBothWays(t *testing.T, m mode) {
 	for _, byName := range []bool{false, true} {
 		t.Run(map[bool]string{false: "connected-at-once", true: "dialled"}[byName], func(t *testing.T) {
-			h := start(t, func(c *config.Config) {
+			h := start(t, m, func(c *config.Config) {
 				c.Generation = "2.6"
 				if byName {
 					_, port, _ := net.SplitHostPort(c.Upstream)
 					c.Upstream = "localhost:" + port
 				}
 			})
-			h.store.setReply([]byte("ok"))
+			h.store.SetReply([]byte("ok"))
 			c := h.dial()
 			sent := h.adopted(c)
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -77,7 +80,7 @@ func TestLoopForwardsBothWays(t *testing.T) {
 					t.Fatalf("reply %d: %q, %v", i, got, err)
 				}
 			}
-			if got := h.store.received(0); !bytes.Equal(got, sent) {
+			if got := h.store.Received(0); !bytes.Equal(got, sent) {
 				t.Fatalf("store received %d bytes, want the %d sent", len(got), len(sent))
 			}
 			if v := h.loopConns(); v != "1" {
@@ -160,27 +163,31 @@ func TestConnectLocal(t *testing.T) {
 
 // A message that spans reads stays in the loop, which keeps its start and watches its deadline;
 // it arrives whole.
-func TestLoopPartialMessageStays(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+func TestLoopPartialMessageStays(t *testing.T) { run(t, testLoopPartialMessageStays, loopsOnly) }
+
+func testLoopPartialMessageStays(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
 	c := h.dial()
 	sent := h.adopted(c)
 	set := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: pattern(100)})
 	c.Write(set[:40])
 	eventually(t, "the partial message held", func() bool { return h.metric("storeguard_buffered_bytes") != "0" })
-	if got := h.store.received(0); !bytes.Equal(got, sent) {
+	if got := h.store.Received(0); !bytes.Equal(got, sent) {
 		t.Fatalf("store received %x of a partial message", got[len(sent):])
 	}
 	c.Write(set[40:])
 	sent = append(sent, set...)
-	eventually(t, "the completed SET", func() bool { return bytes.Equal(h.store.received(0), sent) })
+	eventually(t, "the completed SET", func() bool { return bytes.Equal(h.store.Received(0), sent) })
 	if v, p := h.loopConns(), h.handbacks("partial"); v != "1" || p != "0" {
 		t.Errorf("event_loop_connections %q, handbacks{partial} %q: want the loop to keep the connection", v, p)
 	}
 }
 
 // A message left incomplete past timeouts.message in a loop is a violation, as on goroutines.
-func TestLoopMessageDeadline(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6"; c.Timeouts.Message = 200 * time.Millisecond })
+func TestLoopMessageDeadline(t *testing.T) { run(t, testLoopMessageDeadline, loopsOnly) }
+
+func testLoopMessageDeadline(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6"; c.Timeouts.Message = 200 * time.Millisecond })
 	c := h.dial()
 	sent := h.adopted(c)
 	set := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: pattern(100)})
@@ -190,7 +197,7 @@ func TestLoopMessageDeadline(t *testing.T) {
 	if d := time.Since(began); d < 150*time.Millisecond {
 		t.Errorf("closed after %v, before the deadline", d)
 	}
-	if got := h.store.received(0); !bytes.Equal(got, sent) {
+	if got := h.store.Received(0); !bytes.Equal(got, sent) {
 		t.Fatalf("store received %x of a partial message", got[len(sent):])
 	}
 	if v := h.metric(`storeguard_violations_total{mode="enforce",rule="message_timeout"}`); v != "1" {
@@ -200,9 +207,11 @@ func TestLoopMessageDeadline(t *testing.T) {
 
 // A partial message needing budget that another connection holds: the loop cannot wait, so the
 // connection goes back to goroutines, which wait; both messages arrive whole.
-func TestLoopBudgetSpentHandsBack(t *testing.T) {
+func TestLoopBudgetSpentHandsBack(t *testing.T) { run(t, testLoopBudgetSpentHandsBack, loopsOnly) }
+
+func testLoopBudgetSpentHandsBack(t *testing.T, m mode) {
 	const budget = 64 << 10
-	h := start(t, func(c *config.Config) {
+	h := start(t, m, func(c *config.Config) {
 		c.Generation = "2.6"
 		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, budget
 		c.Caps.BufferBudgetBytes = budget
@@ -226,18 +235,20 @@ func TestLoopBudgetSpentHandsBack(t *testing.T) {
 	eventually(t, "the hand-back", func() bool { return h.handbacks("partial") == "1" })
 	b.Write(small[30:])
 	a.Write(big[len(big)-10:])
-	eventually(t, "a's message", func() bool { return bytes.Equal(h.store.received(0), append(sentA, big...)) })
-	eventually(t, "b's message", func() bool { return bytes.Equal(h.store.received(1), append(hs, small...)) })
+	eventually(t, "a's message", func() bool { return bytes.Equal(h.store.Received(0), append(sentA, big...)) })
+	eventually(t, "b's message", func() bool { return bytes.Equal(h.store.Received(1), append(hs, small...)) })
 }
 
 // A client that does not read its replies: the loop keeps what the client could not take and
 // hands the connection back; every byte still arrives, in order.
-func TestLoopBackpressureToClient(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+func TestLoopBackpressureToClient(t *testing.T) { run(t, testLoopBackpressureToClient, loopsOnly) }
+
+func testLoopBackpressureToClient(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
 	reply := pattern(8 << 20)
 	c := h.dial()
 	h.adopted(c)
-	h.store.setReply(reply)
+	h.store.SetReply(reply)
 	c.Write(enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte("/big")}))
 	eventually(t, "the hand-back", func() bool { return h.handbacks("backpressure") == "1" })
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -252,40 +263,23 @@ func TestLoopBackpressureToClient(t *testing.T) {
 
 // A store that stops reading: the loop keeps what the store could not take and hands the
 // connection back; every byte still arrives, in order.
-func TestLoopBackpressureToStore(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	got := make(chan []byte, 1)
-	resume := make(chan struct{})
-	go func() {
-		s, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer s.Close()
-		hs := protocol.AppendHandshake(nil, protocol.G3, 5)
-		io.ReadFull(s, make([]byte, len(hs)))
-		s.Write([]byte{0}) // the client waits for this before it floods
-		<-resume
-		b, _ := io.ReadAll(s)
-		got <- b
-	}()
-	h := start(t, func(c *config.Config) {
-		c.Generation, c.Upstream = "2.6", ln.Addr().String()
+func TestLoopBackpressureToStore(t *testing.T) { run(t, testLoopBackpressureToStore, loopsOnly) }
+
+func testLoopBackpressureToStore(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) {
+		c.Generation = "2.6"
 		c.Timeouts.Message = 0 // no deadline: the loop keeps partial messages itself
 	})
-	if *testEventLoops < 0 {
-		t.Skip("event loops are off (-event-loops=-1)")
-	}
+	h.store.SetReply([]byte{0}) // the client waits for the store's answer to its handshake before it floods
 	c := h.dial()
-	c.Write(protocol.AppendHandshake(nil, protocol.G3, 5))
+	hs := protocol.AppendHandshake(nil, protocol.G3, 5)
+	c.Write(hs)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
 		t.Fatal(err)
 	}
+	h.store.SetReply(nil)
+	h.store.Pause() // from its next read on, the store reads no more
 	eventually(t, "a loop forwarding the connection", func() bool { return h.loopConns() == "1" })
 	var flood []byte
 	for i := 0; len(flood) < 16<<20; i++ {
@@ -294,11 +288,11 @@ func TestLoopBackpressureToStore(t *testing.T) {
 	}
 	go func() { c.Write(flood); c.(*net.TCPConn).CloseWrite() }()
 	eventually(t, "the hand-back", func() bool { return h.handbacks("backpressure") == "1" })
-	close(resume)
+	h.store.Resume()
 	select {
-	case b := <-got:
-		if !bytes.Equal(b, flood) {
-			t.Fatalf("store received %d bytes, want the %d sent, unaltered", len(b), len(flood))
+	case b := <-h.store.Ended:
+		if want := append(hs, flood...); !bytes.Equal(b, want) {
+			t.Fatalf("store received %d bytes, want the %d sent, unaltered", len(b), len(want))
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the store never received the flood")
@@ -307,8 +301,10 @@ func TestLoopBackpressureToStore(t *testing.T) {
 
 // A violation while a loop forwards: the valid prefix reaches the store, nothing of the bad
 // message does, and the client sees a close.
-func TestLoopViolationCloses(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+func TestLoopViolationCloses(t *testing.T) { run(t, testLoopViolationCloses, loopsOnly) }
+
+func testLoopViolationCloses(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
 	c := h.dial()
 	sent := h.adopted(c)
 	valid := enc(t, protocol.G3, protocol.Request{Op: protocol.OpAdd, Key: []byte("init/"), Int: 1})
@@ -317,9 +313,9 @@ func TestLoopViolationCloses(t *testing.T) {
 	c.Write(append(append([]byte(nil), valid...), bad...))
 	closedByPeer(t, c)
 	want := append(sent, valid...)
-	eventually(t, "the valid prefix at the store", func() bool { return len(h.store.received(0)) >= len(want) })
+	eventually(t, "the valid prefix at the store", func() bool { return len(h.store.Received(0)) >= len(want) })
 	time.Sleep(50 * time.Millisecond) // anything of the bad message would have arrived by now
-	if got := h.store.received(0); !bytes.Equal(got, want) {
+	if got := h.store.Received(0); !bytes.Equal(got, want) {
 		t.Fatalf("store received %x, want %x", got, want)
 	}
 	if v := h.metric(`storeguard_violations_total{mode="enforce",rule="key_too_long"}`); v != "1" {
@@ -331,18 +327,19 @@ func TestLoopViolationCloses(t *testing.T) {
 // A connection a loop forwards from its first byte has no goroutine of its own: idle connections
 // cost the loop's bookkeeping and the kernel's sockets, not a goroutine stack each.
 func TestLoopConnectionsHaveNoGoroutines(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
-	if *testEventLoops < 0 {
-		t.Skip("event loops are off (-event-loops=-1)")
-	}
+	run(t, testLoopConnectionsHaveNoGoroutines, loopsOnly)
+}
+
+func testLoopConnectionsHaveNoGoroutines(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
 	before := runtime.NumGoroutine()
 	const n = 200
 	for range n {
 		h.dial()
 	}
 	eventually(t, "a loop forwarding every connection", func() bool { return h.loopConns() == strconv.Itoa(n) })
-	// The fake store runs a goroutine per connection in this process: subtract those.
-	if extra := runtime.NumGoroutine() - before - h.store.numConns(); extra > n/10 {
+	// The recorder runs a goroutine per connection in this process: subtract those.
+	if extra := runtime.NumGoroutine() - before - h.store.NumConns(); extra > n/10 {
 		t.Errorf("%d goroutines more for %d connections in loops, want (nearly) none", extra, n)
 	}
 }
@@ -431,24 +428,23 @@ func TestClientOptionsOfAcceptedSockets(t *testing.T) {
 		})
 	}
 	t.Run("through the server", func(t *testing.T) {
-		h := start(t, func(c *config.Config) { c.Generation = "2.6" })
-		if *testEventLoops < 0 {
-			t.Skip("event loops are off (-event-loops=-1)")
-		}
-		h.dial()
-		var fd int32 = -1
-		eventually(t, "a loop forwarding the connection", func() bool {
-			h.srv.mu.Lock()
-			defer h.srv.mu.Unlock()
-			for c := range h.srv.conns { // cfd is set before track, and later only under c.mu
-				c.mu.Lock()
-				fd = c.cfd
-				c.mu.Unlock()
+		run(t, func(t *testing.T, m mode) {
+			h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
+			h.dial()
+			var fd int32 = -1
+			eventually(t, "a loop forwarding the connection", func() bool {
+				h.srv.mu.Lock()
+				defer h.srv.mu.Unlock()
+				for c := range h.srv.conns { // cfd is set before track, and later only under c.mu
+					c.mu.Lock()
+					fd = c.cfd
+					c.mu.Unlock()
+				}
+				return fd >= 0 && h.loopConns() == "1"
+			})
+			if !hasClientOptions(int(fd)) {
+				t.Error("the client socket a loop accepted lacks the client options")
 			}
-			return fd >= 0 && h.loopConns() == "1"
-		})
-		if !hasClientOptions(int(fd)) {
-			t.Error("the client socket a loop accepted lacks the client options")
-		}
+		}, loopsOnly)
 	})
 }

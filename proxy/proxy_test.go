@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -22,83 +21,73 @@ import (
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 )
 
-// fakeStore records every byte each connection sends it and answers each read with reply (if
-// set). It is a stand-in for unit tests; the interop suite runs real torch.
-type fakeStore struct {
-	t     *testing.T
-	ln    net.Listener
-	mu    sync.Mutex
-	reply []byte
-	conns []*bytes.Buffer
-}
-
-func newFakeStore(t *testing.T, addr string) *fakeStore {
+// recorder starts a store at addr that records what each connection sends and answers nothing
+// unless told to (storesim.StartRecorder). It is a stand-in for unit tests; the interop suite runs
+// real torch.
+func recorder(t *testing.T, addr string) *storesim.Store {
 	t.Helper()
-	ln, err := net.Listen("tcp", addr)
+	s, err := storesim.StartRecorder(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := &fakeStore{t: t, ln: ln}
-	go fs.serve()
-	t.Cleanup(func() { ln.Close() })
-	return fs
+	t.Cleanup(s.Close)
+	return s
 }
 
-func (fs *fakeStore) serve() {
-	for {
-		c, err := fs.ln.Accept()
-		if err != nil {
-			return
+// mode is how a test server forwards connections: on event loops, or on two goroutines each.
+type mode string
+
+const (
+	loopMode      mode = "loops"
+	goroutineMode mode = "goroutines"
+)
+
+// eventLoops is config.EventLoops for m: none for goroutines; for loops two, whatever the
+// machine's CPU count, so that connections spread over more than one.
+func (m mode) eventLoops() int {
+	if m == goroutineMode {
+		return -1
+	}
+	return 2
+}
+
+type runOption int
+
+const (
+	// loopsOnly: the test is about what only an event loop does (adopting a connection, handing
+	// it back, forwarding it without a goroutine); the goroutine path has none of it.
+	loopsOnly runOption = iota + 1
+	// serially: the test changes or measures the whole process (its descriptor limit, its CPU
+	// time), so its modes must not run at the same time.
+	serially
+)
+
+// run runs f once per forwarding mode, as a subtest named for the mode, so that every test passes
+// on both paths by default (net/http's clientserver_test.go runs HTTP/1 and HTTP/2 so). A test's
+// modes run in parallel with each other, not with other tests: most tests wait on a timeout.
+func run(t *testing.T, f func(t *testing.T, m mode), opts ...runOption) {
+	t.Helper()
+	modes, parallel := []mode{loopMode, goroutineMode}, true
+	for _, o := range opts {
+		switch o {
+		case loopsOnly:
+			modes = []mode{loopMode}
+		case serially:
+			parallel = false
 		}
-		buf := &bytes.Buffer{}
-		fs.mu.Lock()
-		fs.conns = append(fs.conns, buf)
-		fs.mu.Unlock()
-		go func() {
-			defer c.Close()
-			b := make([]byte, 4096)
-			for {
-				n, err := c.Read(b)
-				if n > 0 {
-					fs.mu.Lock()
-					buf.Write(b[:n])
-					reply := fs.reply
-					fs.mu.Unlock()
-					if reply != nil {
-						c.Write(reply)
-					}
-				}
-				if err != nil {
-					return
-				}
+	}
+	for _, m := range modes {
+		t.Run(string(m), func(t *testing.T) {
+			if parallel {
+				t.Parallel()
 			}
-		}()
+			f(t, m)
+		})
 	}
-}
-
-func (fs *fakeStore) setReply(b []byte) {
-	fs.mu.Lock()
-	fs.reply = b
-	fs.mu.Unlock()
-}
-
-// received returns what connection i sent, "" if it does not exist.
-func (fs *fakeStore) received(i int) []byte {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if i >= len(fs.conns) {
-		return nil
-	}
-	return append([]byte(nil), fs.conns[i].Bytes()...)
-}
-
-func (fs *fakeStore) numConns() int {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	return len(fs.conns)
 }
 
 type syncBuffer struct {
@@ -130,39 +119,35 @@ func (s *syncBuffer) events(t *testing.T) []map[string]any {
 type harness struct {
 	t      *testing.T
 	srv    *Server
-	store  *fakeStore
+	store  *storesim.Store
 	audit  *syncBuffer
 	addr   string
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Serve returns
 }
 
-// testEventLoops is event-loops for every test server: scripts/test.sh runs the package once with
-// loops (the default) and once without (-event-loops=-1), so both forwarding paths pass the same
-// tests.
-var testEventLoops = flag.Int("event-loops", 0, "event-loops for the test servers")
-
-func testConfig(upstream string) config.Config {
+func testConfig(m mode, upstream string) config.Config {
 	c := config.Default()
-	c.EventLoops = *testEventLoops
+	c.EventLoops = m.eventLoops()
 	c.Listen, c.Upstream, c.MetricsListen = "127.0.0.1:0", upstream, "127.0.0.1:0"
 	c.Generation = "1.13"
 	c.Timeouts.Drain = 2 * time.Second
 	return c
 }
 
-func start(t *testing.T, mutate func(*config.Config)) *harness {
+// start starts a server forwarding in mode m in front of a recorder.
+func start(t *testing.T, m mode, mutate func(*config.Config)) *harness {
 	t.Helper()
-	store := newFakeStore(t, "127.0.0.1:0")
-	h := startOn(t, store.ln.Addr().String(), mutate)
+	store := recorder(t, "127.0.0.1:0")
+	h := startOn(t, m, store.Addr(), mutate)
 	h.store = store
 	return h
 }
 
-// startOn starts a server in front of upstream, whatever listens there.
-func startOn(t *testing.T, upstream string, mutate func(*config.Config)) *harness {
+// startOn starts a server forwarding in mode m in front of upstream, whatever listens there.
+func startOn(t *testing.T, m mode, upstream string, mutate func(*config.Config)) *harness {
 	t.Helper()
-	cfg := testConfig(upstream)
+	cfg := testConfig(m, upstream)
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -262,9 +247,11 @@ func unhex(t *testing.T, s string) []byte {
 	return b
 }
 
-func TestForwardsValidTrafficBothWays(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
-	h.store.setReply([]byte("reply"))
+func TestForwardsValidTrafficBothWays(t *testing.T) { run(t, testForwardsValidTrafficBothWays) }
+
+func testForwardsValidTrafficBothWays(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
+	h.store.SetReply([]byte("reply"))
 	c := h.dial()
 	msgs := protocol.AppendHandshake(nil, protocol.G3, 77)
 	msgs = append(msgs, enc(t, protocol.G3,
@@ -276,7 +263,7 @@ func TestForwardsValidTrafficBothWays(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "all bytes at the store", func() bool { return bytes.Equal(h.store.received(0), msgs) })
+	eventually(t, "all bytes at the store", func() bool { return bytes.Equal(h.store.Received(0), msgs) })
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got := make([]byte, 5)
 	if _, err := io.ReadFull(c, got); err != nil || string(got) != "reply" {
@@ -287,25 +274,29 @@ func TestForwardsValidTrafficBothWays(t *testing.T) {
 	}
 }
 
-func TestPartialMessageNeverReachesStore(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "1.13" })
+func TestPartialMessageNeverReachesStore(t *testing.T) { run(t, testPartialMessageNeverReachesStore) }
+
+func testPartialMessageNeverReachesStore(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13" })
 	c := h.dial()
 	set := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/key"), Value: []byte("value")})
 	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
 	c.Write(append(get, set[:len(set)-1]...))
-	eventually(t, "the complete message", func() bool { return bytes.Equal(h.store.received(0), get) })
+	eventually(t, "the complete message", func() bool { return bytes.Equal(h.store.Received(0), get) })
 	time.Sleep(50 * time.Millisecond)
-	if got := h.store.received(0); !bytes.Equal(got, get) {
+	if got := h.store.Received(0); !bytes.Equal(got, get) {
 		t.Fatalf("store received %x; the partial SET must stay in the proxy", got)
 	}
 	c.Write(set[len(set)-1:])
-	eventually(t, "the completed SET", func() bool { return bytes.Equal(h.store.received(0), append(get, set...)) })
+	eventually(t, "the completed SET", func() bool { return bytes.Equal(h.store.Received(0), append(get, set...)) })
 }
 
 // TestEveryRuleBlocks: for each rule, valid messages before the bad one reach the store, not one
 // byte of the bad one does, the client sees a close and nothing else, and the audit log and the
 // metrics have it.
-func TestEveryRuleBlocks(t *testing.T) {
+func TestEveryRuleBlocks(t *testing.T) { run(t, testEveryRuleBlocks) }
+
+func testEveryRuleBlocks(t *testing.T, m mode) {
 	g3valid := append(protocol.AppendHandshake(nil, protocol.G3, 1), enc(t, protocol.G3,
 		protocol.Request{Op: protocol.OpAdd, Key: []byte("init/"), Int: 1})...)
 	g0valid := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: []byte("v")})
@@ -340,7 +331,7 @@ func TestEveryRuleBlocks(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(string(tc.rule)+"/"+tc.gen, func(t *testing.T) {
-			h := start(t, func(c *config.Config) {
+			h := start(t, m, func(c *config.Config) {
 				c.Generation = tc.gen
 				if tc.mutate != nil {
 					tc.mutate(c)
@@ -349,12 +340,12 @@ func TestEveryRuleBlocks(t *testing.T) {
 			c := h.dial()
 			if len(tc.valid) > 0 {
 				c.Write(tc.valid)
-				eventually(t, "the valid messages", func() bool { return bytes.Equal(h.store.received(0), tc.valid) })
+				eventually(t, "the valid messages", func() bool { return bytes.Equal(h.store.Received(0), tc.valid) })
 			}
 			bad := unhex(t, tc.bad)
 			c.Write(bad)
 			closedByPeer(t, c)
-			if got := h.store.received(0); !bytes.Equal(got, tc.valid) {
+			if got := h.store.Received(0); !bytes.Equal(got, tc.valid) {
 				t.Fatalf("store received %x, want exactly the valid prefix %x", got, tc.valid)
 			}
 			var ev map[string]any
@@ -386,15 +377,17 @@ func TestEveryRuleBlocks(t *testing.T) {
 	}
 }
 
-func TestMonitorModeForwardsAndRecords(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Mode = config.ModeMonitor })
+func TestMonitorModeForwardsAndRecords(t *testing.T) { run(t, testMonitorModeForwardsAndRecords) }
+
+func testMonitorModeForwardsAndRecords(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13"; c.Mode = config.ModeMonitor })
 	c := h.dial()
 	probe := unhex(t, "03 00000b06e0000000 000000")
 	more := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
 	c.Write(probe)
 	c.Write(more)
 	want := append(append([]byte{}, probe...), more...)
-	eventually(t, "everything forwarded", func() bool { return bytes.Equal(h.store.received(0), want) })
+	eventually(t, "everything forwarded", func() bool { return bytes.Equal(h.store.Received(0), want) })
 	evs := h.audit.events(t)
 	if len(evs) != 1 || evs[0]["event.action"] != "would_block" || evs[0]["event.reason"] != "key_too_long" ||
 		evs[0]["storeguard.declared"] != float64(0xE0060B0000) || evs[0]["storeguard.limit"] != float64(8192) {
@@ -408,7 +401,9 @@ func TestMonitorModeForwardsAndRecords(t *testing.T) {
 	}
 }
 
-func TestAccessLists(t *testing.T) {
+func TestAccessLists(t *testing.T) { run(t, testAccessLists) }
+
+func testAccessLists(t *testing.T, m mode) {
 	for _, tc := range []struct {
 		name   string
 		mutate func(*config.Config)
@@ -418,11 +413,11 @@ func TestAccessLists(t *testing.T) {
 		{"allow", func(c *config.Config) { c.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")} }, "not_allowed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := start(t, tc.mutate)
+			h := start(t, m, tc.mutate)
 			c := h.dial()
 			c.Write([]byte{0x06})
 			closedByPeer(t, c)
-			if n := h.store.numConns(); n != 0 {
+			if n := h.store.NumConns(); n != 0 {
 				t.Fatalf("store saw %d connections", n)
 			}
 			if v := h.metric(`storeguard_connections_refused_total{reason="` + tc.reason + `"}`); v != "1" {
@@ -436,12 +431,14 @@ func TestAccessLists(t *testing.T) {
 	}
 }
 
-func TestPerSourceConnectionCap(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Caps.PerSourceConnections = 2 })
+func TestPerSourceConnectionCap(t *testing.T) { run(t, testPerSourceConnectionCap) }
+
+func testPerSourceConnectionCap(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Caps.PerSourceConnections = 2 })
 	a, b := h.dial(), h.dial()
 	a.Write([]byte{0x06})
 	b.Write([]byte{0x06})
-	eventually(t, "two upstream connections", func() bool { return h.store.numConns() == 2 })
+	eventually(t, "two upstream connections", func() bool { return h.store.NumConns() == 2 })
 	third := h.dial()
 	closedByPeer(t, third)
 	if v := h.metric(`storeguard_connections_refused_total{reason="source_connections"}`); v != "1" {
@@ -451,11 +448,13 @@ func TestPerSourceConnectionCap(t *testing.T) {
 	eventually(t, "a slot freed", func() bool { return h.metric("storeguard_connections_active") == "1" })
 	d := h.dial()
 	d.Write([]byte{0x06})
-	eventually(t, "a new upstream connection", func() bool { return h.store.numConns() == 3 })
+	eventually(t, "a new upstream connection", func() bool { return h.store.NumConns() == 3 })
 }
 
-func TestBanAfterRepeatedViolations(t *testing.T) {
-	h := start(t, func(c *config.Config) {
+func TestBanAfterRepeatedViolations(t *testing.T) { run(t, testBanAfterRepeatedViolations) }
+
+func testBanAfterRepeatedViolations(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) {
 		c.Generation = "1.13"
 		c.Ban.Violations, c.Ban.Window, c.Ban.Duration = 2, time.Minute, time.Minute
 	})
@@ -486,13 +485,15 @@ func TestBanAfterRepeatedViolations(t *testing.T) {
 	}
 }
 
-func TestReload(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "1.13" })
+func TestReload(t *testing.T) { run(t, testReload) }
+
+func testReload(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13" })
 	live := h.dial()
 	live.Write([]byte{0x06})
-	eventually(t, "live connection", func() bool { return h.store.numConns() == 1 })
+	eventually(t, "live connection", func() bool { return h.store.NumConns() == 1 })
 
-	bad := testConfig(h.store.ln.Addr().String())
+	bad := testConfig(m, h.store.Addr())
 	bad.Listen = h.addr // fine
 	bad.Generation = "G9"
 	if err := h.srv.Reload(bad); err == nil {
@@ -501,7 +502,7 @@ func TestReload(t *testing.T) {
 	if v := h.metric(`storeguard_config_reloads_total{result="failed"}`); v != "1" {
 		t.Errorf("failed reloads %q", v)
 	}
-	good := testConfig(h.store.ln.Addr().String())
+	good := testConfig(m, h.store.Addr())
 	good.Generation = "1.13"
 	good.Access.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
 	if err := h.srv.Reload(good); err != nil {
@@ -513,14 +514,16 @@ func TestReload(t *testing.T) {
 	closedByPeer(t, h.dial())
 	// The live connection keeps running under the config it was accepted with.
 	live.Write([]byte{0x06})
-	eventually(t, "live connection still forwards", func() bool { return bytes.Equal(h.store.received(0), []byte{6, 6}) })
+	eventually(t, "live connection still forwards", func() bool { return bytes.Equal(h.store.Received(0), []byte{6, 6}) })
 }
 
-func TestDrainOnShutdown(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.Drain = 300 * time.Millisecond })
+func TestDrainOnShutdown(t *testing.T) { run(t, testDrainOnShutdown) }
+
+func testDrainOnShutdown(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.Drain = 300 * time.Millisecond })
 	c := h.dial()
 	c.Write([]byte{0x06})
-	eventually(t, "connection up", func() bool { return h.store.numConns() == 1 })
+	eventually(t, "connection up", func() bool { return h.store.NumConns() == 1 })
 	began := time.Now()
 	h.cancel()
 	if _, err := net.DialTimeout("tcp", h.addr, time.Second); err == nil {
@@ -542,10 +545,12 @@ func TestDrainOnShutdown(t *testing.T) {
 	}
 }
 
-func TestUpstreamDownAndBack(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.UpstreamDial = time.Second })
-	addr := h.store.ln.Addr().String()
-	h.store.ln.Close()
+func TestUpstreamDownAndBack(t *testing.T) { run(t, testUpstreamDownAndBack) }
+
+func testUpstreamDownAndBack(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.UpstreamDial = time.Second })
+	addr := h.store.Addr()
+	h.store.Close()
 	c := h.dial()
 	closedByPeer(t, c)
 	if v := h.metric("storeguard_upstream_dial_failures_total"); v != "1" {
@@ -555,10 +560,10 @@ func TestUpstreamDownAndBack(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("readyz with the store down: %v %v", resp.Status, err)
 	}
-	store := newFakeStore(t, addr)
+	store := recorder(t, addr)
 	c = h.dial()
 	c.Write([]byte{0x06})
-	eventually(t, "forwarded to the store that came back", func() bool { return bytes.Equal(store.received(0), []byte{6}) })
+	eventually(t, "forwarded to the store that came back", func() bool { return bytes.Equal(store.Received(0), []byte{6}) })
 	resp, err = http.Get("http://" + h.srv.MetricsAddr().String() + "/readyz")
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Errorf("readyz with the store up: %v %v", resp.Status, err)
@@ -568,15 +573,17 @@ func TestUpstreamDownAndBack(t *testing.T) {
 // TestSilentG0CallbackConnectionSpared: torch <= 2.0 opens a second connection per store that
 // never sends a byte; with a first-message deadline it must survive when its source has a working
 // connection, and a lone silent connection must not.
-func TestSilentG0CallbackConnectionSpared(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.FirstMessage = 150 * time.Millisecond })
+func TestSilentG0CallbackConnectionSpared(t *testing.T) { run(t, testSilentG0CallbackConnectionSpared) }
+
+func testSilentG0CallbackConnectionSpared(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13"; c.Timeouts.FirstMessage = 150 * time.Millisecond })
 	lone := h.dial()
 	closedByPeer(t, lone)
 	main := h.dial()
 	main.Write([]byte{0x06})
 	eventually(t, "main connection forwarded", func() bool {
-		for i := range h.store.numConns() {
-			if bytes.Equal(h.store.received(i), []byte{6}) {
+		for i := range h.store.NumConns() {
+			if bytes.Equal(h.store.Received(i), []byte{6}) {
 				return true
 			}
 		}
@@ -590,8 +597,10 @@ func TestSilentG0CallbackConnectionSpared(t *testing.T) {
 	}
 }
 
-func TestBudgetBoundsBufferedBytes(t *testing.T) {
-	h := start(t, func(c *config.Config) {
+func TestBudgetBoundsBufferedBytes(t *testing.T) { run(t, testBudgetBoundsBufferedBytes) }
+
+func testBudgetBoundsBufferedBytes(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) {
 		c.Generation = "1.13"
 		c.Caps.BufferBudgetBytes = 64 << 10
 		c.Timeouts.Message = 3 * time.Second
@@ -623,16 +632,18 @@ func TestBudgetBoundsBufferedBytes(t *testing.T) {
 	}
 }
 
-func TestWatchReloadOnFileChangeAndSignal(t *testing.T) {
-	h := start(t, nil)
+func TestWatchReloadOnFileChangeAndSignal(t *testing.T) { run(t, testWatchReloadOnFileChangeAndSignal) }
+
+func testWatchReloadOnFileChangeAndSignal(t *testing.T, m mode) {
+	h := start(t, m, nil)
 	path := t.TempDir() + "/storeguard.yaml"
 	write := func(s string) {
 		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	base := "listen: " + h.addr + "\nupstream: " + h.store.ln.Addr().String() + "\nmetrics-listen: " +
-		h.srv.MetricsAddr().String() + "\ngeneration: \"1.13\"\n"
+	base := "listen: " + h.addr + "\nupstream: " + h.store.Addr() + "\nmetrics-listen: " +
+		h.srv.MetricsAddr().String() + "\ngeneration: \"1.13\"\nevent-loops: " + fmt.Sprint(m.eventLoops()) + "\n"
 	write(base)
 	load := func() (config.Config, error) { return config.Load(config.Options{File: path, Env: []string{}}) }
 	hup := make(chan os.Signal, 1)
@@ -660,21 +671,23 @@ func TestWatchReloadOnFileChangeAndSignal(t *testing.T) {
 	})
 	c := h.dial()
 	c.Write([]byte{0x06})
-	eventually(t, "forwarding after the deny list was lifted", func() bool { return h.store.numConns() == 1 })
+	eventually(t, "forwarding after the deny list was lifted", func() bool { return h.store.NumConns() == 1 })
 }
 
 // TestWorkerBeforeStore: a client that connects before the store listens is held until the store
 // comes up, not closed (torch retries a refused connect, not a closed connection).
-func TestWorkerBeforeStore(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Timeouts.UpstreamDial = 10 * time.Second })
-	addr := h.store.ln.Addr().String()
-	h.store.ln.Close()
+func TestWorkerBeforeStore(t *testing.T) { run(t, testWorkerBeforeStore) }
+
+func testWorkerBeforeStore(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Timeouts.UpstreamDial = 10 * time.Second })
+	addr := h.store.Addr()
+	h.store.Close()
 	c := h.dial()
 	c.Write([]byte{0x06})
 	time.Sleep(300 * time.Millisecond)
-	store := newFakeStore(t, addr)
-	store.setReply([]byte("12345678"))
-	eventually(t, "the held message at the late store", func() bool { return bytes.Equal(store.received(0), []byte{6}) })
+	store := recorder(t, addr)
+	store.SetReply([]byte("12345678"))
+	eventually(t, "the held message at the late store", func() bool { return bytes.Equal(store.Received(0), []byte{6}) })
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(c, make([]byte, 8)); err != nil {
 		t.Fatalf("no reply through the late store: %v", err)
@@ -686,9 +699,11 @@ func TestWorkerBeforeStore(t *testing.T) {
 
 // TestHostileBeforeStoreIsUp: while the store is not up yet, a hostile message is refused at
 // once, not held for the dial.
-func TestHostileBeforeStoreIsUp(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Timeouts.UpstreamDial = 30 * time.Second })
-	h.store.ln.Close()
+func TestHostileBeforeStoreIsUp(t *testing.T) { run(t, testHostileBeforeStoreIsUp) }
+
+func testHostileBeforeStoreIsUp(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Timeouts.UpstreamDial = 30 * time.Second })
+	h.store.Close()
 	c := h.dial()
 	c.Write(unhex(t, "03 00000b06e0000000 000000"))
 	began := time.Now()
@@ -705,12 +720,16 @@ func TestHostileBeforeStoreIsUp(t *testing.T) {
 // the proxy backs off instead of spinning on a listener that stays readable, and serves the
 // connection once descriptors are free again. Both accept paths: the loops' and Serve's.
 func TestAcceptOutOfDescriptorsBacksOff(t *testing.T) {
-	h := start(t, func(c *config.Config) { c.Generation = "2.6" })
+	run(t, testAcceptOutOfDescriptorsBacksOff, serially)
+}
+
+func testAcceptOutOfDescriptorsBacksOff(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
 	// A first connection served end to end: Serve is accepting (and its loops started) before
 	// descriptors run out.
 	hs := protocol.AppendHandshake(nil, protocol.G3, 5)
 	h.dial().Write(hs)
-	eventually(t, "a first connection served", func() bool { return bytes.Equal(h.store.received(0), hs) })
+	eventually(t, "a first connection served", func() bool { return bytes.Equal(h.store.Received(0), hs) })
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
@@ -755,6 +774,6 @@ func TestAcceptOutOfDescriptorsBacksOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the connection served once descriptors are free", func() bool {
-		return bytes.Equal(h.store.received(1), hs)
+		return bytes.Equal(h.store.Received(1), hs)
 	})
 }

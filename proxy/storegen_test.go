@@ -88,8 +88,8 @@ func TestLearnStoreNeverGuesses(t *testing.T) {
 	}
 }
 
-func autoGuard(t *testing.T, upstream string) *harness {
-	return startOn(t, upstream, func(c *config.Config) { c.Generation = "auto"; c.Timeouts.UpstreamDial = 10 * time.Second })
+func autoGuard(t *testing.T, m mode, upstream string) *harness {
+	return startOn(t, m, upstream, func(c *config.Config) { c.Generation = "auto"; c.Timeouts.UpstreamDial = 10 * time.Second })
 }
 
 func waitStore(t *testing.T, h *harness, want protocol.Generation) {
@@ -117,10 +117,14 @@ func send(t *testing.T, c net.Conn, b []byte, want int) []byte {
 // before the store listens; its G1 ops (APPEND 0x08, MULTI_GET 0x09, which G0 reads otherwise)
 // wait, then are framed as G1 and answered.
 func TestAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T) {
+	run(t, testAutoHoldsConnectionsUntilTheStoreIsKnown)
+}
+
+func testAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T, m mode) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	h := autoGuard(t, addr)
+	h := autoGuard(t, m, addr)
 	c := h.dial()
 	ops := enc(t, protocol.G1, protocol.Request{Op: protocol.OpAppend, Key: []byte("k"), Value: []byte("ab")},
 		protocol.Request{Op: protocol.OpMultiGet, Keys: [][]byte{[]byte("k"), []byte("k")}})
@@ -148,6 +152,10 @@ func TestAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T) {
 // TestAutoRefusesBytesTheStoreWouldMisread: with the store learned, a client whose bytes do not
 // fit its generation is refused before one byte reaches it.
 func TestAutoRefusesBytesTheStoreWouldMisread(t *testing.T) {
+	run(t, testAutoRefusesBytesTheStoreWouldMisread)
+}
+
+func testAutoRefusesBytesTheStoreWouldMisread(t *testing.T, m mode) {
 	validateG6Set := append(protocol.AppendHandshake(nil, protocol.G2, 0), enc(t, protocol.G6,
 		protocol.Request{Op: protocol.OpSet})...)
 	cases := []struct {
@@ -165,7 +173,7 @@ func TestAutoRefusesBytesTheStoreWouldMisread(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := sim(t, "127.0.0.1:0", tc.store, tc.b)
-			h := autoGuard(t, s.Addr())
+			h := autoGuard(t, m, s.Addr())
 			waitStore(t, h, tc.store)
 			before := s.NumConns()
 			c := h.dial()
@@ -204,9 +212,13 @@ func TestAutoRefusesBytesTheStoreWouldMisread(t *testing.T) {
 // address; the guard forgets what it knew the moment the store goes away and frames the new
 // store's clients by its generation.
 func TestAutoLearnsAgainAfterTheStoreRestarts(t *testing.T) {
+	run(t, testAutoLearnsAgainAfterTheStoreRestarts)
+}
+
+func testAutoLearnsAgainAfterTheStoreRestarts(t *testing.T, m mode) {
 	s := sim(t, "127.0.0.1:0", protocol.G1, protocol.BackendLegacy)
 	addr := s.Addr()
-	h := autoGuard(t, addr)
+	h := autoGuard(t, m, addr)
 	waitStore(t, h, protocol.G1)
 	s.Close()
 	eventually(t, "the store forgotten", func() bool { _, ok := h.srv.Store(); return !ok })
@@ -230,13 +242,15 @@ func (h *harness) assertNoEvents() {
 
 // TestReloadToAutoLearnsTheStore: a reload from a configured generation to auto starts learning;
 // connections then wait for it and are framed by the store's generation.
-func TestReloadToAutoLearnsTheStore(t *testing.T) {
+func TestReloadToAutoLearnsTheStore(t *testing.T) { run(t, testReloadToAutoLearnsTheStore) }
+
+func testReloadToAutoLearnsTheStore(t *testing.T, m mode) {
 	s := sim(t, "127.0.0.1:0", protocol.G6, protocol.BackendLibuv)
-	h := startOn(t, s.Addr(), func(c *config.Config) { c.Generation = "1.13" })
+	h := startOn(t, m, s.Addr(), func(c *config.Config) { c.Generation = "1.13" })
 	if _, ok := h.srv.Store(); ok {
 		t.Fatal("a generation learned with one configured")
 	}
-	cfg := testConfig(s.Addr())
+	cfg := testConfig(m, s.Addr())
 	cfg.Listen, cfg.MetricsListen = h.addr, h.srv.MetricsAddr().String()
 	cfg.Generation = "auto"
 	if err := h.srv.Reload(cfg); err != nil {
@@ -253,10 +267,14 @@ func TestReloadToAutoLearnsTheStore(t *testing.T) {
 // TestDrainEndsConnectionsWaitingForTheStore: a connection held for the store's generation does
 // not keep a stopping server past its drain.
 func TestDrainEndsConnectionsWaitingForTheStore(t *testing.T) {
+	run(t, testDrainEndsConnectionsWaitingForTheStore)
+}
+
+func testDrainEndsConnectionsWaitingForTheStore(t *testing.T, m mode) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	h := startOn(t, addr, func(c *config.Config) {
+	h := startOn(t, m, addr, func(c *config.Config) {
 		c.Generation = "auto"
 		c.Timeouts.UpstreamDial = time.Minute
 		c.Timeouts.Drain = 200 * time.Millisecond

@@ -20,8 +20,6 @@ if [ -n "$unformatted" ]; then echo "gofmt would change: $unformatted"; exit 1; 
 
 step "go test -race"
 go test -race -count=1 ./...
-step "go test -race ./proxy ./fuzz without event loops (the goroutine forwarding path)"
-go test -race -count=1 ./proxy ./fuzz -args -event-loops=-1
 
 step "fuzzing, $FUZZTIME per target"
 for pkg in $(go list ./...); do

@@ -1,0 +1,543 @@
+package replay_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/storesim"
+	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/proxy"
+	"github.com/storeguard/storeguard/replay"
+	"github.com/storeguard/storeguard/replay/internal/gencap"
+)
+
+// The differential test: the same client traffic goes through serve forwarding on event loops,
+// through serve forwarding on goroutines, and, as a capture, through replay. Per connection, both
+// serves must give the store the same bytes, exactly the whole valid messages before the first
+// violation, and write the same audit event; replay must judge the stream as serve did (pass, or
+// reject by the same rule at the same offset).
+
+// diffCases are the configurations the traffic goes through: a pair of serves each, and replay.
+var diffCases = []struct {
+	generation string
+	backend    config.Backend
+}{
+	{"1.13", config.BackendAuto}, // G0
+	{"2.1", config.BackendAuto},  // G1
+	{"2.6", config.BackendAuto},  // G3
+	{"G4", config.BackendLegacy}, // queue ops are not in the backend
+	{"G6", config.BackendLibUV},
+}
+
+// diffConfig is case i's configuration, with limits small enough for random lengths to cross.
+func diffConfig(i int) config.Config {
+	c := config.Default()
+	c.Generation, c.Backend = diffCases[i].generation, diffCases[i].backend
+	c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxKeys, c.Limits.MaxMessageBytes = 1<<10, 1<<14, 64, 1<<16
+	// Admission is serve's alone (replay judges every stream): no bans or rate caps for a test
+	// that breaks rules from one source all the time.
+	c.Ban.Violations, c.Caps.PerSourceRate = 0, 0
+	return c
+}
+
+// FuzzServeModesAndReplayAgree checks the agreement above on diffStreams random client
+// connections: seed draws them, which picks the configuration. Its seeds, three per
+// configuration, run with every go test.
+func FuzzServeModesAndReplayAgree(f *testing.F) {
+	pairs := make([][2]*serve, len(diffCases))
+	for i := range diffCases {
+		pairs[i] = [2]*serve{startServe(f, diffConfig(i), "loops", 2), startServe(f, diffConfig(i), "goroutines", -1)}
+	}
+	for i := range diffCases {
+		for _, seed := range []uint64{1, 2, 3} {
+			f.Add(seed, uint8(i))
+		}
+	}
+	f.Fuzz(func(t *testing.T, seed uint64, which uint8) {
+		i := int(which) % len(diffCases)
+		cfg := diffConfig(i)
+		dec, err := cfg.Decoder()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(seed, uint64(i)))
+		streams := make([]clientStream, diffStreams)
+		for j := range streams {
+			streams[j] = randomStream(rng, dec.Gen.Gen, cfg.Limits)
+		}
+		var outcomes [2][]outcome
+		for m, s := range pairs[i] {
+			for _, st := range streams {
+				outcomes[m] = append(outcomes[m], s.send(t, st))
+			}
+		}
+		judged := replayOf(t, cfg, streams, rng)
+		for j, st := range streams {
+			loops, goroutines := outcomes[0][j], outcomes[1][j]
+			where := fmt.Sprintf("%s, seed %d, connection %d (%s, %d bytes in writes %v)\n%x\n", cfg.Generation, seed, j,
+				st.what, len(st.data), st.writeLens(), st.data[:min(len(st.data), 1024)])
+			want := validPrefix(dec, st.data)
+			for m, o := range []outcome{loops, goroutines} {
+				if !bytes.Equal(o.stored, want) {
+					t.Fatalf("%s%s: the store received %x\nwant the valid messages %x", where, pairs[i][m].mode, o.stored, want)
+				}
+				if len(o.events) > 1 {
+					t.Fatalf("%s%s: %d audit events %+v", where, pairs[i][m].mode, len(o.events), o.events)
+				}
+				checkSeen(t, where+pairs[i][m].mode, o.events, st.data, len(want))
+			}
+			normalize(loops.events)
+			normalize(goroutines.events)
+			if !reflect.DeepEqual(loops.events, goroutines.events) {
+				t.Fatalf("%saudit events differ:\nloops      %s\ngoroutines %s", where, jsonOf(loops.events), jsonOf(goroutines.events))
+			}
+			if s, r := verdictOfEvents(loops.events), verdictOfReplay(judged[j]); s != r {
+				t.Fatalf("%sserve: %s\nreplay: %s", where, s, r)
+			}
+		}
+	})
+}
+
+// diffStreams is how many client connections one fuzz input makes.
+const diffStreams = 10
+
+// clientStream is one client connection: its bytes, and where one write ends and the next begins.
+type clientStream struct {
+	data []byte
+	cuts []int // ascending, within (0, len(data))
+	what string
+}
+
+func (s clientStream) writes() [][]byte {
+	var w [][]byte
+	from := 0
+	for _, c := range append(s.cuts, len(s.data)) {
+		w = append(w, s.data[from:c])
+		from = c
+	}
+	return w
+}
+
+func (s clientStream) writeLens() []int {
+	var n []int
+	for _, w := range s.writes() {
+		n = append(n, len(w))
+	}
+	return n
+}
+
+// randomStream is a client connection to a guard of generation g: most often g's own handshake
+// and requests, sometimes another generation's; then often something hostile (a length or count
+// over the limits, an opcode g lacks, a message cut short by the end of the stream, garbage), with
+// more requests behind it or not. Requests the decoder takes but the configuration refuses
+// (WATCH_KEY, a queue op to a legacy store, a message over max-message-bytes) come up by chance.
+func randomStream(rng *rand.Rand, g protocol.Generation, lim config.Limits) clientStream {
+	cg := g
+	if rng.IntN(5) == 0 {
+		cg = protocol.Generation(rng.IntN(int(protocol.LatestGeneration) + 1))
+	}
+	var s clientStream
+	s.what = cg.String()
+	if rng.IntN(10) > 0 {
+		s.data = protocol.AppendHandshake(nil, cg, rng.Uint32())
+	} else {
+		s.what += " without handshake"
+	}
+	requests := func() {
+		for range rng.IntN(5) {
+			s.data = appendRequest(s.data, rng, cg, lim)
+		}
+	}
+	requests()
+	hostile := []struct {
+		what   string
+		append func([]byte) []byte
+	}{
+		{"key length over the limit", func(b []byte) []byte {
+			return binary.LittleEndian.AppendUint64(append(b, wire(cg, protocol.OpGet)), over(rng, lim.MaxKeyBytes))
+		}},
+		{"value length over the limit", func(b []byte) []byte {
+			b = protocol.AppendBytes(append(b, wire(cg, protocol.OpSet)), []byte("/k"))
+			return binary.LittleEndian.AppendUint64(b, over(rng, lim.MaxValueBytes))
+		}},
+		{"key count over the limit", func(b []byte) []byte {
+			return binary.LittleEndian.AppendUint64(append(b, wire(cg, protocol.OpCheck)), over(rng, lim.MaxKeys))
+		}},
+		{"unknown opcode", func(b []byte) []byte {
+			return append(b, byte(numOpcodes(cg)+rng.IntN(256-numOpcodes(cg))))
+		}},
+		{"a second handshake (or one of G2 to G0 and G1)", func(b []byte) []byte {
+			return protocol.AppendHandshake(b, max(cg, protocol.G2), 0)
+		}},
+		{"garbage", func(b []byte) []byte {
+			for range 1 + rng.IntN(40) {
+				b = append(b, byte(rng.Uint32()))
+			}
+			return b
+		}},
+		{"partial message, then the end", nil},
+	}
+	if rng.IntN(3) > 0 {
+		h := hostile[rng.IntN(len(hostile))]
+		s.what += ", " + h.what
+		if h.append == nil {
+			m := appendRequest(nil, rng, cg, lim)
+			s.data = append(s.data, m[:rng.IntN(len(m))]...)
+			return s.cut(rng)
+		}
+		s.data = h.append(s.data)
+		requests()
+	}
+	return s.cut(rng)
+}
+
+// cut splits s into up to 6 writes at random points.
+func (s clientStream) cut(rng *rand.Rand) clientStream {
+	if len(s.data) < 2 {
+		return s
+	}
+	for range rng.IntN(6) {
+		s.cuts = append(s.cuts, 1+rng.IntN(len(s.data)-1))
+	}
+	slices.Sort(s.cuts)
+	s.cuts = slices.Compact(s.cuts)
+	return s
+}
+
+// appendRequest appends a valid request of generation g: any of its ops but VALIDATE, keys and
+// values mostly short, now and then at the limit or long enough to span several reads.
+func appendRequest(b []byte, rng *rand.Rand, g protocol.Generation, lim config.Limits) []byte {
+	var ops []protocol.Op
+	for _, op := range protocol.Ops() {
+		if _, ok := protocol.WireOf(g, op); ok && op != protocol.OpValidate {
+			ops = append(ops, op)
+		}
+	}
+	bytesOf := func(n int) []byte {
+		p := make([]byte, n)
+		for i := range p {
+			p[i] = byte(rng.Uint32())
+		}
+		return p
+	}
+	key := func() []byte {
+		if rng.IntN(20) == 0 {
+			return bytesOf(int(lim.MaxKeyBytes))
+		}
+		return bytesOf(1 + rng.IntN(24))
+	}
+	value := func() []byte {
+		if rng.IntN(8) == 0 {
+			return bytesOf(rng.IntN(int(lim.MaxValueBytes) + 1))
+		}
+		return bytesOf(rng.IntN(40))
+	}
+	r := protocol.Request{Op: ops[rng.IntN(len(ops))], Key: key(), Value: value(), Desired: value(), Int: rng.Int64(),
+		U32: rng.Uint32()}
+	for range rng.IntN(4) {
+		r.Keys, r.Values = append(r.Keys, key()), append(r.Values, value())
+	}
+	b, err := protocol.Append(b, g, r)
+	if err != nil {
+		panic(err) // an op of g with as many values as keys
+	}
+	return b
+}
+
+func wire(g protocol.Generation, op protocol.Op) byte {
+	w, _ := protocol.WireOf(g, op)
+	return w
+}
+
+// numOpcodes is the number of opcodes of g: the wire bytes from it on are no opcode.
+func numOpcodes(g protocol.Generation) int {
+	n := 0
+	for protocol.OpOf(g, byte(n)) != protocol.OpInvalid {
+		n++
+	}
+	return n
+}
+
+// over is a declared length or count above limit: just above, or far above (the #106294 probe's
+// key length, 2^63, the largest u64).
+func over(rng *rand.Rand, limit int64) uint64 {
+	return []uint64{uint64(limit) + 1, uint64(limit) + 1 + rng.Uint64N(1<<20), 0xE0060B0000, 1 << 63, math.MaxUint64}[rng.IntN(5)]
+}
+
+// validPrefix is what the store may receive of data: every complete message before the first
+// violation.
+func validPrefix(cfg protocol.Config, data []byte) []byte {
+	d := protocol.NewDecoder(cfg)
+	end := 0
+	for p := 0; p < len(data); {
+		n, msg, err := d.Scan(data[p:])
+		p += n
+		if err != nil {
+			break
+		}
+		if msg != nil {
+			end = p
+		}
+	}
+	return data[:end]
+}
+
+// serve is a proxy under test in front of a recorder, with its audit log.
+type serve struct {
+	mode  string
+	addr  string
+	store *storesim.Store
+	audit *lines
+}
+
+func startServe(tb testing.TB, cfg config.Config, mode string, eventLoops int) *serve {
+	store, err := storesim.StartRecorder("127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(store.Close)
+	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.EventLoops = "127.0.0.1:0", store.Addr(), "", eventLoops
+	s := &serve{mode: mode, store: store, audit: &lines{}}
+	srv, err := proxy.New(cfg, proxy.Options{Audit: audit.New(s.audit, audit.Options{})})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		tb.Fatal(err)
+	}
+	s.addr = srv.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx); close(done) }()
+	tb.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			tb.Errorf("%s: Serve did not return after cancel", mode)
+		}
+	})
+	return s
+}
+
+// outcome is what a serve did with one client connection.
+type outcome struct {
+	stored []byte        // what the store received on its connection for it
+	events []audit.Event // the audit events it caused
+}
+
+// send sends st, write by write, ends the client's side and waits for the guard to close the
+// connection and for the store's connection to end. The guard opens one store connection per
+// admitted client connection, on either path (it dials while it reads the first bytes).
+func (s *serve) send(t *testing.T, st clientStream) outcome {
+	t.Helper()
+	mark := s.audit.count()
+	c, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i, w := range st.writes() {
+		if i > 0 {
+			time.Sleep(time.Millisecond) // most writes become reads of their own
+		}
+		c.Write(w) // fails once the guard has closed the connection: no matter
+	}
+	c.(*net.TCPConn).CloseWrite()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, c); isTimeout(err) {
+		t.Fatalf("%s: the guard kept the connection open after the client's end", s.mode)
+	}
+	var o outcome
+	select {
+	case o.stored = <-s.store.Ended:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the store's connection did not end", s.mode)
+	}
+	s.store.Forget()
+	o.events = s.audit.events(t, mark)
+	return o
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+// checkSeen checks the fields of an audit event that depend on how the client's bytes were cut
+// into reads, and clears them for the comparison: storeguard.first_bytes, the offending message's
+// bytes from its start up to the end of the read it was found in, and storeguard.bytes_seen, the
+// bytes read so far. The offending message begins at start, right after the valid ones.
+func checkSeen(t *testing.T, where string, events []audit.Event, data []byte, start int) {
+	t.Helper()
+	for _, e := range events {
+		if e.Offset == nil || e.BytesSeen == nil {
+			t.Fatalf("%s: event without offset or bytes_seen: %+v", where, e)
+		}
+		off, seen, first := int(*e.Offset), int(*e.BytesSeen), []byte(e.FirstBytes)
+		if seen <= off || seen > len(data) {
+			t.Errorf("%s: bytes_seen %d, want more than the offset %d and at most the %d sent", where, seen, off, len(data))
+		}
+		if !bytes.HasPrefix(data[start:], first) || len(first) < min(audit.MaxFirstBytes, off-start+1) {
+			t.Errorf("%s: first_bytes %x, want the offending message's from offset %d up to %d at least: %x", where,
+				first, start, off, data[start:min(len(data), start+audit.MaxFirstBytes)])
+		}
+	}
+}
+
+// normalize clears what differs between two serves, or between runs, by design: the time, the
+// event's id, the connection's number and ports (and the flow hash made of them), and the fields
+// checkSeen has checked.
+func normalize(events []audit.Event) {
+	for i := range events {
+		e := &events[i]
+		e.Timestamp, e.ID, e.ConnID, e.SourcePort, e.DestPort, e.CommunityID = time.Time{}, "", 0, 0, 0, ""
+		e.FirstBytes, e.BytesSeen = nil, nil
+	}
+}
+
+// verdictOfEvents is serve's verdict on a connection: pass when it wrote no event.
+func verdictOfEvents(events []audit.Event) string {
+	if len(events) == 0 {
+		return "pass"
+	}
+	e := events[0]
+	val := func(p *uint64) uint64 {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	return verdict(string(e.Action), e.Reason, val(e.Offset), val(e.MessageIndex), e.Op, e.Field, val(e.Declared),
+		val(e.Limit), e.Generation)
+}
+
+func verdictOfReplay(r replay.StreamResult) string {
+	switch {
+	case r.Verdict == replay.VerdictPass:
+		return "pass"
+	case r.Verdict != replay.VerdictReject || r.Violation == nil:
+		return fmt.Sprintf("%s (%s)", r.Verdict, r.Reason)
+	}
+	v := r.Violation
+	return verdict("blocked", string(v.Rule), v.Offset, v.MessageIndex, v.Op, v.Field, v.Declared, v.Limit, r.Generation)
+}
+
+func verdict(action, rule string, offset, index uint64, op, field string, declared, limit uint64, gen string) string {
+	return fmt.Sprintf("%s: %s at offset %d (message %d, %s, %s %d, limit %d, %s)", action, rule, offset, index, op, field,
+		declared, limit, gen)
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// diffServer is the store's address in the capture replayOf writes.
+var diffServer = netip.MustParseAddrPort("10.0.0.1:29500")
+
+// replayOf writes a capture of the streams, one connection each after the other, every write a
+// burst of segments, and returns replay's result for each stream, in order.
+func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand.Rand) []replay.StreamResult {
+	t.Helper()
+	var buf bytes.Buffer
+	w, err := gencap.NewWriter(&buf, gencap.Pcap, gencap.Ethernet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	client := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 1, 2}), uint16(40000+i))
+	}
+	for i, st := range streams {
+		c := w.Conn(client(i), diffServer, rng.Uint32(), rng.Uint32())
+		must(t, c.Open(at))
+		for _, p := range st.writes() {
+			at = at.Add(time.Millisecond)
+			must(t, c.Send(at, p, 1448))
+		}
+		at = at.Add(time.Millisecond)
+		must(t, c.Close(at))
+	}
+	must(t, w.Flush())
+	results := make([]replay.StreamResult, len(streams))
+	r, err := replay.New(cfg, replay.Options{Ports: []uint16{diffServer.Port()}, OnStream: func(res replay.StreamResult) error {
+		i := int(res.Src.Port()) - 40000
+		if i < 0 || i >= len(results) || results[i].Verdict != "" {
+			return fmt.Errorf("a stream from %v: no such connection, or twice", res.Src)
+		}
+		results[i] = res
+		return nil
+	}})
+	must(t, err)
+	must(t, r.ReadCapture(context.Background(), "differential.pcap", &buf))
+	must(t, r.Close())
+	for i, res := range results {
+		if res.Verdict == "" {
+			t.Fatalf("replay gave no verdict on connection %d", i)
+		}
+	}
+	return results
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lines is an audit log in memory: one JSON event per line.
+type lines struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+	n  int
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n += bytes.Count(p, []byte{'\n'})
+	return l.b.Write(p)
+}
+
+func (l *lines) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
+// events parses the events from line from on.
+func (l *lines) events(t *testing.T, from int) []audit.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []audit.Event
+	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
+	for i := 0; sc.Scan(); i++ {
+		if i < from {
+			continue
+		}
+		var e audit.Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("audit line %q: %v", sc.Text(), err)
+		}
+		out = append(out, e)
+	}
+	return out
+}

@@ -103,7 +103,7 @@ func testLoopForwardsBothWays(t *testing.T, m mode) {
 // connectLocal reports a store socket only once it is established: a refused connect and a SYN
 // the store's full accept queue dropped are errors, for dialStore to retry.
 func TestConnectLocal(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", reservedAddr(t)) // no other socket takes the port once ln is closed
 	if err != nil {
 		t.Fatal(err)
 	}

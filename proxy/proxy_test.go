@@ -38,6 +38,32 @@ func recorder(t *testing.T, addr string) *storesim.Store {
 	return s
 }
 
+// reservedAddr is an address on this host for a store that comes up later in the test, or goes
+// away and comes back: nothing listens there, so a dial is refused, but the port stays bound until
+// the test ends. A port merely closed can meanwhile become another socket's (the kernel hands it
+// out as an ephemeral port, or to a listener on port 0), and the store's listen then fails with
+// "address already in use", or the guard dials somebody else's store.
+func reservedAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	// SO_REUSEADDR on both sides lets a store listen on the port while this socket holds it.
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
+
 // mode is how a test server forwards connections: on event loops, or on two goroutines each.
 type mode string
 
@@ -135,10 +161,11 @@ func testConfig(m mode, upstream string) config.Config {
 	return c
 }
 
-// start starts a server forwarding in mode m in front of a recorder.
+// start starts a server forwarding in mode m in front of a recorder at a reserved address, where
+// a test may close it and start another.
 func start(t *testing.T, m mode, mutate func(*config.Config)) *harness {
 	t.Helper()
-	store := recorder(t, "127.0.0.1:0")
+	store := recorder(t, reservedAddr(t))
 	h := startOn(t, m, store.Addr(), mutate)
 	h.store = store
 	return h

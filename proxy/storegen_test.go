@@ -80,10 +80,7 @@ func TestLearnStoreNeverGuesses(t *testing.T) {
 	if got, err := LearnStore(context.Background(), s.Addr(), time.Second); err != nil || got.Gen != protocol.G1 {
 		t.Fatalf("resumed G1 store: %v, %v", got, err)
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	if got, err := LearnStore(context.Background(), addr, 200*time.Millisecond); err == nil {
+	if got, err := LearnStore(context.Background(), reservedAddr(t), 200*time.Millisecond); err == nil {
 		t.Fatalf("no store: %v, want an error", got)
 	}
 }
@@ -121,9 +118,7 @@ func TestAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T) {
 }
 
 func testAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T, m mode) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := reservedAddr(t)
 	h := autoGuard(t, m, addr)
 	c := h.dial()
 	ops := enc(t, protocol.G1, protocol.Request{Op: protocol.OpAppend, Key: []byte("k"), Value: []byte("ab")},
@@ -216,8 +211,8 @@ func TestAutoLearnsAgainAfterTheStoreRestarts(t *testing.T) {
 }
 
 func testAutoLearnsAgainAfterTheStoreRestarts(t *testing.T, m mode) {
-	s := sim(t, "127.0.0.1:0", protocol.G1, protocol.BackendLegacy)
-	addr := s.Addr()
+	addr := reservedAddr(t)
+	s := sim(t, addr, protocol.G1, protocol.BackendLegacy)
 	h := autoGuard(t, m, addr)
 	waitStore(t, h, protocol.G1)
 	s.Close()
@@ -271,10 +266,7 @@ func TestDrainEndsConnectionsWaitingForTheStore(t *testing.T) {
 }
 
 func testDrainEndsConnectionsWaitingForTheStore(t *testing.T, m mode) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	h := startOn(t, m, addr, func(c *config.Config) {
+	h := startOn(t, m, reservedAddr(t), func(c *config.Config) {
 		c.Generation = "auto"
 		c.Timeouts.UpstreamDial = time.Minute
 		c.Timeouts.Drain = 200 * time.Millisecond

@@ -415,6 +415,8 @@ func testMonitorModeForwardsAndRecords(t *testing.T, m mode) {
 	c.Write(more)
 	want := append(append([]byte{}, probe...), more...)
 	eventually(t, "everything forwarded", func() bool { return bytes.Equal(h.store.Received(0), want) })
+	// The guard sends the offending message on before it writes the event.
+	eventually(t, "the audit event", func() bool { return len(h.audit.events(t)) > 0 })
 	evs := h.audit.events(t)
 	if len(evs) != 1 || evs[0]["event.action"] != "would_block" || evs[0]["event.reason"] != "key_too_long" ||
 		evs[0]["storeguard.declared"] != float64(0xE0060B0000) || evs[0]["storeguard.limit"] != float64(8192) {

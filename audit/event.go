@@ -23,6 +23,9 @@ const (
 	ActionDenied         Action = "denied"      // connection refused by policy (CIDR, cap, rate)
 	ActionBanned         Action = "banned"
 	ActionSampledSummary Action = "sampled_summary"
+	// ActionDroppedSummary: the sink stalled and a Queue dropped storeguard.suppressed events
+	// (of any source) before this one.
+	ActionDroppedSummary Action = "dropped_summary"
 )
 
 // Mode is the value of storeguard.mode.
@@ -66,7 +69,7 @@ type Event struct {
 	FirstBytes   HexBytes `json:"storeguard.first_bytes,omitempty"`
 	BytesSeen    *uint64  `json:"storeguard.bytes_seen,omitempty"`
 	Mode         Mode     `json:"storeguard.mode,omitempty"`
-	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"` // only on sampled_summary
+	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"` // only on sampled_summary and dropped_summary
 }
 
 // HexBytes is written as a lower-case hex string.

@@ -43,12 +43,15 @@ func (f Filter) match(e Event) bool {
 
 // Summary describes the events a Filter selected. Events counts the lines
 // written; Suppressed adds what sampled_summary events say was sampled away;
-// Estimated is their sum. Seen times come from written events only.
+// Estimated is their sum. Dropped is what dropped_summary events say a stalled
+// sink lost (of every source: not in Estimated). Seen times come from written
+// events only.
 type Summary struct {
 	Files        int           `json:"files"`
 	Events       uint64        `json:"events"`
 	Suppressed   uint64        `json:"suppressed"`
 	Estimated    uint64        `json:"estimated"`
+	Dropped      uint64        `json:"dropped"`
 	FirstSeen    time.Time     `json:"first_seen,omitzero"`
 	LastSeen     time.Time     `json:"last_seen,omitzero"`
 	ByAction     []Count       `json:"by_action"`
@@ -148,6 +151,10 @@ func (z *Summarizer) Add(e Event) {
 	if !z.filter.match(e) {
 		return
 	}
+	if e.Action == ActionDroppedSummary {
+		z.sum.Dropped += e.Suppressed
+		return
+	}
 	src := z.sources[e.SourceIP]
 	if src == nil {
 		src = &SourceStats{IP: e.SourceIP}
@@ -243,6 +250,7 @@ func (s Summary) writeTable(w io.Writer) error {
 	fmt.Fprintf(tw, "events written\t%d\n", s.Events)
 	fmt.Fprintf(tw, "events suppressed\t%d\n", s.Suppressed)
 	fmt.Fprintf(tw, "events estimated\t%d\n", s.Estimated)
+	fmt.Fprintf(tw, "events dropped (sink stalled)\t%d\n", s.Dropped)
 	fmt.Fprintf(tw, "first seen\t%s\n", formatTime(s.FirstSeen, "-"))
 	fmt.Fprintf(tw, "last seen\t%s\n", formatTime(s.LastSeen, "-"))
 	fmt.Fprintf(tw, "malformed lines\t%d\n", s.Malformed)

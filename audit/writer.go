@@ -153,7 +153,8 @@ func (w *Writer) Write(e Event) error {
 // admit applies per-source sampling. The error is from writing the
 // summaries of windows it ends on the way.
 func (w *Writer) admit(e Event, now time.Time) (bool, error) {
-	if w.opts.SampleWindow <= 0 || e.Action == ActionBanned || e.Action == ActionSampledSummary {
+	if w.opts.SampleWindow <= 0 || e.Action == ActionBanned || e.Action == ActionSampledSummary ||
+		e.Action == ActionDroppedSummary {
 		return true, nil
 	}
 	var err error
@@ -389,6 +390,9 @@ func (w *Writer) Close() error {
 	}
 	return err
 }
+
+// Lost is how many events could not be written (Stats.Errors). It waits for a write in progress.
+func (w *Writer) Lost() uint64 { return w.Stats().Errors }
 
 // Stats returns the counters.
 func (w *Writer) Stats() Stats {

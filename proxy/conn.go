@@ -356,8 +356,8 @@ func (s *Server) writeAudit(e audit.Event) {
 	if s.audit == nil {
 		return
 	}
-	if err := s.audit.Write(e); err != nil {
-		s.m.auditDropped.Inc()
-		s.log.Error("audit write failed", "err", err)
+	if err := s.audit.Write(e); err != nil && s.auditLog.allow(s.now()) {
+		s.log.Error("audit event lost (logged at most once a second; counted in audit_write_errors_total)",
+			"err", err)
 	}
 }

@@ -381,11 +381,9 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	dst := originalDstFd(fd, local)
 	release, reason := s.admit(src.Addr())
 	if reason != "" {
-		go func() { // the audit log may be slow: never in the loop
-			defer s.handlers.Done()
-			s.refuse(src, dst, reason)
-			unix.Close(fd)
-		}()
+		s.refuse(src, dst, reason) // the audit sink never waits (AuditSink)
+		unix.Close(fd)
+		s.handlers.Done()
 		return
 	}
 	s.loops.clientOptionsOf(fd)

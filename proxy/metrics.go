@@ -31,7 +31,8 @@ type metrics struct {
 	reloads      *prometheus.CounterVec
 	panics       prometheus.Counter
 	buffered     prometheus.GaugeFunc
-	auditDropped prometheus.Counter
+	auditDropped prometheus.CounterFunc
+	logsDropped  prometheus.CounterFunc
 	loopConns    prometheus.Gauge
 	handbacks    [numHandbacks]prometheus.Counter
 	storeProbes  *prometheus.CounterVec
@@ -63,7 +64,9 @@ const (
 
 var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop"}
 
-func newMetrics(bansActive, buffered func() float64) *metrics {
+// newMetrics makes the metrics; the funcs read what others count: bans, buffered bytes, audit events
+// lost and log lines dropped.
+func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	f := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: namespace, Name: name, Help: help}
@@ -93,8 +96,10 @@ func newMetrics(bansActive, buffered func() float64) *metrics {
 		"Panics recovered in connection handlers.")))
 	m.buffered = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("buffered_bytes",
 		"Bytes of partial client messages held, against caps.buffer-budget-bytes.")), buffered)
-	m.auditDropped = prometheus.NewCounter(prometheus.CounterOpts(f("audit_write_errors_total",
-		"Audit events that could not be written.")))
+	m.auditDropped = prometheus.NewCounterFunc(prometheus.CounterOpts(f("audit_write_errors_total",
+		"Audit events lost: dropped while the audit sink stalled, or failed to write.")), auditLost)
+	m.logsDropped = prometheus.NewCounterFunc(prometheus.CounterOpts(f("log_lines_dropped_total",
+		"Log lines dropped while the log sink (stderr) stalled.")), logsDropped)
 	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
 		"Connections an event loop forwards now (the others run on goroutines).")))
 	handbacks := prometheus.NewCounterVec(prometheus.CounterOpts(f("event_loop_handbacks_total",
@@ -116,7 +121,7 @@ func newMetrics(bansActive, buffered func() float64) *metrics {
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
-		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.loopConns, handbacks, build,
+		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.loopConns, handbacks, build,
 		m.storeProbes, m.storeWaits, m.storeInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 

@@ -70,19 +70,28 @@ const refuseDraining admission.Reason = "draining"
 // startProcs is GOMAXPROCS as the process started (the CPUs it may use), before Serve raises it.
 var startProcs = runtime.GOMAXPROCS(0)
 
+// AuditSink receives audit events. serve's (audit.Queue) never waits for its file or pipe: events
+// are recorded from the event loops.
+type AuditSink interface {
+	Write(audit.Event) error
+	Lost() uint64 // events dropped or not written, since the start
+}
+
 // Options are a Server's collaborators.
 type Options struct {
 	Logger *slog.Logger
 	// Audit receives blocked, would_block, denied and banned events. Nil discards them (the
 	// counters still count).
-	Audit *audit.Writer
+	Audit AuditSink
 	Clock func() time.Time
+	// LogDropped, if set, reads how many log lines the logger's sink dropped (nbwriter).
+	LogDropped func() uint64
 }
 
 // Server is the guard proxy.
 type Server struct {
 	log   *slog.Logger
-	audit *audit.Writer
+	audit AuditSink
 	now   func() time.Time
 	set   atomic.Pointer[settings]
 	gate  *admission.Gate
@@ -98,6 +107,7 @@ type Server struct {
 
 	dialLog   everySecond
 	acceptLog everySecond
+	auditLog  everySecond
 	ln        net.Listener
 	metricsLn net.Listener
 	nextID    atomic.Uint64
@@ -130,7 +140,19 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes)
 	s.m = newMetrics(
 		func() float64 { return float64(s.gate.Stats().ActiveBans) },
-		func() float64 { return float64(s.buf.inUse()) })
+		func() float64 { return float64(s.buf.inUse()) },
+		func() float64 {
+			if s.audit == nil {
+				return 0
+			}
+			return float64(s.audit.Lost())
+		},
+		func() float64 {
+			if opts.LogDropped == nil {
+				return 0
+			}
+			return float64(opts.LogDropped())
+		})
 	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})
 	return s, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/nbwriter"
 	"github.com/storeguard/storeguard/proxy"
 )
 
@@ -35,8 +37,18 @@ func newServeCommand() *cobra.Command {
 	return cmd
 }
 
+// Audit events and log lines go to their sinks through bounded queues: a sink that stops taking
+// them (a stderr pipe nobody reads, a full disk) costs events, counted, never forwarding. An audit
+// event is about 700 bytes: the queue holds up to 3 MB.
+const (
+	auditQueue = 4096
+	logQueue   = 1024
+	sinkWait   = 2 * time.Second // at exit, for a slow sink to take what is queued
+)
+
 func serve(ctx context.Context, cfg config.Config, load func() (config.Config, error), path string) error {
-	log := newLogger(cfg.Log)
+	log, logSink := newLogger(cfg.Log, os.Stderr)
+	defer logSink.Close(sinkWait)
 	var aw *audit.Writer
 	aopts := audit.Options{MaxBytes: cfg.Audit.MaxBytes, MaxBackups: cfg.Audit.MaxBackups,
 		SampleFirst: cfg.Audit.SampleFirst, SampleEvery: cfg.Audit.SampleEvery, SampleWindow: cfg.Audit.SampleWindow}
@@ -48,9 +60,14 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	} else {
 		aw = audit.New(os.Stderr, aopts)
 	}
-	defer aw.Close()
+	events := audit.NewQueue(aw, auditQueue)
+	defer func() {
+		if err := events.Close(sinkWait); err != nil {
+			log.Error("audit log not closed cleanly", "err", err)
+		}
+	}()
 
-	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: aw})
+	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped})
 	if err != nil {
 		return err
 	}
@@ -70,10 +87,19 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	return nil
 }
 
-func newLogger(c config.Log) *slog.Logger {
+// newLogger logs to out through a bounded queue (sink); lines it drops are counted and, once out
+// takes lines again, said in one line of the same format.
+func newLogger(c config.Log, out io.Writer) (log *slog.Logger, sink *nbwriter.Writer) {
 	o := &slog.HandlerOptions{Level: c.Level}
-	if c.Format == config.LogText {
-		return slog.New(slog.NewTextHandler(os.Stderr, o))
+	handler := func(w io.Writer) slog.Handler {
+		if c.Format == config.LogText {
+			return slog.NewTextHandler(w, o)
+		}
+		return slog.NewJSONHandler(w, o)
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, o))
+	direct := slog.New(handler(out)) // only from the sink's own goroutine
+	sink = nbwriter.New(out, logQueue, func(n uint64) {
+		direct.Warn("log lines dropped while the log sink stalled", "dropped", n)
+	})
+	return slog.New(handler(sink)), sink
 }

@@ -105,12 +105,17 @@ def procs():
     ps.stop_all()
 
 
-def start_store(procs, version, backend, port=None):
+def start_store(procs, version, backend, port=None, nofile=None):
+    """A real store; nofile: its soft RLIMIT_NOFILE (1024 is the usual default outside this sandbox)."""
     port = port or free_port()
     cmd = [ENVS[version], str(HERE / "workload.py"), "127.0.0.1", str(port), "--role", "master"]
     if minor(version) >= (2, 2):
         cmd += ["--use-libuv", "1" if backend == "libuv" else "0"]
-    p = procs.start(cmd)
+    limit = None
+    if nofile:
+        import resource
+        limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    p = procs.start(cmd, preexec_fn=limit)
     line = p.stdout.readline()
     assert line and json.loads(line).get("ready"), f"store did not start: {line!r} {p.stderr.read() if p.poll() is not None else ''}"
     return p, port

@@ -82,6 +82,7 @@ type conn struct {
 	// The goroutine transport (goroutines.go).
 	client     *net.TCPConn
 	up         *net.TCPConn
+	dialed     bool          // the store was dialled (storeUp); only the reading goroutine sets it
 	upReady    chan struct{} // closed once dialStore is done; up is then set, or the dial failed
 	s2cStarted bool          // the reply direction's goroutine runs (or ran)
 	s2cDone    chan struct{}
@@ -235,7 +236,7 @@ func (c *conn) end() {
 
 // finish waits for the reply direction to end and gives back what the connection held.
 func (c *conn) finish() {
-	if c.awaitUp() && c.replying() {
+	if c.dialed && c.awaitUp() && c.replying() {
 		<-c.s2cDone
 	}
 	c.releaseCarry()

@@ -13,8 +13,9 @@ import (
 
 // The goroutine transport: a connection read and decoded on a goroutine of its own, the store's
 // replies copied back on another, through Go's poller. Every connection starts here unless a loop
-// takes it from its first byte (connectNow), and comes back here whenever a loop cannot go on
-// without waiting.
+// takes it from its first byte (loopable), and comes back here whenever a loop cannot go on
+// without waiting. Either way the store is connected only when the client's first valid message
+// is ready to go (storeUp): a connection that sends nothing valid costs the store nothing.
 
 // viaGoroutines writes to the store with blocking writes and waits for budget.
 var viaGoroutines transport = goroutines{}
@@ -25,7 +26,7 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 	if len(a)+len(b) == 0 {
 		return true
 	}
-	if !c.awaitUp() {
+	if !c.storeUp() {
 		return false
 	}
 	var n int64
@@ -135,20 +136,23 @@ func (c *conn) serve(fromLoop bool) {
 		if !c.fromLoop() {
 			return
 		}
-	case c.connectNow():
+	case c.loopable():
 		var live bool
 		if took, live = c.toLoop(); took || !live {
 			return
 		}
 	}
-	select {
-	case <-c.upReady:
-	default:
-		// The store is dialled while the client's first bytes are already being decoded: a
-		// hostile message is refused at once even while the store is still starting.
-		go c.dialStore()
-	}
 	took = c.pipeClientToStore()
+}
+
+// storeUp connects to the store for the first message to send, on the reading goroutine (the
+// client's next bytes wait in its socket meanwhile), and reports whether the store is connected.
+func (c *conn) storeUp() bool {
+	if !c.dialed {
+		c.dialed = true
+		c.dialStore()
+	}
+	return c.awaitUp()
 }
 
 // dialUpstream connects to the store, retrying refused connections until timeout: workers often
@@ -170,7 +174,8 @@ func dialUpstream(addr string, timeout time.Duration, stop func() bool) (net.Con
 	}
 }
 
-// dialStore connects to the store and starts the reply direction; on failure it closes the client.
+// dialStore connects to the store and starts the reply direction, or has the connection offered to
+// a loop; on failure it closes the client.
 func (c *conn) dialStore() {
 	defer close(c.upReady)
 	s, st := c.s, c.st
@@ -195,9 +200,7 @@ func (c *conn) dialStore() {
 	}
 	c.up = up.(*net.TCPConn)
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
-		// Ask the handler, wherever it is, to offer the connection to a loop: wake it from a read.
-		c.kick = true
-		c.client.SetReadDeadline(time.Unix(1, 0))
+		c.kick = true // the reading goroutine offers the connection to a loop before its next read
 		c.mu.Unlock()
 		return
 	}
@@ -238,7 +241,6 @@ func (c *conn) pipeClientToStore() (took bool) {
 	}
 	for {
 		if c.takeKick() {
-			c.deadline = time.Unix(1, 0) // the kick moved the read deadline: setDeadline re-arms it
 			if c.adoptable() {
 				took, live := c.toLoop()
 				if took || !live {
@@ -262,20 +264,11 @@ func (c *conn) pipeClientToStore() (took bool) {
 			}
 		}
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && c.kicked() {
-				continue
-			}
 			if !c.endRead(err) {
 				return false
 			}
 		}
 	}
-}
-
-func (c *conn) kicked() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.kick
 }
 
 func (c *conn) takeKick() bool {
@@ -286,11 +279,11 @@ func (c *conn) takeKick() bool {
 	return k
 }
 
-// adoptable reports whether a loop may take the connection now: the store is connected and the
-// client is between messages, with no deadline to watch.
+// adoptable reports whether a loop may take the connection now: the store is connected, no
+// goroutine copies its replies yet, and the client is between messages, with no deadline to watch.
 func (c *conn) adoptable() bool {
 	return c.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
-		!c.isClosed()
+		!c.isClosed() && !c.replying()
 }
 
 // readPooled reads what the socket has into a pooled buffer, taking the buffer only once data is
@@ -359,7 +352,7 @@ func (c *conn) endRead(err error) bool {
 	case errors.Is(err, io.EOF):
 		// The client is done sending: pass the half-close on (a partial message is dropped,
 		// never forwarded) and let the store's last replies through for a while.
-		if !c.awaitUp() {
+		if !c.dialed || !c.awaitUp() {
 			c.closeBoth()
 			return false
 		}

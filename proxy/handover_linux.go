@@ -13,28 +13,37 @@ import (
 //
 //	accept ──► goroutines ──toLoop──► loop ──leaveLoop──► detached ──fromLoop──► goroutines
 //	  │                                ▲
-//	  └──connectNow (take)─────────────┘
+//	  └──loopable (take)───────────────┘
 //
 // closeBoth can come at any point: it sets closed and the owner at that moment closes the sockets
 // (goroutines: at once; a loop: when it serves the request; detached: fromLoop, or leaveLoop). A
 // connection goes to a loop only between messages, with the store connected and no deadline to
 // watch; a loop gives it back when it would have to wait (see loop_linux.go).
 
-// connectNow connects to a store on this host outside Go's poller, for a loop to forward the
-// connection from its first byte: no dialling goroutine, no poller registration, no kick. The
-// store socket is then ufd. It reports false, leaving the dial to dialStore, when loops do not
-// take this connection or the store did not take it at once (it is not listening yet, or its
-// accept queue is full).
-func (c *conn) connectNow() bool {
-	if c.s.loops == nil || c.awaitStore || !c.st.local.IsValid() || c.st.cfg.Timeouts.Idle != 0 ||
-		!c.g.Deadline().IsZero() {
-		return false
-	}
+// loopable reports whether a new connection may go to a loop from its first byte: there are loops,
+// the store is on this host (a loop connects to it without waiting, at the first valid message),
+// and there is no deadline to watch.
+func (c *conn) loopable() bool {
+	return c.s.loops != nil && !c.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
+		c.g.Deadline().IsZero()
+}
+
+// connectStore connects a connection a loop forwards to the store, for its first message to send:
+// on this host, so the handshake completes within the call. It reports false when the store did
+// not take the connection at once (not listening yet, or its accept queue full): goroutines then
+// dial it, with retries.
+func (c *conn) connectStore(l *loop) bool {
 	fd, err := connectLocal(c.st.local)
 	if err != nil {
 		return false
 	}
-	c.ufd = fd
+	if !l.watch(fd, c) {
+		unix.Close(int(fd))
+		return false
+	}
+	c.mu.Lock()
+	c.ufd, c.dialed = fd, true
+	c.mu.Unlock()
 	close(c.upReady)
 	return true
 }
@@ -64,8 +73,8 @@ func connectLocal(ap netip.AddrPort) (int32, error) {
 	return int32(fd), nil
 }
 
-// takenFromAccept is a connection a loop accepted and connected (connectNow): it belongs to the
-// loop l from its first byte, with its client socket fd.
+// takenFromAccept is a connection a loop accepted (loopable): it belongs to the loop l from its
+// first byte, with its client socket fd.
 func (c *conn) takenFromAccept(l *loop, fd int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -94,9 +103,6 @@ func (c *conn) toLoop() (took, live bool) {
 	if err != nil {
 		// Out of descriptors, most likely: the connection stays on its goroutines, unharmed.
 		c.s.log.Debug("could not hand a connection to an event loop", "conn", c.id, "err", err)
-		if c.up == nil && !c.attachUp() {
-			return false, false
-		}
 		c.startReplies()
 		return false, true
 	}
@@ -143,6 +149,7 @@ func (c *conn) fromLoop() bool {
 	if !c.reattach() {
 		return false
 	}
+	c.startReplies() // if the store is connected; else the dial below offers the connection to a loop again
 	if len(c.pendUp) > 0 {
 		ok := c.out.send(c, nil, c.pendUp)
 		c.pendUp = nil
@@ -156,7 +163,6 @@ func (c *conn) fromLoop() bool {
 			return false
 		}
 	}
-	c.startReplies()
 	return true
 }
 
@@ -172,6 +178,10 @@ func (c *conn) reattach() bool {
 	if err == nil {
 		c.cfd = -1
 		var up *net.TCPConn
+		if c.ufd < 0 { // not connected yet: storeUp dials
+			c.client, c.own = client, ownGoroutines
+			return true
+		}
 		if up, err = attach(c.ufd); err == nil {
 			c.client, c.up, c.ufd, c.own = client, up, -1, ownGoroutines
 			return true
@@ -188,7 +198,7 @@ func (c *conn) reattach() bool {
 }
 
 // loopFds takes the connection's sockets away from Go's poller for a loop: the client's, and the
-// store's unless connectNow made it outside the poller (then it is ufd already).
+// store's once connected.
 func (c *conn) loopFds() (cfd, ufd int32, err error) {
 	if c.up != nil {
 		return detach(c.client, c.up)
@@ -197,36 +207,15 @@ func (c *conn) loopFds() (cfd, ufd int32, err error) {
 		return -1, -1, err
 	}
 	c.client.Close()
-	return cfd, c.ufd, nil
-}
-
-// attachUp gives the store socket connectNow made to Go's poller, for goroutines to forward; it
-// reports whether the connection lives on.
-func (c *conn) attachUp() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	fd := c.ufd
-	c.ufd = -1
-	if c.closed {
-		unix.Close(int(fd))
-		return false
-	}
-	up, err := attach(fd)
-	if err != nil {
-		c.s.log.Warn("could not give a store connection to Go's poller; closing it", "conn", c.id, "err", err)
-		c.closed = true
-		c.client.Close()
-		return false
-	}
-	c.up = up
-	return true
+	return cfd, -1, nil
 }
 
 // closeDetached closes the descriptors a loop owned; c.mu is held.
 func (c *conn) closeDetached() {
-	if c.cfd >= 0 {
-		unix.Close(int(c.cfd))
-		unix.Close(int(c.ufd))
+	for _, fd := range [2]int32{c.cfd, c.ufd} {
+		if fd >= 0 {
+			unix.Close(int(fd))
+		}
 	}
 	c.cfd, c.ufd = -1, -1
 }

@@ -64,6 +64,10 @@ func (loopTransport) send(c *conn, a, b []byte) bool {
 	if len(a) == 0 {
 		return true
 	}
+	if c.ufd < 0 && !c.connectStore(c.lp) {
+		c.pendUp = append(append(c.pendUp, a...), b...) // for goroutines to dial and write (handbackDial)
+		return true
+	}
 	if len(c.pendUp) > 0 {
 		c.pendUp = append(append(c.pendUp, a...), b...)
 		return true
@@ -388,7 +392,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	}
 	s.loops.clientOptionsOf(fd)
 	c := s.newConn(nil, src, dst, release)
-	if c.connectNow() {
+	if c.loopable() {
 		// Connections are spread over the loops in turn: EPOLLEXCLUSIVE wakes the same loop for
 		// every connection while it waits.
 		to := s.loops.pick()
@@ -429,19 +433,26 @@ func (l *loop) releaseAll() {
 
 func (l *loop) register(c *conn) {
 	for _, fd := range [2]int32{c.cfd, c.ufd} {
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: fd}
-		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
-			l.s.log.Warn("event loop: epoll_ctl failed; the connection stays with its goroutines",
-				"conn", c.id, "err", err)
+		if fd >= 0 && !l.watch(fd, c) {
+			l.s.log.Warn("event loop: epoll_ctl failed; the connection stays with its goroutines", "conn", c.id)
 			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
+			l.conns[c.cfd] = nil
 			c.leaveLoop()
 			return
 		}
 	}
-	l.setConn(c.cfd, c)
-	l.setConn(c.ufd, c)
 	c.registered = true
 	l.s.m.loopConns.Inc()
+}
+
+// watch adds fd, one of c's sockets, to the loop's epoll set.
+func (l *loop) watch(fd int32, c *conn) bool {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: fd}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
+		return false
+	}
+	l.setConn(fd, c)
+	return true
 }
 
 // conn is the connection fd belongs to, if the loop forwards it. (A slice: descriptors are small
@@ -471,13 +482,17 @@ func (l *loop) release(c *conn, why handback) {
 	if why != handbackNone {
 		l.s.m.handbacks[why].Inc()
 	}
-	if why != handbackNone || !c.isClosed() {
-		// Handed back: stop watching. A closed connection's descriptors are closed next, which
-		// takes them out of the epoll set (the loop holds the only descriptors of its sockets).
-		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
-		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.ufd), nil)
+	for _, fd := range [2]int32{c.cfd, c.ufd} {
+		if fd < 0 {
+			continue
+		}
+		if why != handbackNone || !c.isClosed() {
+			// Handed back: stop watching. A closed connection's descriptors are closed next, which
+			// takes them out of the epoll set (the loop holds the only descriptors of its sockets).
+			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
+		}
+		l.conns[fd] = nil
 	}
-	l.conns[c.cfd], l.conns[c.ufd] = nil, nil
 	c.registered = false
 	c.leaveLoop()
 }
@@ -547,6 +562,8 @@ func (l *loop) settle(c *conn, alive bool) {
 	switch {
 	case !alive:
 		l.release(c, handbackNone)
+	case len(c.pendUp) > 0 && c.ufd < 0:
+		l.release(c, handbackDial)
 	case len(c.pendUp) > 0:
 		l.release(c, handbackBackpressure)
 	case c.resumeTail != nil:
@@ -587,6 +604,11 @@ func (l *loop) deadlineDue(c *conn) {
 // to the store (a partial message is dropped, never forwarded) and the store's last replies still
 // reach the client, for at most replyGrace; the store's own close then ends the connection.
 func (l *loop) clientDone(c *conn) {
+	if c.ufd < 0 { // the store was never connected: nothing to pass on
+		c.closeBoth()
+		l.release(c, handbackNone)
+		return
+	}
 	c.clientEnded = true
 	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
 	unix.Shutdown(int(c.ufd), unix.SHUT_WR)

@@ -25,7 +25,7 @@ func (*loops) acceptFrom(*net.TCPListener) error { return errNoLoops }
 func (*loops) stopAccepting()                    {}
 func (*loop) requestClose(*conn)                 {}
 
-func (c *conn) connectNow() bool { return false }
+func (c *conn) loopable() bool { return false }
 
 func (c *conn) toLoop() (took, live bool) {
 	c.startReplies()

@@ -59,10 +59,11 @@ const (
 	handbackPartial      handback = iota // a message in progress that needs budget the loop cannot get at once
 	handbackBackpressure                 // a peer that could not take a write at once
 	handbackStop                         // the server stopped its loops
+	handbackDial                         // the store did not take a connection at once: goroutines dial, with retries
 	numHandbacks
 )
 
-var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop"}
+var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop", "dial"}
 
 // newMetrics makes the metrics; the funcs read what others count: bans, buffered bytes, audit events
 // lost and log lines dropped.

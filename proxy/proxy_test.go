@@ -45,10 +45,11 @@ func recorder(t *testing.T, addr string) *storesim.Store {
 // "address already in use", or the guard dials somebody else's store.
 func reservedAddr(t *testing.T) string {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	syscall.CloseOnExec(fd)
 	t.Cleanup(func() { syscall.Close(fd) })
 	// SO_REUSEADDR on both sides lets a store listen on the port while this socket holds it.
 	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
@@ -581,6 +582,7 @@ func testUpstreamDownAndBack(t *testing.T, m mode) {
 	addr := h.store.Addr()
 	h.store.Close()
 	c := h.dial()
+	c.Write([]byte{0x06}) // the store is dialled for a client's first valid message
 	closedByPeer(t, c)
 	if v := h.metric("storeguard_upstream_dial_failures_total"); v != "1" {
 		t.Errorf("dial failures %q", v)

@@ -84,7 +84,7 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 		var outcomes [2][]outcome
 		for m, s := range pairs[i] {
 			for _, st := range streams {
-				outcomes[m] = append(outcomes[m], s.send(t, st))
+				outcomes[m] = append(outcomes[m], s.send(t, st, len(validPrefix(dec, st.data)) > 0))
 			}
 		}
 		judged := replayOf(t, cfg, streams, rng)
@@ -343,9 +343,10 @@ type outcome struct {
 }
 
 // send sends st, write by write, ends the client's side and waits for the guard to close the
-// connection and for the store's connection to end. The guard opens one store connection per
-// admitted client connection, on either path (it dials while it reads the first bytes).
-func (s *serve) send(t *testing.T, st clientStream) outcome {
+// connection and for the store's connection to end. The guard connects to the store for a client's
+// first valid message, on either path: a stream that has none (valid false) must leave the store
+// without a connection.
+func (s *serve) send(t *testing.T, st clientStream, valid bool) outcome {
 	t.Helper()
 	mark := s.audit.count()
 	c, err := net.Dial("tcp", s.addr)
@@ -365,10 +366,19 @@ func (s *serve) send(t *testing.T, st clientStream) outcome {
 		t.Fatalf("%s: the guard kept the connection open after the client's end", s.mode)
 	}
 	var o outcome
+	wait := 10 * time.Second
+	if !valid {
+		wait = 50 * time.Millisecond // long enough for a store connection the guard should not make
+	}
 	select {
 	case o.stored = <-s.store.Ended:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: the store's connection did not end", s.mode)
+		if !valid {
+			t.Fatalf("%s: a client with no valid message got a store connection (it received %x)", s.mode, o.stored)
+		}
+	case <-time.After(wait):
+		if valid {
+			t.Fatalf("%s: the store's connection did not end", s.mode)
+		}
 	}
 	s.store.Forget()
 	o.events = s.audit.events(t, mark)

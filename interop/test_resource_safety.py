@@ -1,0 +1,166 @@
+"""Nothing around the guard may stop it forwarding for a running job (issue #15), against real
+torch stores of both backends, with storeguard's default configuration.
+"""
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from test_interop import ENVS, binary, free_port, handshake, minor, numkeys_op, procs, start_store  # noqa: F401
+
+OLDEST = min(ENVS, key=minor)
+NEWEST = max(ENVS, key=minor)
+# A legacy store (the oldest release) and a libuv one (the newest).
+STORES = [(OLDEST, "legacy"), (NEWEST, "libuv")]
+
+
+def wait_ready(mport, what):
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{mport}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{what} never became ready")
+
+
+def metric(mport, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return None
+
+
+def metric_sum(mport, prefix):
+    with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as r:
+        return sum(float(line.split()[-1]) for line in r.read().decode().splitlines() if line.startswith(prefix))
+
+
+class Client:
+    """A long-lived benign client speaking the release's protocol: handshake, then GETNUMKEYS."""
+
+    def __init__(self, version, port, source="127.0.0.1"):
+        self.version = version
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+        self.sock.sendall(handshake(version))
+        if minor(version) >= (2, 5):
+            self._recv(4)  # PING's nonce
+
+    def _recv(self, n):
+        got = b""
+        while len(got) < n:
+            chunk = self.sock.recv(n - len(got))
+            assert chunk, "the guard closed a benign client"
+            got += chunk
+        return got
+
+    def numkeys(self):
+        self.sock.sendall(numkeys_op(self.version))
+        return int.from_bytes(self._recv(8), "little")
+
+
+@pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
+def test_a_stalled_log_sink_never_stops_forwarding(procs, binary, version, backend):  # noqa: F811
+    """stderr (where audit events and logs go by default) is a pipe nobody reads, as with a stuck
+    container log shim: hundreds of blocked probes fill it. A long-lived client's ops, and a new
+    client from another source, must still be served; the lost events are counted."""
+    store, sport = start_store(procs, version, backend)
+    port, mport = free_port(), free_port()
+    guard = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{sport}",
+                              "--metrics-listen", f"127.0.0.1:{mport}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    procs.procs.append(guard)  # its stderr is never read
+    wait_ready(mport, "storeguard")
+    job = Client(version, port)
+    job.numkeys()  # served
+    # Blocked probes from 200 sources (a scan spread over a subnet; each under the ban threshold),
+    # each an unknown opcode: one audit event apiece, 150 KB of events for a 64 KiB pipe.
+    for i in range(400):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2,
+                                          source_address=(f"127.0.1.{1 + i % 200}", 0)) as s:
+                s.sendall(b"\xff")
+        except OSError:
+            pass
+    for _ in range(6):
+        t0 = time.monotonic()
+        job.numkeys()
+        assert time.monotonic() - t0 < 2, "a benign op waited on the stalled sink"
+    other = Client(version, port, source="127.0.0.2")  # a new rank from another host: accepted, served
+    other.numkeys()
+    assert guard.poll() is None
+    # The sink was stalled all along: the pipe holds at most 64 KiB, far less than the events.
+    blocked = metric_sum(mport, "storeguard_violations_total{")
+    os.set_blocking(guard.stderr.fileno(), False)
+    written = len(guard.stderr.read() or b"")
+    assert blocked >= 300 and written < 100 * 1024 < blocked * 400, (blocked, written)
+
+
+def start_guard(procs, binary, sport, tmp_path, *extra):  # noqa: F811
+    port, mport = free_port(), free_port()
+    log = open(tmp_path / f"guard-{port}.log", "w")
+    p = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{sport}",
+                          "--metrics-listen", f"127.0.0.1:{mport}", "--audit-log", str(tmp_path / f"audit-{port}.jsonl"),
+                          *extra], stdout=log, stderr=log, start_new_session=True)
+    procs.procs.append(p)
+    wait_ready(mport, "storeguard")
+    return p, port, mport
+
+
+def test_idle_connections_cost_the_store_nothing(procs, binary, tmp_path):  # noqa: F811
+    """torch 1.13's store with the usual soft RLIMIT_NOFILE of 1024: 1,100 idle connections through
+    the guard (paced under the per-source rate) used to be 1,100 store connections, and the store
+    aborted on EMFILE, killing rank 0. A connection that has sent nothing must cost the store
+    nothing: the store lives, and a rank is served."""
+    version = OLDEST
+    store, sport = start_store(procs, version, "legacy", nofile=1024)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    own = len(store_connections(store.pid))  # the master's own client connections
+    idle = []
+    for i in range(1100):
+        try:
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            pass  # refused by the caps: fine
+        time.sleep(1 / 150)
+    time.sleep(1)
+    assert store.poll() is None, f"the store died: {store.stderr.read()[-2000:]}"
+    assert len(store_connections(store.pid)) == own, "idle clients hold store connections"
+    job = Client(version, port, source="127.0.0.2")  # another host: the idle flood filled 127.0.0.1's cap
+    job.numkeys()
+    assert store.poll() is None
+    for s in idle:
+        s.close()
+
+
+def store_connections(pid):
+    """The established TCP connections the store process has (its sockets in /proc)."""
+    out = subprocess.run(["ss", "-Htnp", "state", "established"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if f"pid={pid}," in line]
+
+
+@pytest.mark.parametrize("backend", ["libuv", "legacy"])
+def test_connection_churn_does_not_delay_a_new_rank(procs, binary, tmp_path, backend):  # noqa: F811
+    """torch 2.15's store accepts about 10 connections a second (it resolves each peer's name): 8 s
+    of connect-and-close churn at 150/s through the guard made a new rank's first op wait 99 s.
+    Connections that send nothing must not reach the store."""
+    version = NEWEST
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    end = time.monotonic() + 8
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError:
+            pass
+        time.sleep(1 / 150)
+    t0 = time.monotonic()
+    Client(version, port).numkeys()
+    took = time.monotonic() - t0
+    assert took < 2, f"a new rank's first op took {took:.1f} s behind the churn"

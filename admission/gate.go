@@ -34,6 +34,7 @@ type Config struct {
 	BanViolations        int            // violations within BanWindow that start a ban; 0 = bans off
 	BanWindow            time.Duration
 	BanDuration          time.Duration
+	BanExempt            []netip.Prefix // never banned; their violations are not counted
 }
 
 // Stats is a snapshot for the connections_active and bans_active gauges.
@@ -107,6 +108,7 @@ func New(cfg Config, now func() time.Time) *Gate {
 func (g *Gate) Update(cfg Config) {
 	cfg.Allow = normalizePrefixes(cfg.Allow)
 	cfg.Deny = normalizePrefixes(cfg.Deny)
+	cfg.BanExempt = normalizePrefixes(cfg.BanExempt)
 	if cfg.PerSourceRate > 0 && cfg.PerSourceBurst < 1 {
 		cfg.PerSourceBurst = 1
 	}
@@ -213,7 +215,7 @@ func (g *Gate) Violation(src netip.Addr) (banned bool) {
 	src = src.Unmap()
 	cfg := g.cfg.Load()
 	k := cfg.BanViolations
-	if k <= 0 {
+	if k <= 0 || containsAddr(cfg.BanExempt, src) {
 		return false
 	}
 

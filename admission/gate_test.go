@@ -274,6 +274,25 @@ func TestGateBansOff(t *testing.T) {
 	}
 }
 
+func TestGateBanExempt(t *testing.T) {
+	cfg := Config{BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute,
+		BanExempt: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::ffff:10.9.0.0/112")}}
+	g := New(cfg, newGateClock().Now)
+	for _, a := range []string{"127.0.0.1", "127.3.2.1", "10.9.1.2", "::ffff:10.9.1.2"} {
+		for range 10 {
+			if g.Violation(gateAddr(a)) {
+				t.Fatalf("%s banned though exempt", a)
+			}
+		}
+		if _, reason := g.Admit(gateAddr(a)); reason != "" {
+			t.Fatalf("%s refused: %s", a, reason)
+		}
+	}
+	if !g.Violation(gateAddr("10.10.0.1")) {
+		t.Fatal("a source outside the exempt prefixes was not banned")
+	}
+}
+
 func TestGateUpdate(t *testing.T) {
 	g := New(Config{Allow: gatePrefixes("10.0.0.0/8"), MaxConnections: 2}, newGateClock().Now)
 	live1 := gateMustAdmit(t, g, "10.0.0.1")

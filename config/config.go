@@ -78,11 +78,14 @@ type Caps struct {
 	BufferBudgetBytes    int64   `mapstructure:"buffer-budget-bytes"`
 }
 
-// Ban (ban.*): Violations within Window ban a source for Duration.
+// Ban (ban.*): Violations within Window ban a source for Duration. A source in Exempt, or with a
+// connection that is serving a job (it completed a valid message and is still open), is never
+// banned: its violating connections are still refused one by one.
 type Ban struct {
-	Violations int           `mapstructure:"violations"` // 0 = bans off
-	Window     time.Duration `mapstructure:"window"`
-	Duration   time.Duration `mapstructure:"duration"`
+	Violations int            `mapstructure:"violations"` // 0 = bans off
+	Window     time.Duration  `mapstructure:"window"`
+	Duration   time.Duration  `mapstructure:"duration"`
+	Exempt     []netip.Prefix `mapstructure:"exempt"`
 }
 
 // Audit configures the audit-log file and its per-source sampling (audit.*).
@@ -155,6 +158,7 @@ func Default() Config {
 	// Slices are shared with defaultConfig; copy so callers may append.
 	c.Access.Allow = append([]netip.Prefix(nil), c.Access.Allow...)
 	c.Access.Deny = append([]netip.Prefix(nil), c.Access.Deny...)
+	c.Ban.Exempt = append([]netip.Prefix(nil), c.Ban.Exempt...)
 	c.Replay.Ports = append([]uint16(nil), c.Replay.Ports...)
 	return c
 }

@@ -80,6 +80,7 @@ func (c Config) validate() []error {
 
 	v.prefixes("access.allow", c.Access.Allow)
 	v.prefixes("access.deny", c.Access.Deny)
+	v.prefixes("ban.exempt", c.Ban.Exempt)
 
 	cp := c.Caps
 	v.between("caps.max-connections", int64(cp.MaxConnections), 1, maxConnections)

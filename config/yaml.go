@@ -133,6 +133,7 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"ban.violations":              num(int64(c.Ban.Violations)),
 		"ban.window":                  dur(c.Ban.Window),
 		"ban.duration":                dur(c.Ban.Duration),
+		"ban.exempt":                  prefixes(c.Ban.Exempt),
 		"audit.max-bytes":             num(c.Audit.MaxBytes),
 		"audit.max-backups":           num(int64(c.Audit.MaxBackups)),
 		"audit.sample-first":          num(int64(c.Audit.SampleFirst)),

@@ -9,7 +9,8 @@ import urllib.request
 
 import pytest
 
-from test_interop import ENVS, binary, free_port, handshake, minor, numkeys_op, procs, start_store  # noqa: F401
+from test_interop import (ENVS, HERE, binary, free_port, handshake, minor, numkeys_op, procs, run_py,  # noqa: F401
+                          start_store)
 
 OLDEST = min(ENVS, key=minor)
 NEWEST = max(ENVS, key=minor)
@@ -164,3 +165,28 @@ def test_connection_churn_does_not_delay_a_new_rank(procs, binary, tmp_path, bac
     Client(version, port).numkeys()
     took = time.monotonic() - t0
     assert took < 2, f"a new rank's first op took {took:.1f} s behind the churn"
+
+
+@pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
+def test_a_scan_from_the_jobs_address_does_not_lock_out_new_ranks(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """A security agent scans localhost while a job runs through the guard from localhost: the
+    scan used to ban 127.0.0.1 for 10 minutes, and new ranks (an elastic restart) failed. The scan's
+    messages are still refused one by one; a real torch client joining afterwards runs every op."""
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    job = Client(version, port)  # a rank of the running job
+    job.numkeys()
+    for _ in range(20):  # nmap -sV's probes, each a violation
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(bytes.fromhex("0300000b06e00000000000"))
+                s.recv(1)
+        except OSError:
+            pass
+    args = [str(HERE / "workload.py"), "127.0.0.1", port, "--role", "client", "--prefix", "late"]
+    if minor(version) >= (2, 2):
+        args += ["--use-libuv", "1" if backend == "libuv" else "0"]
+    p = run_py(version, *args, timeout=120)
+    assert p.returncode == 0, f"a new rank failed after the scan: {p.stdout[-2000:]} {p.stderr[-2000:]}"
+    job.numkeys()
+    assert metric_sum(mport, "storeguard_violations_total{") == 20, "every probe is still refused and counted"

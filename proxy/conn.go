@@ -329,7 +329,7 @@ func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
 	e.Timestamp, e.ConnID = s.now(), c.id
 	s.writeAudit(e)
 	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", mode)
-	if !c.st.monitor && s.gate.Violation(c.src.Addr()) {
+	if !c.st.monitor && !s.servingJob(c.src.Addr(), c) && s.gate.Violation(c.src.Addr()) {
 		s.m.bans.Inc()
 		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
 		b.ConnID, b.Mode = c.id, audit.ModeEnforce

@@ -57,7 +57,7 @@ func (st *settings) gate() admission.Config {
 		Allow: c.Access.Allow, Deny: c.Access.Deny,
 		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
 		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
-		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration,
+		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration, BanExempt: c.Ban.Exempt,
 	}
 }
 
@@ -407,6 +407,18 @@ func (s *Server) isTalker(src netip.Addr) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.talkers[src] > 0
+}
+
+// servingJob reports whether src has a live connection other than c that completed a valid
+// message: evidence of a job's rank there (behind NAT, a scanner and a job share the address).
+func (s *Server) servingJob(src netip.Addr, c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.talkers[src]
+	if c.untalk != nil {
+		n-- // c's own valid messages are no evidence
+	}
+	return n > 0
 }
 
 // sameAddr reports whether a reloaded listen address names the socket already open: the same

@@ -86,6 +86,9 @@ T('refusals above 1/s for 5m fire per reason; a trickle does not', [
 T('audit write errors', [
     S('storeguard_audit_write_errors_total', '0 0 5 9 9'),
 ], [('3m', 'StoreguardAuditWriteErrors', [exp('StoreguardAuditWriteErrors')])])
+T('log lines dropped; quiet while none are', [
+    S('storeguard_log_lines_dropped_total', '0 0 0 4 4'),
+], [('2m', 'StoreguardLogLinesDropped', []), ('4m', 'StoreguardLogLinesDropped', [exp('StoreguardLogLinesDropped')])])
 missing = set(rules) - {e['alertname'] for t in tests for e in t['alert_rule_test'] if e['exp_alerts']}
 assert not missing, missing
 class D(yaml.SafeDumper): pass

@@ -15,9 +15,13 @@ package storesim
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -29,16 +33,20 @@ type Store struct {
 	// Ended receives, when a connection ends, everything it sent (dropped while 64 wait unread).
 	Ended chan []byte
 
-	ln      net.Listener
-	record  bool // a recorder (StartRecorder)
-	mu      sync.Mutex
-	paused  bool
-	resume  *sync.Cond
-	reply   []byte
-	conns   []*conn
-	open    map[net.Conn]struct{}
-	data    map[string][]byte
-	waiters map[net.Conn][]string
+	ln     net.Listener
+	record bool // a recorder (StartRecorder)
+	mu     sync.Mutex
+	paused bool
+	resume *sync.Cond
+	reply  []byte
+	conns  []*conn
+	// Settle's own connection: its address, and where it came in the accept order (-1: not yet).
+	marker   netip.AddrPort
+	markerAt int
+	settled  int // connections accepted before the previous Settle's own
+	open     map[net.Conn]struct{}
+	data     map[string][]byte
+	waiters  map[net.Conn][]string
 }
 
 // conn is what the store keeps of one accepted connection.
@@ -67,7 +75,7 @@ func start(addr string, s *Store) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.ln, s.Ended = ln, make(chan []byte, 64)
+	s.ln, s.Ended, s.markerAt = ln, make(chan []byte, 64), -1
 	s.open, s.data, s.waiters = map[net.Conn]struct{}{}, map[string][]byte{}, map[net.Conn][]string{}
 	s.resume = sync.NewCond(&s.mu)
 	go s.serve()
@@ -142,6 +150,82 @@ func (s *Store) Forget() {
 	}
 }
 
+// Settle waits until the store has accepted every connection made to it before the call, and
+// returns the accept-order numbers [from, to) of those it accepted since the previous Settle (or
+// Start): a test that made a connection through a guard learns so which store connections the
+// guard made for it, none included. The kernel accepts connections in the order they were
+// established, so Settle makes one of its own (not counted or recorded) and waits for it to be
+// accepted. Calls must not overlap.
+func (s *Store) Settle(timeout time.Duration) (from, to int, err error) {
+	ip := s.ln.Addr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	d := net.Dialer{Timeout: timeout, Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		if cerr := rc.Control(func(fd uintptr) { err = s.bindMarker(int(fd), ip) }); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	m, err := d.Dial("tcp", s.Addr())
+	if err != nil {
+		return 0, 0, err
+	}
+	defer m.Close()
+	for end := time.Now().Add(timeout); ; time.Sleep(50 * time.Microsecond) {
+		s.mu.Lock()
+		if at := s.markerAt; at >= 0 {
+			from, s.settled, s.markerAt = s.settled, at, -1
+			s.mu.Unlock()
+			return from, at, nil
+		}
+		s.mu.Unlock()
+		if time.Now().After(end) {
+			return 0, 0, errors.New("storesim: the store did not accept Settle's connection in time")
+		}
+	}
+}
+
+// bindMarker binds Settle's socket before it connects, so that serve knows it by its address.
+func (s *Store) bindMarker(fd int, ip netip.Addr) error {
+	var sa syscall.Sockaddr = &syscall.SockaddrInet6{Addr: ip.As16()}
+	if ip.Is4() {
+		sa = &syscall.SockaddrInet4{Addr: ip.As4()}
+	}
+	if err := syscall.Bind(fd, sa); err != nil {
+		return err
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		return err
+	}
+	var port int
+	switch sa := sa.(type) {
+	case *syscall.SockaddrInet4:
+		port = sa.Port
+	case *syscall.SockaddrInet6:
+		port = sa.Port
+	}
+	s.mu.Lock()
+	s.marker, s.markerAt = netip.AddrPortFrom(ip, uint16(port)), -1
+	s.mu.Unlock()
+	return nil
+}
+
+// Wait waits until connection i (in accept order) has ended and returns what it sent.
+func (s *Store) Wait(i int, timeout time.Duration) ([]byte, error) {
+	for end := time.Now().Add(timeout); ; time.Sleep(100 * time.Microsecond) {
+		s.mu.Lock()
+		if i < len(s.conns) && s.conns[i].ended {
+			b := append([]byte(nil), s.conns[i].received.Bytes()...)
+			s.mu.Unlock()
+			return b, nil
+		}
+		s.mu.Unlock()
+		if time.Now().After(end) {
+			return nil, errors.New("storesim: connection " + strconv.Itoa(i) + " did not end in time")
+		}
+	}
+}
+
 // NumKeys is the number of keys stored.
 func (s *Store) NumKeys() int {
 	s.mu.Lock()
@@ -157,6 +241,13 @@ func (s *Store) serve() {
 		}
 		rec := &conn{}
 		s.mu.Lock()
+		if from := c.RemoteAddr().(*net.TCPAddr).AddrPort(); s.marker.IsValid() &&
+			netip.AddrPortFrom(from.Addr().Unmap(), from.Port()) == s.marker {
+			s.marker, s.markerAt = netip.AddrPort{}, len(s.conns)
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
 		s.conns = append(s.conns, rec)
 		s.open[c] = struct{}{}
 		s.mu.Unlock()

@@ -64,3 +64,38 @@ func TestRecorder(t *testing.T) {
 		t.Errorf("after Forget: %q, %q, %d connections", s.Received(0), s.Received(1), s.NumConns())
 	}
 }
+
+// Settle reports the connections made since the previous Settle, none included, without counting
+// its own; Wait returns a connection's bytes once it has ended.
+func TestSettleAndWait(t *testing.T) {
+	s, err := StartRecorder("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, b := range []string{"a", "bc"} {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(b))
+		c.Close()
+	}
+	if from, to, err := s.Settle(5 * time.Second); err != nil || from != 0 || to != 2 {
+		t.Fatalf("Settle = %d, %d, %v; want 0, 2", from, to, err)
+	}
+	for i, want := range []string{"a", "bc"} {
+		if got, err := s.Wait(i, 5*time.Second); err != nil || string(got) != want {
+			t.Errorf("Wait(%d) = %q, %v; want %q", i, got, err, want)
+		}
+	}
+	if from, to, err := s.Settle(5 * time.Second); err != nil || from != 2 || to != 2 {
+		t.Fatalf("Settle with no new connection = %d, %d, %v; want 2, 2", from, to, err)
+	}
+	if n := s.NumConns(); n != 2 {
+		t.Errorf("%d connections counted, want 2: Settle's own are not", n)
+	}
+	if _, err := s.Wait(2, 10*time.Millisecond); err == nil {
+		t.Error("Wait for a connection that was never made returned")
+	}
+}

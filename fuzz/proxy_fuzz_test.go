@@ -5,7 +5,10 @@ package fuzz
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -124,12 +127,12 @@ func FuzzProxyForwardsOnlyValidMessages(f *testing.F) {
 }
 
 // sendAndRecord sends data through the proxy at addr, split at an arbitrary point, ends the
-// client's side and returns what store received on that connection, once its side closed.
+// client's side, waits for the proxy to close the connection and returns what store received for
+// it: nothing when the proxy made no store connection for it (it makes one for the first message
+// it forwards). A store connection the proxy made was established before the proxy closed the
+// client, so store.Settle finds it.
 func sendAndRecord(t *testing.T, addr string, data []byte, split uint16, store *storesim.Store) []byte {
 	t.Helper()
-	for len(store.Ended) > 0 { // connections of the guard's own (auto's probes), not this one
-		<-store.Ended
-	}
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -140,12 +143,25 @@ func sendAndRecord(t *testing.T, addr string, data []byte, split uint16, store *
 	time.Sleep(time.Millisecond)
 	c.Write(data[cut:])
 	c.(*net.TCPConn).CloseWrite()
-	select {
-	case got := <-store.Ended:
-		store.Forget() // a long fuzzing run keeps no store's record of the inputs
-		return got
-	case <-time.After(10 * time.Second):
-		t.Fatal("the store never saw the connection end")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, c); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the proxy kept the connection open after the client's end")
 	}
+	from, to, err := store.Settle(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Forget() // a long fuzzing run keeps no store's record of the inputs
+	switch to - from {
+	case 0:
+		return nil
+	case 1:
+		got, err := store.Wait(from, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	t.Fatalf("the proxy made %d store connections for one client", to-from)
 	return nil
 }

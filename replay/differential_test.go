@@ -342,10 +342,11 @@ type outcome struct {
 	events []audit.Event // the audit events it caused
 }
 
-// send sends st, write by write, ends the client's side and waits for the guard to close the
-// connection and for the store's connection to end. The guard connects to the store for a client's
-// first valid message, on either path: a stream that has none (valid false) must leave the store
-// without a connection.
+// send sends st, write by write, ends the client's side, waits for the guard to close the
+// connection and returns what the store received for it and the audit events it caused. The guard
+// connects to the store for a client's first valid message, on either path: a stream with one
+// (valid) must have had exactly one store connection, a stream without none. That connection was
+// established before the guard closed the client, so the store's Settle finds it.
 func (s *serve) send(t *testing.T, st clientStream, valid bool) outcome {
 	t.Helper()
 	mark := s.audit.count()
@@ -365,19 +366,21 @@ func (s *serve) send(t *testing.T, st clientStream, valid bool) outcome {
 	if _, err := io.Copy(io.Discard, c); isTimeout(err) {
 		t.Fatalf("%s: the guard kept the connection open after the client's end", s.mode)
 	}
-	var o outcome
-	wait := 10 * time.Second
-	if !valid {
-		wait = 50 * time.Millisecond // long enough for a store connection the guard should not make
+	from, to, err := s.store.Settle(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
-	select {
-	case o.stored = <-s.store.Ended:
-		if !valid {
-			t.Fatalf("%s: a client with no valid message got a store connection (it received %x)", s.mode, o.stored)
-		}
-	case <-time.After(wait):
-		if valid {
-			t.Fatalf("%s: the store's connection did not end", s.mode)
+	want := 0
+	if valid {
+		want = 1
+	}
+	if to-from != want {
+		t.Fatalf("%s: %d store connections for a client, want %d", s.mode, to-from, want)
+	}
+	var o outcome
+	if valid {
+		if o.stored, err = s.store.Wait(from, 10*time.Second); err != nil {
+			t.Fatalf("%s: %v", s.mode, err)
 		}
 	}
 	s.store.Forget()

@@ -76,6 +76,7 @@ type Caps struct {
 	PerSourceRate        float64 `mapstructure:"per-source-rate"`        // new connections/s; 0 = unlimited
 	PerSourceBurst       int     `mapstructure:"per-source-burst"`
 	BufferBudgetBytes    int64   `mapstructure:"buffer-budget-bytes"`
+	PerSourceBudgetBytes int64   `mapstructure:"per-source-budget-bytes"` // 0 = no per-source share
 }
 
 // Ban (ban.*): Violations within Window ban a source for Duration. A source in Exempt, or with a

@@ -65,7 +65,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, 8388608, 131072, 33554432, true, false}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456}},
+		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456, 67108864}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}}},
 		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute}},
@@ -479,7 +479,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 0}
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
-	custom.Caps = Caps{10, 0, 0.25, 1, 1 << 20}
+	custom.Caps = Caps{10, 0, 0.25, 1, 1 << 20, 1 << 19}
 	custom.Ban = Ban{}
 	custom.Audit = Audit{1, 0, 0, 1, time.Second}
 	custom.Log = Log{slog.LevelError, LogText}

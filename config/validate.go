@@ -93,6 +93,7 @@ func (c Config) validate() []error {
 		v.add("caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set, got %d", cp.PerSourceBurst)
 	}
 	v.between("caps.buffer-budget-bytes", cp.BufferBudgetBytes, 1, maxBudgetBytes)
+	v.between("caps.per-source-budget-bytes", cp.PerSourceBudgetBytes, 0, maxBudgetBytes)
 	if v.ok("caps.buffer-budget-bytes", "limits.max-message-bytes") && cp.BufferBudgetBytes < l.MaxMessageBytes {
 		v.add("caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (%d) or a maximal message can never be buffered, got %d",
 			l.MaxMessageBytes, cp.BufferBudgetBytes)

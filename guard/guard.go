@@ -154,12 +154,29 @@ func (s *Stream) fail(d Decision, v *protocol.Violation, rest []byte) Decision {
 	return d
 }
 
+// Paused tells the guard that the transport did not read the stream for d, waiting for buffer
+// budget other streams held: the message deadline moves by d, since that time was not the client's.
+func (s *Stream) Paused(d time.Duration) {
+	if s.InMessage() && d > 0 {
+		s.msgStart = s.msgStart.Add(d)
+	}
+}
+
 // Held is how many bytes of the message in progress the caller holds.
 func (s *Stream) Held() uint64 {
 	if s.passing {
 		return 0
 	}
 	return s.dec.PartialBytes()
+}
+
+// BodyLeft is how many bytes of the key or value in progress are still to come, as declared and
+// checked: a caller holding the message can reserve room for them at once.
+func (s *Stream) BodyLeft() uint64 {
+	if s.passing {
+		return 0
+	}
+	return s.dec.BodyLeft()
 }
 
 // InMessage reports whether a message has begun and not completed.

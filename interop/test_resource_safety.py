@@ -190,3 +190,68 @@ def test_a_scan_from_the_jobs_address_does_not_lock_out_new_ranks(procs, binary,
     assert p.returncode == 0, f"a new rank failed after the scan: {p.stdout[-2000:]} {p.stderr[-2000:]}"
     job.numkeys()
     assert metric_sum(mport, "storeguard_violations_total{") == 20, "every probe is still refused and counted"
+
+
+def set_op(version, key, value_len):
+    """A SET's header (opcode, key, value length) as the release puts it on the wire."""
+    op = 0 if minor(version) < (2, 2) else 1
+    return bytes([op]) + len(key).to_bytes(8, "little") + key + value_len.to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
+def test_one_source_cannot_starve_the_buffer_budget(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """40 connections from one host each hold a partial SET of 8 MiB - 4 KiB: that pinned the whole
+    default 256 MiB budget, and a benign 1 MiB SET from another host took 14.6 s (or was killed as
+    message_timeout). Its share is 64 MiB now: the benign SET goes through at once."""
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    import threading
+    held = []
+
+    def pin(i):  # blocks once the guard stops reading it: on a thread of its own
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        held.append(s)
+        try:
+            s.sendall(handshake(version) + set_op(version, b"pin%d" % i, 8 << 20) + bytes((8 << 20) - 4096 - 64))
+        except OSError:
+            pass
+
+    for i in range(40):
+        threading.Thread(target=pin, args=(i,), daemon=True).start()
+    time.sleep(3)
+    job = Client(version, port, source="127.0.0.2")
+    t0 = time.monotonic()
+    job.sock.sendall(set_op(version, b"benign", 1 << 20) + bytes(1 << 20))
+    job.numkeys()  # answered after the SET: the SET reached the store
+    took = time.monotonic() - t0
+    assert took < 2, f"a benign 1 MiB SET took {took:.1f} s behind one host's stalled messages"
+    for s in held:
+        s.close()
+
+
+@pytest.mark.parametrize("version,backend", [(NEWEST, "libuv")], ids=[f"{NEWEST}-libuv"])
+def test_large_values_from_many_ranks_complete(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """Valid 8 MiB SETs on 96 connections at once (more than the budget holds): every one completes,
+    none is a violation. Waiting for budget is never the client's fault: 40 of 96 such connections
+    were killed as message_timeout before."""
+    import threading
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    errors = []
+
+    def rank(i):
+        try:
+            c = Client(version, port)
+            c.sock.settimeout(60)
+            c.sock.sendall(set_op(version, b"v%d" % i, 8 << 20) + bytes(8 << 20))
+            c.numkeys()
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"rank {i}: {e!r}")
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(96)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:5]
+    assert metric_sum(mport, "storeguard_violations_total{") == 0

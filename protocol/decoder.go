@@ -123,6 +123,15 @@ func (d *Decoder) PartialBytes() uint64 {
 	return d.off - d.msg.Offset
 }
 
+// BodyLeft is how many bytes of the key or value being read are still to come (its length was
+// checked against the limits when it arrived); 0 between fields and messages.
+func (d *Decoder) BodyLeft() uint64 {
+	if !d.inMsg {
+		return 0
+	}
+	return d.body
+}
+
 // Err returns the violation that stopped the stream, or nil.
 func (d *Decoder) Err() *Violation { return d.err }
 

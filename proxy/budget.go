@@ -2,29 +2,50 @@ package proxy
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 )
 
-// budget is the global allowance of bytes held in partial client messages (caps.buffer-budget-bytes).
-// A connection that needs more waits until others release some: when the budget is spent,
-// reading slows down, and memory never follows the wire.
+// budget is the allowance of bytes held in partial client messages: caps.buffer-budget-bytes in
+// all, and at most caps.per-source-budget-bytes of it for one source, so that one host's stalled
+// messages cannot take what every other host's need. A connection that needs more waits until
+// others release some: when the budget is spent, reading slows down, and memory never follows the
+// wire. The wait is not the client's fault: the guard does not count it against the message's
+// deadline (guard.Stream.Paused).
 type budget struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	limit int64
-	used  int64
+	mu       sync.Mutex
+	cond     *sync.Cond
+	limit    int64
+	perSrc   int64 // 0: no per-source share
+	used     int64
+	bySource map[netip.Addr]int64
 }
 
-func newBudget(limit int64) *budget {
-	b := &budget{limit: limit}
+func newBudget(limit, perSource int64) *budget {
+	b := &budget{limit: limit, perSrc: perSource, bySource: map[netip.Addr]int64{}}
 	b.cond = sync.NewCond(&b.mu)
 	return b
 }
 
-// acquire takes n bytes, waiting while the budget is spent, until ctx ends. A request larger
-// than the whole budget waits for an empty budget and then proceeds alone, so that a limit
-// smaller than one message cannot deadlock.
-func (b *budget) acquire(ctx context.Context, n int64) error {
+// fits reports whether src may take n more bytes now for a connection that holds own already. A
+// message larger than the whole budget, or than a source's share, proceeds once nothing but its
+// own start is held (of the source's), so that no limit smaller than one message can deadlock.
+func (b *budget) fits(src netip.Addr, n, own int64) bool {
+	if b.used+n > b.limit && b.used > own {
+		return false
+	}
+	held := b.bySource[src]
+	return b.perSrc <= 0 || held+n <= b.perSrc || held <= own
+}
+
+func (b *budget) take(src netip.Addr, n int64) {
+	b.used += n
+	b.bySource[src] += n
+}
+
+// acquire takes n bytes for src's connection holding own, waiting while they do not fit, until
+// ctx ends.
+func (b *budget) acquire(ctx context.Context, src netip.Addr, n, own int64) error {
 	if n <= 0 {
 		return nil
 	}
@@ -36,43 +57,46 @@ func (b *budget) acquire(ctx context.Context, n int64) error {
 	defer stop()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.used+n > b.limit && b.used > 0 {
+	for !b.fits(src, n, own) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		b.cond.Wait()
 	}
-	b.used += n
+	b.take(src, n)
 	return nil
 }
 
-// tryAcquire takes n bytes if acquire would not wait.
-func (b *budget) tryAcquire(n int64) bool {
+// tryAcquire takes n bytes for src's connection holding own if acquire would not wait.
+func (b *budget) tryAcquire(src netip.Addr, n, own int64) bool {
 	if n <= 0 {
 		return true
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.used+n > b.limit && b.used > 0 {
+	if !b.fits(src, n, own) {
 		return false
 	}
-	b.used += n
+	b.take(src, n)
 	return true
 }
 
-func (b *budget) release(n int64) {
+func (b *budget) release(src netip.Addr, n int64) {
 	if n <= 0 {
 		return
 	}
 	b.mu.Lock()
 	b.used -= n
+	if b.bySource[src] -= n; b.bySource[src] <= 0 {
+		delete(b.bySource, src)
+	}
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }
 
-func (b *budget) setLimit(limit int64) {
+func (b *budget) setLimits(limit, perSource int64) {
 	b.mu.Lock()
-	b.limit = limit
+	b.limit, b.perSrc = limit, perSource
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }

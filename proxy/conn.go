@@ -200,12 +200,16 @@ func (c *conn) sendHeld(p []byte) bool {
 }
 
 // keep appends the start of an incomplete message to carry, taking budget for any growth. The
-// decoder guarantees the message in progress is within limits.max-message-bytes.
+// decoder guarantees the message in progress is within limits.max-message-bytes. Growth covers the
+// rest of the key or value being read, as declared: one reservation for a large value, not a
+// doubling per read, so that connections holding halves of large values cannot all wait on each
+// other for the budget.
 func (c *conn) keep(tail []byte) bool {
 	need := len(c.carry) + len(tail)
 	if need > cap(c.carry) {
 		limit := int(c.st.dec.Limits.MaxMessageBytes)
-		newCap := min(max(2*cap(c.carry), need, 512), max(limit, need))
+		whole := need + int(min(c.g.BodyLeft(), uint64(limit)))
+		newCap := min(max(2*cap(c.carry), whole, 512), max(limit, need))
 		grow := int64(newCap - cap(c.carry))
 		if ok, alive := c.out.reserve(c, grow, tail); !ok {
 			return alive
@@ -220,7 +224,7 @@ func (c *conn) keep(tail []byte) bool {
 }
 
 func (c *conn) releaseCarry() {
-	c.s.buf.release(c.held)
+	c.s.buf.release(c.src.Addr(), c.held)
 	c.held = 0
 	c.carry = nil
 }

@@ -48,18 +48,33 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 	return true
 }
 
-// reserve waits for the budget until the message's deadline, which is then the guard's to judge.
-func (goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
+// reserve waits for the budget, at most timeouts.message (or until a drain ends). The wait is not
+// the client's: the guard moves the message's deadline by it, and a connection that waited in
+// vain is closed without a violation (budget_wait_timeouts_total), nothing of its message sent.
+func (goroutines) reserve(c *conn, n int64, _ []byte) (ok, alive bool) {
 	ctx, cancel := context.WithCancel(context.Background())
-	if dl := c.g.Deadline(); !dl.IsZero() {
-		ctx, cancel = context.WithDeadline(context.Background(), dl)
+	if d := c.st.cfg.Timeouts.Message; d > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), d)
 	}
 	defer cancel()
-	if err := c.s.buf.acquire(ctx, n); err != nil {
-		// The guard judges the message as it stands, tail included, which monitor mode sends
-		// on: held for that moment outside the budget (a read's worth at most).
-		c.carry = append(c.carry, tail...)
-		return false, c.expired()
+	go func() {
+		select {
+		case <-c.s.drainEnd:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	start := c.s.now()
+	err := c.s.buf.acquire(ctx, c.src.Addr(), n, c.held)
+	c.g.Paused(c.s.now().Sub(start))
+	if err != nil {
+		c.s.m.budgetTimeouts.Inc()
+		if c.s.budgetLog.allow(c.s.now()) {
+			c.s.log.Warn("closing a connection that waited timeouts.message for buffer budget (not a violation; "+
+				"logged at most once a second)", "conn", c.id, "source", c.src.String(), "bytes", n)
+		}
+		c.closeBoth()
+		return false, false
 	}
 	return true, true
 }

@@ -87,7 +87,7 @@ func (loopTransport) send(c *conn, a, b []byte) bool {
 }
 
 func (loopTransport) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
-	if c.s.buf.tryAcquire(n) {
+	if c.s.buf.tryAcquire(c.src.Addr(), n, c.held) {
 		return true, true
 	}
 	c.resumeTail = append([]byte(nil), tail...)

@@ -210,17 +210,18 @@ func testLoopMessageDeadline(t *testing.T, m mode) {
 func TestLoopBudgetSpentHandsBack(t *testing.T) { run(t, testLoopBudgetSpentHandsBack, loopsOnly) }
 
 func testLoopBudgetSpentHandsBack(t *testing.T, m mode) {
-	const budget = 64 << 10
+	big := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/a"), Value: pattern(60 << 10)})
+	// The budget holds a's message and nothing more (a reserves room for its whole value at once).
+	budget := len(big)
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "2.6"
-		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, budget
-		c.Caps.BufferBudgetBytes = budget
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, int64(budget)
+		c.Caps.BufferBudgetBytes = int64(budget)
 	})
 	a := h.dial()
 	sentA := h.adopted(a)
-	big := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/a"), Value: pattern(60 << 10)})
 	a.Write(big[:len(big)-10])
-	eventually(t, "a's partial message holding the budget", func() bool { return h.metric("storeguard_buffered_bytes") == "65536" })
+	eventually(t, "a's partial message holding the budget", func() bool { return h.metric("storeguard_buffered_bytes") == strconv.Itoa(budget) })
 
 	b, err := net.Dial("tcp", h.addr)
 	if err != nil {

@@ -16,28 +16,29 @@ const namespace = "storeguard"
 type metrics struct {
 	reg *prometheus.Registry
 
-	accepted     prometheus.Counter
-	active       prometheus.Gauge
-	refused      *prometheus.CounterVec
-	messages     *prometheus.CounterVec
-	byOp         [protocol.LatestGeneration + 1][32]prometheus.Counter // [generation][op], resolved once: no map lookup per message
-	bytesC2S     prometheus.Counter
-	bytesS2C     prometheus.Counter
-	violations   *prometheus.CounterVec
-	bans         prometheus.Counter
-	bansActive   prometheus.GaugeFunc
-	dialFailures prometheus.Counter
-	latency      prometheus.Histogram
-	reloads      *prometheus.CounterVec
-	panics       prometheus.Counter
-	buffered     prometheus.GaugeFunc
-	auditDropped prometheus.CounterFunc
-	logsDropped  prometheus.CounterFunc
-	loopConns    prometheus.Gauge
-	handbacks    [numHandbacks]prometheus.Counter
-	storeProbes  *prometheus.CounterVec
-	storeWaits   *prometheus.CounterVec
-	storeInfo    *prometheus.GaugeVec
+	accepted       prometheus.Counter
+	active         prometheus.Gauge
+	refused        *prometheus.CounterVec
+	messages       *prometheus.CounterVec
+	byOp           [protocol.LatestGeneration + 1][32]prometheus.Counter // [generation][op], resolved once: no map lookup per message
+	bytesC2S       prometheus.Counter
+	bytesS2C       prometheus.Counter
+	violations     *prometheus.CounterVec
+	bans           prometheus.Counter
+	bansActive     prometheus.GaugeFunc
+	dialFailures   prometheus.Counter
+	latency        prometheus.Histogram
+	reloads        *prometheus.CounterVec
+	panics         prometheus.Counter
+	buffered       prometheus.GaugeFunc
+	auditDropped   prometheus.CounterFunc
+	logsDropped    prometheus.CounterFunc
+	budgetTimeouts prometheus.Counter
+	loopConns      prometheus.Gauge
+	handbacks      [numHandbacks]prometheus.Counter
+	storeProbes    *prometheus.CounterVec
+	storeWaits     *prometheus.CounterVec
+	storeInfo      *prometheus.GaugeVec
 }
 
 // setStore shows the store's generation and backend as learned in auto mode (known), or that it
@@ -99,6 +100,8 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 		"Bytes of partial client messages held, against caps.buffer-budget-bytes.")), buffered)
 	m.auditDropped = prometheus.NewCounterFunc(prometheus.CounterOpts(f("audit_write_errors_total",
 		"Audit events lost: dropped while the audit sink stalled, or failed to write.")), auditLost)
+	m.budgetTimeouts = prometheus.NewCounter(prometheus.CounterOpts(f("budget_wait_timeouts_total",
+		"Connections closed after waiting timeouts.message for buffer budget (not a violation).")))
 	m.logsDropped = prometheus.NewCounterFunc(prometheus.CounterOpts(f("log_lines_dropped_total",
 		"Log lines dropped while the log sink (stderr) stalled.")), logsDropped)
 	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
@@ -122,7 +125,7 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
-		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.loopConns, handbacks, build,
+		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.loopConns, handbacks, build,
 		m.storeProbes, m.storeWaits, m.storeInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 

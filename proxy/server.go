@@ -108,6 +108,7 @@ type Server struct {
 	dialLog   everySecond
 	acceptLog everySecond
 	auditLog  everySecond
+	budgetLog everySecond
 	ln        net.Listener
 	metricsLn net.Listener
 	nextID    atomic.Uint64
@@ -137,7 +138,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	}
 	s.set.Store(st)
 	s.gate = admission.New(st.gate(), s.now)
-	s.buf = newBudget(cfg.Caps.BufferBudgetBytes)
+	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.m = newMetrics(
 		func() float64 { return float64(s.gate.Stats().ActiveBans) },
 		func() float64 { return float64(s.buf.inUse()) },
@@ -198,7 +199,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.learnMu.Lock()
 	s.learnCtx = ctx
 	s.learnMu.Unlock()
-	s.startLearning(st)
+	s.startLearning()
 	var httpSrv *http.Server
 	if s.metricsLn != nil {
 		httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
@@ -338,10 +339,10 @@ func (s *Server) reload(cfg config.Config) error {
 		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")
 	}
 	s.gate.Update(st.gate())
-	s.buf.setLimit(cfg.Caps.BufferBudgetBytes)
+	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.set.Store(st)
 	if strings.EqualFold(old.Generation, "auto") != st.dec.Gen.Auto || old.Upstream != cfg.Upstream {
-		s.startLearning(st)
+		s.startLearning()
 	}
 	return nil
 }

@@ -325,12 +325,15 @@ func (s *Server) Store() (info StoreInfo, ok bool) {
 	return info, ok
 }
 
-// startLearning starts learning the store's generation anew for settings st (auto mode): at
-// Serve, and on a reload that switches to auto or changes the upstream. What was known of the
-// old upstream is dropped; with a generation configured nothing is learned.
-func (s *Server) startLearning(st *settings) {
+// startLearning starts learning the store's generation anew for the current settings (auto
+// mode): at Serve, and on a reload that switches to auto or changes the upstream. What was known
+// of the old upstream is dropped; with a generation configured nothing is learned.
+func (s *Server) startLearning() {
 	s.learnMu.Lock()
 	defer s.learnMu.Unlock()
+	// The settings as they are now, read under learnMu: a reload racing Serve's start (Serve
+	// holding older settings, the reload finding no learnCtx yet) still starts learning.
+	st := s.set.Load()
 	if s.learnCancel != nil {
 		s.learnCancel()
 		s.learnCancel = nil

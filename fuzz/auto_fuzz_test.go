@@ -107,12 +107,12 @@ func FuzzAutoFramesAsTheStore(f *testing.F) {
 		for i, g := range autoGuards[int(which)%len(autoGuards)] {
 			got := sendAndRecord(t, g.addr, data, split, g.store)
 			store := protocol.Config{Gen: protocol.GenSetting{Gen: g.store.Gen}, Backend: g.store.Backend, Limits: fuzzLimits}
-			want := validPrefix(store, data)
+			want := protocol.ValidPrefix(store, data)
 			if !bytes.HasPrefix(want, got) {
 				t.Fatalf("%s %s store, %s: it received %x\nwhich is not a prefix of the %x its own decoder accepts of %x",
 					g.store.Gen, g.store.Backend, g.mode.name, got, want, data)
 			}
-			if whole := validPrefix(store, got); !bytes.Equal(whole, got) {
+			if whole := protocol.ValidPrefix(store, got); !bytes.Equal(whole, got) {
 				t.Fatalf("%s %s store, %s: it received %x, of which only %x are whole messages",
 					g.store.Gen, g.store.Backend, g.mode.name, got, whole)
 			}

@@ -81,24 +81,6 @@ func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Se
 	return srv
 }
 
-// validPrefix is what the store may receive of data: every complete message before the first
-// violation, and nothing of a message that is incomplete or offending.
-func validPrefix(cfg protocol.Config, data []byte) []byte {
-	d := protocol.NewDecoder(cfg)
-	end := 0
-	for p := 0; p < len(data); {
-		n, msg, err := d.Scan(data[p:])
-		p += n
-		if err != nil {
-			break
-		}
-		if msg != nil {
-			end = p
-		}
-	}
-	return data[:end]
-}
-
 // FuzzProxyForwardsOnlyValidMessages sends arbitrary bytes, split at an arbitrary point, through
 // the proxy of each forwarding mode and asserts the store received exactly the complete valid
 // messages before the first violation: not one byte of an offending or unfinished message.
@@ -118,7 +100,7 @@ func FuzzProxyForwardsOnlyValidMessages(f *testing.F) {
 		}
 		for _, g := range guards[int(which)%len(guards)] {
 			got := sendAndRecord(t, g.addr, data, split, g.store)
-			want := validPrefix(protocol.Config{Gen: protocol.GenSetting{Gen: g.gen}, Limits: fuzzLimits}, data)
+			want := protocol.ValidPrefix(protocol.Config{Gen: protocol.GenSetting{Gen: g.gen}, Limits: fuzzLimits}, data)
 			if !bytes.Equal(got, want) {
 				t.Fatalf("%s, %s: store received %d bytes %x\nwant %d bytes %x", g.gen, g.mode.name, len(got), got, len(want), want)
 			}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from test_interop import (COMBOS, ENVS, HERE, VERSIONS, Guard, binary, procs, default_backend, free_port, handshake,
-                          last_json, minor, numkeys_op, rss_kib, run_py, start_store)
+                          last_json, minor, numkeys_op, rss_kib, run_py, start_store, wait_ready)
 
 
 def generation(version, backend):
@@ -57,16 +57,7 @@ def guarded_store(procs, binary, tmp_path, version, backend):
     guard = Guard(procs, binary, relay.port, "auto", tmp_path)
     # /readyz: the store accepts connections and, in auto, its generation is known. (Waiting on
     # readiness, not on the store_info metric, lets this suite run against builds without it.)
-    for _ in range(200):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{guard.mport}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        time.sleep(0.05)
-    else:
-        raise AssertionError("the guard never became ready")
+    wait_ready(guard.mport, "the guard")
     return store, relay, guard
 
 

@@ -121,6 +121,19 @@ def start_store(procs, version, backend, port=None, nofile=None):
     return p, port
 
 
+def wait_ready(mport, what):
+    """Until /readyz answers 200: the store accepts connections and, in auto, its generation is known."""
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{mport}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{what} never became ready")
+
+
 class Guard:
     def __init__(self, procs, binary, upstream, generation, tmp, extra=()):
         self.port, self.mport = free_port(), free_port()

@@ -10,24 +10,12 @@ import urllib.request
 import pytest
 
 from test_interop import (ENVS, HERE, binary, free_port, handshake, minor, numkeys_op, procs, run_py,  # noqa: F401
-                          start_store)
+                          start_store, wait_ready)
 
 OLDEST = min(ENVS, key=minor)
 NEWEST = max(ENVS, key=minor)
 # A legacy store (the oldest release) and a libuv one (the newest).
 STORES = [(OLDEST, "legacy"), (NEWEST, "libuv")]
-
-
-def wait_ready(mport, what):
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{mport}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"{what} never became ready")
 
 
 def metric(mport, name):

@@ -427,3 +427,21 @@ func (d *Decoder) Expire(r Rule) *Violation {
 	v := d.violation(r, FieldNone, d.PartialBytes(), 0)
 	return d.fail(v)
 }
+
+// ValidPrefix is what a guard may forward of a stream's bytes data: every complete message before
+// the first violation, nothing of a message that is incomplete or offending.
+func ValidPrefix(cfg Config, data []byte) []byte {
+	d := NewDecoder(cfg)
+	end := 0
+	for p := 0; p < len(data); {
+		n, msg, err := d.Scan(data[p:])
+		p += n
+		if err != nil {
+			break
+		}
+		if msg != nil {
+			end = p
+		}
+	}
+	return data[:end]
+}

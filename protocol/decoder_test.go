@@ -552,3 +552,22 @@ func TestOpcodeTables(t *testing.T) {
 		}
 	}
 }
+
+func TestValidPrefix(t *testing.T) {
+	cfg := Config{Gen: GenSetting{Gen: G0}, Limits: DefaultLimits()}
+	get := []byte{0x02, 1, 0, 0, 0, 0, 0, 0, 0, 'k'} // GET "k"
+	for _, tc := range []struct {
+		data []byte
+		want int
+	}{
+		{nil, 0},
+		{get, len(get)},
+		{append(append([]byte{}, get...), get[:4]...), len(get)}, // then a partial message
+		{append(append([]byte{}, get...), 0xff, 0x02), len(get)}, // then an unknown opcode
+		{append(append(append([]byte{}, get...), get...), 0xff), 2 * len(get)},
+	} {
+		if got := ValidPrefix(cfg, tc.data); len(got) != tc.want {
+			t.Errorf("ValidPrefix(%x) = %d bytes, want %d", tc.data, len(got), tc.want)
+		}
+	}
+}

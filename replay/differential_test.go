@@ -84,7 +84,7 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 		var outcomes [2][]outcome
 		for m, s := range pairs[i] {
 			for _, st := range streams {
-				outcomes[m] = append(outcomes[m], s.send(t, st, len(validPrefix(dec, st.data)) > 0))
+				outcomes[m] = append(outcomes[m], s.send(t, st, len(protocol.ValidPrefix(dec, st.data)) > 0))
 			}
 		}
 		judged := replayOf(t, cfg, streams, rng)
@@ -92,7 +92,7 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 			loops, goroutines := outcomes[0][j], outcomes[1][j]
 			where := fmt.Sprintf("%s, seed %d, connection %d (%s, %d bytes in writes %v)\n%x\n", cfg.Generation, seed, j,
 				st.what, len(st.data), st.writeLens(), st.data[:min(len(st.data), 1024)])
-			want := validPrefix(dec, st.data)
+			want := protocol.ValidPrefix(dec, st.data)
 			for m, o := range []outcome{loops, goroutines} {
 				if !bytes.Equal(o.stored, want) {
 					t.Fatalf("%s%s: the store received %x\nwant the valid messages %x", where, pairs[i][m].mode, o.stored, want)
@@ -278,24 +278,6 @@ func numOpcodes(g protocol.Generation) int {
 // key length, 2^63, the largest u64).
 func over(rng *rand.Rand, limit int64) uint64 {
 	return []uint64{uint64(limit) + 1, uint64(limit) + 1 + rng.Uint64N(1<<20), 0xE0060B0000, 1 << 63, math.MaxUint64}[rng.IntN(5)]
-}
-
-// validPrefix is what the store may receive of data: every complete message before the first
-// violation.
-func validPrefix(cfg protocol.Config, data []byte) []byte {
-	d := protocol.NewDecoder(cfg)
-	end := 0
-	for p := 0; p < len(data); {
-		n, msg, err := d.Scan(data[p:])
-		p += n
-		if err != nil {
-			break
-		}
-		if msg != nil {
-			end = p
-		}
-	}
-	return data[:end]
 }
 
 // serve is a proxy under test in front of a recorder, with its audit log.

@@ -91,12 +91,20 @@ def test_a_stalled_log_sink_never_stops_forwarding(procs, binary, version, backe
     assert blocked >= 300 and written < 100 * 1024 < blocked * 400, (blocked, written)
 
 
+def raise_nofile():
+    """The guard's soft descriptor limit up to the hard one, as its systemd unit sets it: the tests
+    hold over a thousand client connections through it."""
+    import resource
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def start_guard(procs, binary, sport, tmp_path, *extra):  # noqa: F811
     port, mport = free_port(), free_port()
     log = open(tmp_path / f"guard-{port}.log", "w")
     p = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{sport}",
                           "--metrics-listen", f"127.0.0.1:{mport}", "--audit-log", str(tmp_path / f"audit-{port}.jsonl"),
-                          *extra], stdout=log, stderr=log, start_new_session=True)
+                          *extra], stdout=log, stderr=log, start_new_session=True, preexec_fn=raise_nofile)
     procs.procs.append(p)
     wait_ready(mport, "storeguard")
     return p, port, mport
@@ -108,6 +116,7 @@ def test_idle_connections_cost_the_store_nothing(procs, binary, tmp_path):  # no
     aborted on EMFILE, killing rank 0. A connection that has sent nothing must cost the store
     nothing: the store lives, and a rank is served."""
     version = OLDEST
+    raise_nofile()  # this test holds 1,100 sockets itself
     store, sport = start_store(procs, version, "legacy", nofile=1024)
     guard, port, mport = start_guard(procs, binary, sport, tmp_path)
     own = len(store_connections(store.pid))  # the master's own client connections

@@ -260,8 +260,8 @@ def rss_kib(pid):
     return 0
 
 
-def send(port, data, hold=0.0):
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+def send(port, data, hold=0.0, source="127.0.0.1"):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
     try:
         s.sendall(data)
         if hold:
@@ -284,13 +284,17 @@ ATTACK_COMBOS = [(v, b) for v, b in COMBOS if (v, b) in {("1.13.1", "legacy"), (
 @pytest.mark.parametrize("version,backend", ATTACK_COMBOS, ids=[f"{v}-{b}" for v, b in ATTACK_COMBOS])
 def test_attacks_blocked_while_job_runs(procs, binary, tmp_path, version, backend):
     store, sport = start_store(procs, version, backend)
-    guard = Guard(procs, binary, sport, release(version), tmp_path)
+    # Loopback is exempt from bans by default (the host's own ranks); here 127.0.0.9 stands for
+    # another host. 127.0.0.1, where the job runs, is still never banned: it is serving a job.
+    cfg = tmp_path / "no-exempt.yaml"
+    cfg.write_text("ban:\n  exempt: []\n")
+    guard = Guard(procs, binary, sport, release(version), tmp_path, extra=("--config", str(cfg)))
     rss0 = rss_kib(store.pid)
     loop = procs.start([ENVS[version], str(HERE / "latency_loop.py"), "127.0.0.1", str(guard.port), "10"])
     assert json.loads(loop.stdout.readline())["ready"]
     time.sleep(2)  # quiet seconds first
 
-    # A partial message held open (first: the probes below get this source banned).
+    # A partial message held open (first: before the probes below get their source banned).
     holder = socket.create_connection(("127.0.0.1", guard.port))
     holder.sendall(handshake(version) + bytes([1 if minor(version) >= (2, 2) else 0]) + (100).to_bytes(8, "little") + b"abc")
     # The probe suite, with the real 962 GB #106294 bytes: everything must be blocked.
@@ -298,9 +302,9 @@ def test_attacks_blocked_while_job_runs(procs, binary, tmp_path, version, backen
                         "--real-106294", "--json"], capture_output=True, text=True, timeout=120)
     verdicts = [json.loads(line) for line in p.stdout.splitlines()]
     assert p.returncode == 0 and verdicts and all(v["verdict"] == "blocked" for v in verdicts), p.stdout + p.stderr
-    # A flood of scanner probes.
+    # A flood of scanner probes, from another host (this host, the job's, is exempt from bans).
     for _ in range(200):
-        send(guard.port, NMAP_106294)
+        send(guard.port, NMAP_106294, source="127.0.0.9")
     time.sleep(1)
     holder.close()
 
@@ -315,7 +319,8 @@ def test_attacks_blocked_while_job_runs(procs, binary, tmp_path, version, backen
 
     evs = guard.events()
     rules = {e["event.reason"] for e in evs}
-    assert "banned" in {e["event.action"] for e in evs}, "200 probes from one source must earn a ban"
+    banned = {e["source.ip"] for e in evs if e["event.action"] == "banned"}
+    assert banned == {"127.0.0.9"}, f"200 probes from one source must earn it a ban, and only it: {banned}"
     expected = {"key_too_long", "value_too_long", "too_many_keys", "unknown_opcode"}
     assert expected <= rules, f"audit rules {rules}"
     m = guard.metrics()

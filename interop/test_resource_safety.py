@@ -34,9 +34,9 @@ def metric_sum(mport, prefix):
 class Client:
     """A long-lived benign client speaking the release's protocol: handshake, then GETNUMKEYS."""
 
-    def __init__(self, version, port, source="127.0.0.1"):
+    def __init__(self, version, port, source="127.0.0.1", timeout=5):
         self.version = version
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
         self.sock.sendall(handshake(version))
         if minor(version) >= (2, 5):
             self._recv(4)  # PING's nonce
@@ -238,8 +238,9 @@ def test_large_values_from_many_ranks_complete(procs, binary, tmp_path, version,
 
     def rank(i):
         try:
-            c = Client(version, port)
-            c.sock.settimeout(60)
+            # A torch 2.x store accepts about 10 connections a second where names do not resolve:
+            # 96 handshakes at once may take it ten seconds.
+            c = Client(version, port, timeout=60)
             c.sock.sendall(set_op(version, b"v%d" % i, 8 << 20) + bytes(8 << 20))
             c.numkeys()
         except Exception as e:  # noqa: BLE001

@@ -28,6 +28,16 @@ type Policy struct {
 	Monitor bool
 	// OnMessage, if set, sees each complete message (serve counts them in its metrics).
 	OnMessage func(*protocol.Message)
+	// MaxAwaited is how many requests may await their replies before the stream stalls at the
+	// next message boundary, 0 for no bound (limits.max-pending-replies; needs Await).
+	MaxAwaited int
+}
+
+// Awaiting counts a stream's requests that await their replies. serve keeps one per connection,
+// fed the store's side of it; replay keeps none.
+type Awaiting interface {
+	Expect(*protocol.Message)
+	Pending() int
 }
 
 // Decision is what to do with the bytes of one Feed (p), or at a deadline (p empty).
@@ -47,11 +57,15 @@ type Decision struct {
 	First     []byte
 	// Talked: p completes the stream's first message.
 	Talked bool
+	// Rest: the stream stalled at a message boundary, MaxAwaited requests awaiting replies; the
+	// last Rest bytes of p were not judged, to be fed again once a reply came (Stalled).
+	Rest int
 }
 
 // Stream is the judgement of one stream. The zero value is not ready: call Reset.
 type Stream struct {
 	pol      *Policy
+	aw       Awaiting
 	dec      protocol.Decoder
 	start    time.Time // when the stream began
 	msgStart time.Time // when the message in progress began
@@ -71,23 +85,39 @@ func (s *Stream) Reset(dc protocol.Config, pol *Policy, start time.Time) {
 	s.dec.Reset(dc)
 }
 
+// Await has s count its requests awaiting replies in a, and stall at pol.MaxAwaited of them.
+func (s *Stream) Await(a Awaiting) { s.aw = a }
+
+// Stalled reports whether the next message must wait for a reply: MaxAwaited requests await theirs.
+func (s *Stream) Stalled() bool {
+	return s.aw != nil && s.pol.MaxAwaited > 0 && !s.passing && !s.dec.InMessage() && s.aw.Pending() >= s.pol.MaxAwaited
+}
+
 // Feed judges p, the next bytes of the stream, arriving at now. p must not be empty.
 func (s *Stream) Feed(p []byte, now time.Time) Decision {
-	s.bytes += uint64(len(p))
 	if s.passing {
+		s.bytes += uint64(len(p))
 		return Decision{Send: true, Forward: len(p)}
 	}
 	var d Decision
 	fwd := 0 // p[:fwd] ends with a complete message
 	for i := 0; i < len(p); {
+		if s.Stalled() {
+			d.Rest, p = len(p)-i, p[:i]
+			break
+		}
 		n, msg, err := s.dec.Scan(p[i:])
 		i += n
 		if err != nil {
+			s.bytes += uint64(len(p))
 			d.Send, d.Forward = fwd > 0, fwd
 			return s.fail(d, err.(*protocol.Violation), p[fwd:])
 		}
 		if msg != nil {
 			fwd, s.headN = i, 0
+			if s.aw != nil {
+				s.aw.Expect(msg)
+			}
 			if int(msg.Op) < len(s.counts) {
 				s.counts[msg.Op]++
 			}
@@ -99,6 +129,7 @@ func (s *Stream) Feed(p []byte, now time.Time) Decision {
 			}
 		}
 	}
+	s.bytes += uint64(len(p))
 	d.Send, d.Forward = fwd > 0, fwd
 	if tail := p[fwd:]; len(tail) > 0 && s.dec.InMessage() {
 		if s.dec.PartialBytes() == uint64(len(tail)) {

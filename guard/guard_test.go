@@ -179,3 +179,40 @@ func BenchmarkFeed(b *testing.B) {
 		s.Feed(msgs, t0)
 	}
 }
+
+func TestStallsAtTheBoundAwaitingReplies(t *testing.T) {
+	pol := &Policy{MaxAwaited: 2}
+	var r protocol.Replies
+	var s Stream
+	s.Reset(g1Config(), pol, t0)
+	s.Await(&r)
+	// Three GETs and a SET pipelined: two GETs go, the rest waits for a reply.
+	p := unhex(t, getA+getA+getA+setAB)
+	d := s.Feed(p, t0)
+	if want := (Decision{Send: true, Forward: 20, Talked: true, Rest: 29}); !sameDecision(d, want) {
+		t.Fatalf("first feed: %+v, want %+v", d, want)
+	}
+	if !s.Stalled() || r.Pending() != 2 {
+		t.Fatalf("stalled %v pending %d", s.Stalled(), r.Pending())
+	}
+	r.Feed(unhex(t, "0100000000000000 62")) // the first GET's reply
+	d = s.Feed(p[20:], t0)
+	if want := (Decision{Send: true, Forward: 10, Rest: 19}); !sameDecision(d, want) {
+		t.Fatalf("after one reply: %+v, want %+v", d, want)
+	}
+	r.Feed(unhex(t, "0000000000000000 0000000000000000"))
+	if d = s.Feed(p[30:], t0); !sameDecision(d, Decision{Send: true, Forward: 19}) || s.Bytes() != uint64(len(p)) {
+		t.Fatalf("after every reply: %+v, %d bytes judged", d, s.Bytes())
+	}
+	// A message in progress is never cut: the bound applies at its start.
+	r.Expect(&protocol.Message{Op: protocol.OpGet})
+	r.Expect(&protocol.Message{Op: protocol.OpGet})
+	if d = s.Feed(unhex(t, "02"), t0); d.Rest != 1 {
+		t.Fatalf("a new message at the bound: %+v", d)
+	}
+}
+
+func sameDecision(a, b Decision) bool {
+	return a.Send == b.Send && a.Forward == b.Forward && a.Keep == b.Keep && a.Violation == b.Violation &&
+		bytes.Equal(a.First, b.First) && a.Talked == b.Talked && a.Rest == b.Rest
+}

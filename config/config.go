@@ -51,6 +51,9 @@ type Limits struct {
 	MaxMessageBytes int64 `mapstructure:"max-message-bytes"`
 	BlockWatchKey   bool  `mapstructure:"block-watch-key"`
 	RejectZeroCount bool  `mapstructure:"reject-zero-count"`
+	// MaxPendingReplies is how many requests of one connection may await their replies at once;
+	// the next message waits at the guard until a reply came.
+	MaxPendingReplies int `mapstructure:"max-pending-replies"`
 }
 
 // Timeouts (timeouts.*). Zero means off where docs/design.md says so.
@@ -59,6 +62,7 @@ type Timeouts struct {
 	Message      time.Duration `mapstructure:"message"`
 	FirstMessage time.Duration `mapstructure:"first-message"` // 0 = off
 	Idle         time.Duration `mapstructure:"idle"`          // 0 = off
+	ReplyRead    time.Duration `mapstructure:"reply-read"`
 	Drain        time.Duration `mapstructure:"drain"`
 }
 
@@ -77,6 +81,7 @@ type Caps struct {
 	PerSourceBurst       int     `mapstructure:"per-source-burst"`
 	BufferBudgetBytes    int64   `mapstructure:"buffer-budget-bytes"`
 	PerSourceBudgetBytes int64   `mapstructure:"per-source-budget-bytes"` // 0 = no per-source share
+	ReplyBufferBytes     int64   `mapstructure:"reply-buffer-bytes"`      // per connection
 }
 
 // Ban (ban.*): Violations within Window ban a source for Duration. A source in Exempt, or with a

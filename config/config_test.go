@@ -62,10 +62,10 @@ func TestDefaults(t *testing.T) {
 		{"generation", got.Generation, "auto"},
 		{"backend", got.Backend, BackendAuto},
 		{"mode", got.Mode, ModeEnforce},
-		{"limits", got.Limits, Limits{8192, 8388608, 131072, 33554432, true, false}},
-		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second}},
+		{"limits", got.Limits, Limits{8192, 8388608, 131072, 33554432, true, false, 2}},
+		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456, 67108864}},
+		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456, 67108864, 33554432}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}}},
 		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute}},
@@ -475,11 +475,11 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom := Default()
 	custom.Listen, custom.Upstream, custom.MetricsListen, custom.AuditLog = "[::]:29500", "store.internal:29500", "", "/var/log/storeguard #1.jsonl"
 	custom.Generation, custom.Backend, custom.Mode = "2.10", BackendLegacy, ModeMonitor
-	custom.Limits = Limits{100, 1000, 7, 5000, false, true}
-	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 0}
+	custom.Limits = Limits{100, 1000, 7, 5000, false, true, 5}
+	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 3 * time.Second, 0}
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
-	custom.Caps = Caps{10, 0, 0.25, 1, 1 << 20, 1 << 19}
+	custom.Caps = Caps{10, 0, 0.25, 1, 1 << 20, 1 << 19, 1 << 17}
 	custom.Ban = Ban{}
 	custom.Audit = Audit{1, 0, 0, 1, time.Second}
 	custom.Log = Log{slog.LevelError, LogText}

@@ -63,6 +63,7 @@ func (c Config) validate() []error {
 	v.between("limits.max-value-bytes", l.MaxValueBytes, 1, maxValueBytes)
 	v.between("limits.max-keys", l.MaxKeys, 1, maxCount)
 	v.between("limits.max-message-bytes", l.MaxMessageBytes, 1, maxMessageBytes)
+	v.between("limits.max-pending-replies", int64(l.MaxPendingReplies), 1, protocol.MaxAwaited)
 	if v.ok("limits.max-key-bytes", "limits.max-value-bytes", "limits.max-message-bytes") {
 		if need := l.MaxKeyBytes + l.MaxValueBytes + compareSetOverhead; l.MaxMessageBytes < need {
 			v.add("limits.max-message-bytes",
@@ -76,6 +77,7 @@ func (c Config) validate() []error {
 	v.positive("timeouts.message", t.Message)
 	v.notNegative("timeouts.first-message", t.FirstMessage)
 	v.notNegative("timeouts.idle", t.Idle)
+	v.positive("timeouts.reply-read", t.ReplyRead)
 	v.notNegative("timeouts.drain", t.Drain)
 
 	v.prefixes("access.allow", c.Access.Allow)
@@ -94,6 +96,7 @@ func (c Config) validate() []error {
 	}
 	v.between("caps.buffer-budget-bytes", cp.BufferBudgetBytes, 1, maxBudgetBytes)
 	v.between("caps.per-source-budget-bytes", cp.PerSourceBudgetBytes, 0, maxBudgetBytes)
+	v.between("caps.reply-buffer-bytes", cp.ReplyBufferBytes, 64<<10, maxBudgetBytes)
 	if v.ok("caps.buffer-budget-bytes", "limits.max-message-bytes") && cp.BufferBudgetBytes < l.MaxMessageBytes {
 		v.add("caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (%d) or a maximal message can never be buffered, got %d",
 			l.MaxMessageBytes, cp.BufferBudgetBytes)

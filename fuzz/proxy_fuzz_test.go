@@ -51,6 +51,7 @@ func setup(t testing.TB) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				store.Answer(protocol.GenSetting{Gen: g}) // for limits.max-pending-replies
 				srv := startFuzzProxy(t, store.Addr(), g.String(), m)
 				each = append(each, guarded{gen: g, mode: m, addr: srv.Addr().String(), store: store})
 			}

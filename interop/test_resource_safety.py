@@ -262,3 +262,98 @@ def test_large_values_from_many_ranks_complete(procs, binary, tmp_path, version,
         t.join(120)
     assert not errors, errors[:5]
     assert metric_sum(mport, "storeguard_violations_total{") == 0
+
+
+def get_op(version, key):
+    op = 2 if minor(version) < (2, 2) else 3
+    return bytes([op]) + len(key).to_bytes(8, "little") + key
+
+
+UNREAD = [(OLDEST, "legacy"), (NEWEST, "legacy"), (NEWEST, "libuv")]
+
+
+@pytest.mark.parametrize("version,backend", UNREAD, ids=[f"{v}-{b}" for v, b in UNREAD])
+def test_replies_nobody_reads_harm_neither_store_nor_job(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """One legal value of 8 MiB - 1 KiB, then 100 GETs of it pipelined on one connection (about 2 KB)
+    and never read: a legacy store froze in send (0 benign ops in 8 s) and a libuv store grew by
+    820 MB, one reply per GET. The guard drains the store's replies into a bounded buffer, holds a
+    client's further requests while two await replies, and closes the client that does not read
+    (rule replies_unread): the store's RSS stays flat and a rank's ops stay fast."""
+    from test_interop import rss_kib
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    job = Client(version, port, source="127.0.0.2")
+    job.numkeys()
+    before = rss_kib(store.pid)
+    size = (8 << 20) - 1024
+    s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.9", 0))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that does not read
+    s.sendall(handshake(version) + set_op(version, b"/big", size) + bytes(size))
+    if minor(version) >= (2, 5):
+        assert len(s.recv(4)) == 4  # PING's nonce; nothing else is ever read
+    s.sendall(get_op(version, b"/big") * 100)
+    ops, slow, peak = 0, [], before
+    end = time.monotonic() + 8
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        job.numkeys()
+        took = time.monotonic() - t0
+        ops += 1
+        if took > 1:
+            slow.append(round(took, 1))
+        peak = max(peak, rss_kib(store.pid))
+    assert not slow and ops > 50, f"benign ops behind unread replies: {ops} in 8 s, slow: {slow}"
+    assert store.poll() is None
+    grew = (peak - before) // 1024
+    assert grew < 100, f"the store grew by {grew} MB holding replies nobody reads"
+    deadline = time.monotonic() + 15
+    while metric_sum(mport, 'storeguard_violations_total{mode="enforce",rule="replies_unread"') < 1:
+        assert time.monotonic() < deadline, "the client that does not read its replies was never closed"
+        time.sleep(0.2)
+    s.close()
+    job.numkeys()
+
+
+@pytest.mark.parametrize("version,backend", [(NEWEST, "legacy"), (NEWEST, "libuv")], ids=["legacy", "libuv"])
+def test_large_replies_read_slowly_and_cancelled_waits_pass(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """What a rank legitimately does with replies: reads 8 MiB values (slowly, a chunk at a time),
+    times out in wait (WAIT, then CANCEL_WAIT while it is pending) and goes on. None of it is a
+    violation, and every reply arrives whole."""
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    code = f"""
+import datetime, sys, time, torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", {port}, is_master=False, timeout=datetime.timedelta(seconds=30),
+                  use_libuv={backend == "libuv"})
+v = bytes(range(256)) * ((8 << 20) // 256)
+s.set("big", v)
+for _ in range(5):
+    assert s.get("big") == v
+for _ in range(3):
+    try:
+        s.wait(["absent"], datetime.timedelta(milliseconds=300))
+        sys.exit("wait returned")
+    except Exception:
+        pass
+    s.set("k", "1")
+    assert s.get("k") == b"1"
+print("ok")
+"""
+    p = run_py(version, "-c", code, timeout=120)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-2000:]
+    # A slow reader: 8 MiB taken 64 KiB at a time, 5 ms apart (1.6 s), is never closed.
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.sendall(handshake(version))
+    if minor(version) >= (2, 5):
+        s.recv(4)
+    s.sendall(get_op(version, b"/big"))
+    got = 0
+    want = 8 + (8 << 20)
+    while got < want:
+        chunk = s.recv(min(65536, want - got))
+        assert chunk, "the guard closed a slow reader"
+        got += len(chunk)
+        time.sleep(0.005)
+    s.close()
+    assert metric_sum(mport, "storeguard_violations_total{") == 0

@@ -70,6 +70,9 @@ const (
 	// G0/G1 store, which reads it as a SET whose 8-byte key length starts with the magic: the
 	// attacker's next bytes size the store's allocation (#106294 through a handshake).
 	RuleValidateToLegacyStore Rule = "validate_to_legacy_store"
+	// RuleRepliesUnread is a client that takes none of the replies the guard holds for it within
+	// timeouts.reply-read (or for 500 ms once they fill caps.reply-buffer-bytes): serve, not the decoder.
+	RuleRepliesUnread Rule = "replies_unread"
 )
 
 // Rules lists every rule, for metrics that pre-register one series per rule.
@@ -77,7 +80,7 @@ func Rules() []Rule {
 	return []Rule{RuleKeyTooLong, RuleValueTooLong, RuleTooManyKeys, RuleMessageTooLarge,
 		RuleUnknownOpcode, RuleValidateMissing, RuleValidateBadMagic, RuleValidateRepeated,
 		RulePingBeforeValidate, RuleOpNotInBackend, RuleWatchKeyBlocked, RuleZeroCount,
-		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore}
+		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore, RuleRepliesUnread}
 }
 
 // Violation is the first rule a stream broke. It is an error; use errors.As to get it.

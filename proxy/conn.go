@@ -28,6 +28,9 @@ type transport interface {
 	// reserve takes n bytes of budget for holding tail, the start of a message. ok false: not
 	// now; alive false: the connection ended.
 	reserve(c *conn, n int64, tail []byte) (ok, alive bool)
+	// stalled: the client's next message, starting rest, waits for a reply. judge: rest may be
+	// judged now; else alive says whether the connection lives on (the transport keeps rest).
+	stalled(c *conn, rest []byte) (judge, alive bool)
 }
 
 // owner is who has a connection's sockets. Only c.mu's holder changes it.
@@ -103,6 +106,9 @@ type conn struct {
 	pendUp      []byte
 	pendClient  []byte
 	resumeTail  []byte
+	resumeRest  []byte // the client's bytes after a stall at max-pending-replies, not judged yet
+
+	rep replies // the store-to-client half (replies.go)
 }
 
 // admit decides on a new connection from src: a release func, or why it is refused.
@@ -124,14 +130,21 @@ func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release f
 	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: client, src: src, dst: dst, start: s.now(),
 		out: viaGoroutines, upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1,
 		release: release}
+	c.rep.init()
 	if !st.dec.Gen.Auto {
-		c.g.Reset(st.dec, &st.pol, c.start)
+		c.resetGuard(st.dec)
 	} else if info, known, _ := s.store.Load().get(); known {
-		c.g.Reset(st.decoderFor(info), &st.pol, c.start)
+		c.resetGuard(st.decoderFor(info))
 	} else {
 		c.awaitStore = true
 	}
 	return c
+}
+
+// resetGuard readies the guard for the connection's stream, decoded as dc.
+func (c *conn) resetGuard(dc protocol.Config) {
+	c.g.Reset(dc, &c.st.pol, c.start)
+	c.g.Await(&c.rep)
 }
 
 // decoderFor is the decoder configuration of a connection to a store that speaks info (auto
@@ -149,10 +162,23 @@ func (st *settings) decoderFor(info StoreInfo) protocol.Config {
 }
 
 // process judges one read of the client's bytes and acts on it; it reports whether the
-// connection lives on.
+// connection lives on. A client at limits.max-pending-replies has the rest of p judged once a
+// reply came (the transport's stalled).
 func (c *conn) process(p []byte) bool {
-	now := c.s.now()
-	return c.act(c.g.Feed(p, now), p, now)
+	for {
+		now := c.s.now()
+		d := c.g.Feed(p, now)
+		if !c.act(d, p[:len(p)-d.Rest], now) {
+			return false
+		}
+		if d.Rest == 0 {
+			return true
+		}
+		p = p[len(p)-d.Rest:]
+		if judge, alive := c.out.stalled(c, p); !judge {
+			return alive
+		}
+	}
 }
 
 // expired is the guard's deadline passing as the transport's timer measured it.

@@ -79,6 +79,12 @@ func (goroutines) reserve(c *conn, n int64, _ []byte) (ok, alive bool) {
 	return true, true
 }
 
+// stalled waits for the reply, not reading the client meanwhile.
+func (goroutines) stalled(c *conn, _ []byte) (judge, alive bool) {
+	ok := c.awaitReply()
+	return ok, ok
+}
+
 // handle admits a connection Serve accepted, on a goroutine of its own, and serves it.
 func (s *Server) handle(tc *net.TCPConn) {
 	remote := addrPort(tc.RemoteAddr())
@@ -126,7 +132,7 @@ func (c *conn) awaitGeneration() bool {
 	}
 	c.s.m.storeWaits.WithLabelValues("learned").Inc()
 	c.awaitStore = false
-	c.g.Reset(c.st.decoderFor(info), &c.st.pol, c.start)
+	c.resetGuard(c.st.decoderFor(info))
 	return true
 }
 
@@ -298,7 +304,7 @@ func (c *conn) takeKick() bool {
 // goroutine copies its replies yet, and the client is between messages, with no deadline to watch.
 func (c *conn) adoptable() bool {
 	return c.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
-		!c.isClosed() && !c.replying()
+		!c.g.Stalled() && !c.isClosed() && !c.replying()
 }
 
 // readPooled reads what the socket has into a pooled buffer, taking the buffer only once data is
@@ -380,16 +386,21 @@ func (c *conn) endRead(err error) bool {
 	}
 }
 
-// pipeStoreToClient passes the store's bytes to the client untouched.
+// pipeStoreToClient passes the store's bytes to the client untouched, reading them as they come
+// whether or not the client takes them (replies.go).
 func (c *conn) pipeStoreToClient() {
 	defer close(c.s2cDone)
+	defer c.dropReplies()
 	defer c.closeBoth()
+	defer c.awaitWritten() // the store's last replies reach the client before the close
 	defer c.s.recoverConn(c)
-	if len(c.pendClient) > 0 {
-		w, err := c.client.Write(c.pendClient)
-		c.s.m.bytesS2C.Add(float64(w))
+	if p := c.pendClient; len(p) > 0 { // followed already, by the loop that read it
 		c.pendClient = nil
-		if err != nil {
+		bp := readBufs.Get().(*[]byte)
+		if len(p) > len(*bp) {
+			*bp = make([]byte, len(p))
+		}
+		if !c.toClient(bp, copy(*bp, p)) {
 			return
 		}
 	}
@@ -400,10 +411,8 @@ func (c *conn) pipeStoreToClient() {
 	for {
 		bp, n, err := readPooled(rc)
 		if n > 0 {
-			w, werr := c.client.Write((*bp)[:n])
-			c.s.m.bytesS2C.Add(float64(w))
-			readBufs.Put(bp)
-			if werr != nil {
+			c.rep.follow((*bp)[:n])
+			if !c.toClient(bp, n) {
 				return
 			}
 		}

@@ -163,6 +163,10 @@ func (c *conn) fromLoop() bool {
 			return false
 		}
 	}
+	if r := c.resumeRest; r != nil {
+		c.resumeRest = nil
+		return c.process(r)
+	}
 	return true
 }
 

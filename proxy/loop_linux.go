@@ -94,6 +94,12 @@ func (loopTransport) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 	return false, true
 }
 
+// stalled keeps rest for the goroutines the loop hands the connection to (settle): they wait.
+func (loopTransport) stalled(c *conn, rest []byte) (judge, alive bool) {
+	c.resumeRest = append([]byte(nil), rest...)
+	return false, true
+}
+
 // loops are a server's event loops; connections are spread over them in turn.
 type loops struct {
 	all     []*loop
@@ -542,6 +548,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		l.settle(c, c.process(l.buf[:n]))
 		return
 	}
+	c.rep.follow(l.buf[:n])
 	w, errno := writeFd(c.cfd, l.buf[:n], nil)
 	c.s.m.bytesS2C.Add(float64(w))
 	switch {
@@ -568,6 +575,8 @@ func (l *loop) settle(c *conn, alive bool) {
 		l.release(c, handbackBackpressure)
 	case c.resumeTail != nil:
 		l.release(c, handbackPartial)
+	case c.resumeRest != nil:
+		l.release(c, handbackAwaiting)
 	default:
 		l.watchDeadline(c)
 	}

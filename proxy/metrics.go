@@ -34,6 +34,8 @@ type metrics struct {
 	auditDropped   prometheus.CounterFunc
 	logsDropped    prometheus.CounterFunc
 	budgetTimeouts prometheus.Counter
+	stalls         prometheus.Counter
+	resyncs        prometheus.Counter
 	loopConns      prometheus.Gauge
 	handbacks      [numHandbacks]prometheus.Counter
 	storeProbes    *prometheus.CounterVec
@@ -61,10 +63,11 @@ const (
 	handbackBackpressure                 // a peer that could not take a write at once
 	handbackStop                         // the server stopped its loops
 	handbackDial                         // the store did not take a connection at once: goroutines dial, with retries
+	handbackAwaiting                     // a client's next message waits for a reply (limits.max-pending-replies)
 	numHandbacks
 )
 
-var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop", "dial"}
+var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop", "dial", "awaiting"}
 
 // newMetrics makes the metrics; the funcs read what others count: bans, buffered bytes, audit events
 // lost and log lines dropped.
@@ -102,6 +105,10 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 		"Audit events lost: dropped while the audit sink stalled, or failed to write.")), auditLost)
 	m.budgetTimeouts = prometheus.NewCounter(prometheus.CounterOpts(f("budget_wait_timeouts_total",
 		"Connections closed after waiting timeouts.message for buffer budget (not a violation).")))
+	m.stalls = prometheus.NewCounter(prometheus.CounterOpts(f("reply_stalls_total",
+		"Times a client's next message waited at limits.max-pending-replies for a reply (not a violation).")))
+	m.resyncs = prometheus.NewCounter(prometheus.CounterOpts(f("reply_resyncs_total",
+		"Times the guard stopped counting a connection's awaited replies after waiting for one in vain (docs/protocol.md).")))
 	m.logsDropped = prometheus.NewCounterFunc(prometheus.CounterOpts(f("log_lines_dropped_total",
 		"Log lines dropped while the log sink (stderr) stalled.")), logsDropped)
 	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
@@ -125,7 +132,7 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
-		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.loopConns, handbacks, build,
+		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.storeWaits, m.storeInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 

@@ -160,6 +160,9 @@ func testConfig(m mode, upstream string) config.Config {
 	c.Listen, c.Upstream, c.MetricsListen = "127.0.0.1:0", upstream, "127.0.0.1:0"
 	c.Generation = "1.13"
 	c.Timeouts.Drain = 2 * time.Second
+	// The recorder answers nothing unless told (storesim.Store.Answer): tests of the bound on
+	// requests awaiting replies (replies_test.go) set the default back.
+	c.Limits.MaxPendingReplies = protocol.MaxAwaited
 	return c
 }
 

@@ -44,7 +44,8 @@ func newSettings(c config.Config, onMessage func(*protocol.Message)) (*settings,
 	}
 	monitor := c.Mode == config.ModeMonitor
 	st := &settings{cfg: c, dec: dec, monitor: monitor,
-		pol: guard.Policy{Deadlines: c.Deadlines(), Configured: dec.Gen, Monitor: monitor, OnMessage: onMessage}}
+		pol: guard.Policy{Deadlines: c.Deadlines(), Configured: dec.Gen, Monitor: monitor, OnMessage: onMessage,
+			MaxAwaited: c.Limits.MaxPendingReplies}}
 	if ap, err := netip.ParseAddrPort(c.Upstream); err == nil && ap.Addr().Unmap().IsLoopback() {
 		st.local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}

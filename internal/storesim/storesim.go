@@ -39,6 +39,7 @@ type Store struct {
 	paused bool
 	resume *sync.Cond
 	reply  []byte
+	answer *protocol.GenSetting
 	conns  []*conn
 	// Settle's own connection: its address, and where it came in the accept order (-1: not yet).
 	marker   netip.AddrPort
@@ -63,9 +64,9 @@ func Start(addr string, gen protocol.Generation, backend protocol.Backend) (*Sto
 	return start(addr, &Store{Gen: gen, Backend: backend})
 }
 
-// StartRecorder listens on addr and records what each connection sends without reading it as
-// any generation: it closes a connection only when the peer does (or at Close) and answers each
-// read with what SetReply set, nothing by default. Gen and Backend are unused.
+// StartRecorder listens on addr and records what each connection sends: it closes a connection
+// only when the peer does (or at Close). It answers each read with what SetReply set, nothing by
+// default, or, after Answer, each complete request with the shortest reply a store gives it. Gen and Backend are unused.
 func StartRecorder(addr string) (*Store, error) {
 	return start(addr, &Store{record: true})
 }
@@ -80,6 +81,16 @@ func start(addr string, s *Store) (*Store, error) {
 	s.resume = sync.NewCond(&s.mu)
 	go s.serve()
 	return s, nil
+}
+
+// Answer makes a recorder answer each complete request of the connections it accepts from now on
+// as a store of generation gen would, with the shortest reply (empty values, no keys, WAITs
+// satisfied at once), until a message it cannot read: for a guard that lets a client pipeline
+// only so many requests awaiting replies (limits.max-pending-replies).
+func (s *Store) Answer(gen protocol.GenSetting) {
+	s.mu.Lock()
+	s.answer = &gen
+	s.mu.Unlock()
 }
 
 // SetReply makes a recorder answer every read from now on with b (nil: nothing).
@@ -292,14 +303,34 @@ func (s *Store) end(c net.Conn, rec *conn) {
 func (s *Store) recordConn(c net.Conn, rec *conn) {
 	defer s.end(c, rec)
 	rb := make([]byte, 64<<10)
+	s.mu.Lock()
+	answer := s.answer
+	s.mu.Unlock()
+	var dec protocol.Decoder
+	if answer != nil {
+		lim := protocol.Limits{MaxKeyBytes: 1 << 62, MaxValueBytes: 1 << 62, MaxKeys: 1 << 62, MaxMessageBytes: 1 << 62}
+		dec.Reset(protocol.Config{Gen: *answer, Limits: lim})
+	}
+	var out []byte
 	for {
 		n, err := s.read(c, rec, rb)
 		if n > 0 {
 			s.mu.Lock()
 			reply := s.reply
 			s.mu.Unlock()
+			out = out[:0]
+			for p := rb[:n]; answer != nil && len(p) > 0 && dec.Err() == nil; {
+				k, msg, _ := dec.Scan(p)
+				p = p[k:]
+				if msg != nil {
+					out = append(out, shortestReply(msg)...)
+				}
+			}
 			if len(reply) > 0 {
-				c.Write(reply)
+				out = reply
+			}
+			if len(out) > 0 {
+				c.Write(out)
 			}
 		}
 		if err != nil {
@@ -323,6 +354,7 @@ func (s *Store) simulateConn(c net.Conn, rec *conn) {
 	defer s.end(c, rec)
 	dec := protocol.NewDecoder(protocol.Config{Gen: protocol.GenSetting{Gen: s.Gen}, Backend: s.Backend, Limits: s.limits()})
 	var pending []byte // bytes from the start of the message in progress
+	fed := 0           // of which the decoder has seen these
 	firstRead := true
 	rb := make([]byte, 64<<10)
 	for {
@@ -337,7 +369,7 @@ func (s *Store) simulateConn(c net.Conn, rec *conn) {
 				continue
 			}
 			firstRead = false
-			if !s.parse(c, dec, &pending) {
+			if !s.parse(c, dec, &pending, &fed) {
 				return
 			}
 		}
@@ -347,9 +379,10 @@ func (s *Store) simulateConn(c net.Conn, rec *conn) {
 	}
 }
 
-// parse executes every complete message in *pending; false: the store closes the connection.
-func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte) bool {
-	scanned := 0
+// parse executes every complete message in *pending, the decoder having seen its first *fed
+// bytes; false: the store closes the connection.
+func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte, fed *int) bool {
+	scanned := *fed
 	for {
 		n, msg, err := dec.Scan((*pending)[scanned:])
 		scanned += n
@@ -357,6 +390,7 @@ func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte) bool {
 			return false
 		}
 		if msg == nil {
+			*fed = scanned
 			return true
 		}
 		m := (*pending)[:scanned]
@@ -510,4 +544,22 @@ func (s *Store) setLocked(k string, v []byte) {
 			c.Write([]byte{0})
 		}
 	}
+}
+
+// shortestReply is the shortest reply a store gives m (docs/protocol.md, the response column).
+func shortestReply(m *protocol.Message) []byte {
+	switch m.Op {
+	case protocol.OpAdd, protocol.OpGetNumKeys, protocol.OpDeleteKey, protocol.OpQueueLen,
+		protocol.OpGet, protocol.OpCompareSet, protocol.OpQueuePop, protocol.OpListKeys:
+		return make([]byte, 8) // a zero, an empty value, an empty queue, no keys
+	case protocol.OpCheck, protocol.OpWait, protocol.OpBarrier:
+		return []byte{0}
+	case protocol.OpCancelWait:
+		return []byte{1}
+	case protocol.OpPing:
+		return make([]byte, 4)
+	case protocol.OpMultiGet:
+		return make([]byte, 8*m.Count)
+	}
+	return nil
 }

@@ -357,3 +357,46 @@ print("ok")
         time.sleep(0.005)
     s.close()
     assert metric_sum(mport, "storeguard_violations_total{") == 0
+
+
+def peak_rss_mib(pid):
+    from pathlib import Path
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+@pytest.mark.parametrize("backend", ["legacy", "libuv"])
+@pytest.mark.parametrize("conns,sets", [(16, 8), (96, 3)], ids=["16x8", "96x3"])
+def test_guard_memory_stays_within_the_budget(procs, binary, tmp_path, conns, sets, backend):  # noqa: F811
+    """Floods of valid 8 MiB SETs with the default 256 MiB budget: the guard's peak RSS was 505 MB
+    (16 connections x 8 SETs) and 743-821 MB (96 x 3, 64 x 3): the event loops copied what the store
+    could not take at once outside the budget, and the heap grew to twice what was live. Every
+    buffered byte is in the budget now, and the heap is held to it (docs/design.md, Memory): peak
+    RSS at most the budget plus 160 MiB (the heap's limit is the budget plus 96 MiB)."""
+    import threading
+    version = NEWEST
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    errors = []
+    value = bytes(8 << 20)
+
+    def rank(i):
+        try:
+            c = Client(version, port, source=f"127.0.2.{1 + i % 32}", timeout=120)  # 32 hosts: the global budget
+            for k in range(sets):
+                c.sock.sendall(set_op(version, b"m%d-%d" % (i, k), len(value)) + value)
+            c.numkeys()
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"rank {i}: {e!r}")
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    peak = peak_rss_mib(guard.pid)
+    print(f"guard peak RSS {peak} MiB for {conns} x {sets} SETs of 8 MiB")
+    assert not errors, errors[:5]
+    assert peak <= 256 + 160, f"guard peak RSS {peak} MiB for a 256 MiB budget"

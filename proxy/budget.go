@@ -3,7 +3,10 @@ package proxy
 import (
 	"context"
 	"net/netip"
+	"runtime/debug"
 	"sync"
+
+	"github.com/storeguard/storeguard/config"
 )
 
 // budget is the allowance of bytes held in partial client messages: caps.buffer-budget-bytes in
@@ -105,4 +108,22 @@ func (b *budget) inUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used
+}
+
+// heapOverhead is what serve's memory holds besides the budget, at most: the runtime, the event
+// loops, idle connections (no buffers: they are pooled and taken only for a read) and each
+// connection's one reply chunk outside the budget; docs/design.md, Memory, has the measurements.
+const heapOverhead = 96 << 20
+
+// heapLimit is serve's soft memory limit for cfg: the budget, which every byte a connection holds
+// counts in, and the overhead. Go's collector then works harder near it instead of letting the
+// heap grow to twice what is live (GOGC), which under a flood of large messages would be twice the
+// budget.
+func heapLimit(cfg config.Config) int64 { return cfg.Caps.BufferBudgetBytes + heapOverhead }
+
+// limitHeap applies heapLimit when the server holds the heap (Options.HoldHeap).
+func (s *Server) limitHeap(cfg config.Config) {
+	if s.holdHeap {
+		debug.SetMemoryLimit(heapLimit(cfg))
+	}
 }

@@ -103,7 +103,10 @@ type conn struct {
 	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
 	timerAt     time.Time
 	cfd, ufd    int32
-	pendUp      []byte
+	pendUp      []byte // the rest of carry (pendCarry) or of a read
+	pendUpTail  []byte // then this, a copy of the rest of a read
+	pendCarry   bool   // pendUp is in a carry's buffer, whose budget (pendHeld) it keeps until written
+	pendHeld    int64
 	pendClient  []byte
 	resumeTail  []byte
 	resumeRest  []byte // the client's bytes after a stall at max-pending-replies, not judged yet
@@ -218,12 +221,21 @@ func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 // sendHeld writes carry (the start of a message) and then p.
 func (c *conn) sendHeld(p []byte) bool {
 	ok := c.out.send(c, c.carry, p)
-	c.carry = c.carry[:0]
-	if cap(c.carry) > keepCarry {
+	switch {
+	case c.pendCarry:
+		// The transport left its rest to write: the buffer and its budget go with it, and the
+		// next message starts a carry of its own.
+		c.carry, c.pendHeld, c.held = nil, c.held, 0
+	case cap(c.carry) > keepCarry:
 		c.releaseCarry()
+	default:
+		c.carry = c.carry[:0]
 	}
 	return ok
 }
+
+// pendingUp reports whether a loop left bytes for the store to the goroutines.
+func (c *conn) pendingUp() bool { return len(c.pendUp)+len(c.pendUpTail) > 0 }
 
 // keep appends the start of an incomplete message to carry, taking budget for any growth. The
 // decoder guarantees the message in progress is within limits.max-message-bytes. Growth covers the
@@ -270,6 +282,8 @@ func (c *conn) finish() {
 		<-c.s2cDone
 	}
 	c.releaseCarry()
+	c.s.buf.release(c.src.Addr(), c.pendHeld)
+	c.pendHeld = 0
 	if c.untalk != nil {
 		c.untalk()
 	}

@@ -150,9 +150,13 @@ func (c *conn) fromLoop() bool {
 		return false
 	}
 	c.startReplies() // if the store is connected; else the dial below offers the connection to a loop again
-	if len(c.pendUp) > 0 {
-		ok := c.out.send(c, nil, c.pendUp)
-		c.pendUp = nil
+	if c.pendingUp() {
+		ok := c.out.send(c, c.pendUp, c.pendUpTail)
+		c.pendUp, c.pendUpTail = nil, nil
+		if c.pendCarry { // written from the carry's buffer: its budget goes back now
+			c.s.buf.release(c.src.Addr(), c.pendHeld)
+			c.pendCarry, c.pendHeld = false, 0
+		}
 		if !ok {
 			return false
 		}

@@ -57,31 +57,41 @@ var viaLoop transport = loopTransport{}
 
 type loopTransport struct{}
 
+//
+// a is carry (the held start of a message) or empty, b the loop's read buffer. What the store does
+// not take is left for the goroutines: the rest of a as it is, in the carry's own buffer and
+// budget (pendCarry; never a copy, which would hold a large message twice outside the budget), and
+// a copy of the rest of b, at most a read.
 func (loopTransport) send(c *conn, a, b []byte) bool {
-	if len(a) == 0 {
-		a, b = b, nil
-	}
-	if len(a) == 0 {
+	if len(a)+len(b) == 0 {
 		return true
 	}
-	if c.ufd < 0 && !c.connectStore(c.lp) {
-		c.pendUp = append(append(c.pendUp, a...), b...) // for goroutines to dial and write (handbackDial)
+	if c.pendingUp() { // one judgement sends once: not expected, but bytes must keep their order
+		c.pendUpTail = append(append(c.pendUpTail, a...), b...)
 		return true
 	}
-	if len(c.pendUp) > 0 {
-		c.pendUp = append(append(c.pendUp, a...), b...)
-		return true
-	}
-	n, errno := writeFd(c.ufd, a, b)
-	c.s.m.bytesC2S.Add(float64(n))
-	if errno != 0 && errno != unix.EAGAIN {
-		c.closeBoth()
-		return false
-	}
+	n := 0
+	if c.ufd >= 0 || c.connectStore(c.lp) {
+		var errno unix.Errno
+		if len(a) == 0 {
+			n, errno = writeFd(c.ufd, b, nil)
+		} else {
+			n, errno = writeFd(c.ufd, a, b)
+		}
+		c.s.m.bytesC2S.Add(float64(n))
+		if errno != 0 && errno != unix.EAGAIN {
+			c.closeBoth()
+			return false
+		}
+	} // else for goroutines to dial and write (handbackDial)
 	if n < len(a) {
-		c.pendUp = append(append([]byte(nil), a[n:]...), b...)
-	} else if n -= len(a); n < len(b) {
-		c.pendUp = append([]byte(nil), b[n:]...)
+		c.pendUp, c.pendCarry = a[n:], len(a) > 0
+		n = 0
+	} else {
+		n -= len(a)
+	}
+	if n < len(b) {
+		c.pendUpTail = append([]byte(nil), b[n:]...)
 	}
 	return true
 }
@@ -569,9 +579,9 @@ func (l *loop) settle(c *conn, alive bool) {
 	switch {
 	case !alive:
 		l.release(c, handbackNone)
-	case len(c.pendUp) > 0 && c.ufd < 0:
+	case c.pendingUp() && c.ufd < 0:
 		l.release(c, handbackDial)
-	case len(c.pendUp) > 0:
+	case c.pendingUp():
 		l.release(c, handbackBackpressure)
 	case c.resumeTail != nil:
 		l.release(c, handbackPartial)

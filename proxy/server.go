@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -87,17 +88,21 @@ type Options struct {
 	Clock func() time.Time
 	// LogDropped, if set, reads how many log lines the logger's sink dropped (nbwriter).
 	LogDropped func() uint64
+	// HoldHeap sets the process's soft memory limit to what the buffer budget needs
+	// (heapLimit), unless GOMEMLIMIT is set: serve's process has one Server.
+	HoldHeap bool
 }
 
 // Server is the guard proxy.
 type Server struct {
-	log   *slog.Logger
-	audit AuditSink
-	now   func() time.Time
-	set   atomic.Pointer[settings]
-	gate  *admission.Gate
-	buf   *budget
-	m     *metrics
+	holdHeap bool
+	log      *slog.Logger
+	audit    AuditSink
+	now      func() time.Time
+	set      atomic.Pointer[settings]
+	gate     *admission.Gate
+	buf      *budget
+	m        *metrics
 
 	// store is, in auto mode, the generation the store speaks, learned from it (learnStore); a
 	// reload that changes the upstream or switches to auto starts learning anew (startLearning).
@@ -140,6 +145,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.set.Store(st)
 	s.gate = admission.New(st.gate(), s.now)
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
+	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
+	s.limitHeap(cfg)
 	s.m = newMetrics(
 		func() float64 { return float64(s.gate.Stats().ActiveBans) },
 		func() float64 { return float64(s.buf.inUse()) },
@@ -341,6 +348,7 @@ func (s *Server) reload(cfg config.Config) error {
 	}
 	s.gate.Update(st.gate())
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
+	s.limitHeap(cfg)
 	s.set.Store(st)
 	if strings.EqualFold(old.Generation, "auto") != st.dec.Gen.Auto || old.Upstream != cfg.Upstream {
 		s.startLearning()

@@ -67,7 +67,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 		}
 	}()
 
-	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped})
+	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped, HoldHeap: true})
 	if err != nil {
 		return err
 	}

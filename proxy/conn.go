@@ -135,8 +135,9 @@ func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release f
 }
 
 // decoderFor is the decoder configuration of a connection to a store that speaks info (auto
-// mode): the store's own generation, fixed, and its backend unless one is configured. Every byte
-// forwarded is then framed as that store frames it. With a generation configured, info is unused.
+// mode): the store's own generation, fixed, its backend unless one is configured, and that
+// backend's limits (auto ones differ: config.LimitsFor). Every byte forwarded is then framed as
+// that store frames it. With a generation configured, info is unused.
 func (st *settings) decoderFor(info StoreInfo) protocol.Config {
 	dc := st.dec
 	if dc.Gen.Auto {
@@ -144,6 +145,7 @@ func (st *settings) decoderFor(info StoreInfo) protocol.Config {
 		if dc.Backend == protocol.BackendAny {
 			dc.Backend = info.Backend
 		}
+		dc.Limits = st.cfg.LimitsFor(dc.Backend)
 	}
 	return dc
 }
@@ -207,7 +209,7 @@ func (c *conn) sendHeld(p []byte) bool {
 func (c *conn) keep(tail []byte) bool {
 	need := len(c.carry) + len(tail)
 	if need > cap(c.carry) {
-		limit := int(c.st.dec.Limits.MaxMessageBytes)
+		limit := int(c.g.Limits().MaxMessageBytes)
 		whole := need + int(min(c.g.BodyLeft(), uint64(limit)))
 		newCap := min(max(2*cap(c.carry), whole, 512), max(limit, need))
 		grow := int64(newCap - cap(c.carry))

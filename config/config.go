@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/storeguard/storeguard/protocol"
@@ -44,17 +45,45 @@ type Config struct {
 
 // Limits are the per-message ceilings (limits.*). Byte sizes and counts are
 // int64 because they are compared with 64-bit lengths read from the wire.
+// Config.LimitsFor turns them into a decoder's, for one store backend.
 type Limits struct {
-	MaxKeyBytes     int64 `mapstructure:"max-key-bytes"`
-	MaxValueBytes   int64 `mapstructure:"max-value-bytes"`
-	MaxKeys         int64 `mapstructure:"max-keys"`
-	MaxMessageBytes int64 `mapstructure:"max-message-bytes"`
-	BlockWatchKey   bool  `mapstructure:"block-watch-key"`
-	RejectZeroCount bool  `mapstructure:"reject-zero-count"`
+	MaxKeyBytes     int64     `mapstructure:"max-key-bytes"`
+	MaxValueBytes   ByteLimit `mapstructure:"max-value-bytes"`
+	MaxKeys         int64     `mapstructure:"max-keys"`
+	MaxMessageBytes ByteLimit `mapstructure:"max-message-bytes"`
+	BlockWatchKey   bool      `mapstructure:"block-watch-key"`
+	RejectZeroCount bool      `mapstructure:"reject-zero-count"`
 	// MaxPendingReplies is how many requests of one connection may await their replies at once;
 	// the next message waits at the guard until a reply came.
 	MaxPendingReplies int `mapstructure:"max-pending-replies"`
 }
+
+// ByteLimit is a limit in bytes, or AutoLimit: chosen for the store's backend (LimitsFor).
+type ByteLimit int64
+
+// AutoLimit is the setting "auto", and ByteLimit's zero value: no limit is 0 bytes.
+const AutoLimit ByteLimit = 0
+
+func (b ByteLimit) String() string {
+	if b == AutoLimit {
+		return "auto"
+	}
+	return strconv.FormatInt(int64(b), 10)
+}
+
+// legacyAutoValueBytes is an auto max-value-bytes for a legacy store, which has no limit of its
+// own and whose jobs set values over libuv's: what one source may hold of the buffer budget by
+// default (caps.per-source-budget-bytes), lowered where need be to what max-message-bytes (or,
+// with that auto, caps.buffer-budget-bytes) holds with a maximal key.
+const legacyAutoValueBytes = 64 << 20
+
+// autoValueBytes and autoMessageBytes are the auto limits for a libuv store or one of unknown
+// backend: libuv's MAX_PAYLOAD_LEN (it closes the connection at a longer value, so nothing longer
+// is worth holding) and the guard's own 32 MiB per message (protocol.DefaultLimits).
+var (
+	autoValueBytes   = int64(protocol.DefaultLimits().MaxValueBytes)
+	autoMessageBytes = int64(protocol.DefaultLimits().MaxMessageBytes)
+)
 
 // Timeouts (timeouts.*). Zero means off where docs/design.md says so.
 type Timeouts struct {
@@ -190,7 +219,10 @@ func (c Config) Deadlines() protocol.Deadlines {
 }
 
 // Decoder returns the protocol decoder settings of c: generation, backend and limits. LegacyGen is
-// left for the caller (the proxy learns it from the store; replay assumes G0).
+// left for the caller (the proxy learns it from the store; replay assumes G0). The limits are the
+// configured backend's; with backend auto they are those of a store of unknown backend (the
+// stricter, LimitsFor), except that a G0 or G1 store is always legacy. The proxy in auto mode
+// sets them again for the backend it learns.
 func (c Config) Decoder() (protocol.Config, error) {
 	gen, err := protocol.ParseGeneration(c.Generation)
 	if err != nil {
@@ -200,16 +232,55 @@ func (c Config) Decoder() (protocol.Config, error) {
 	if err != nil {
 		return protocol.Config{}, &FieldError{Key: "backend", Msg: err.Error()}
 	}
-	lim := protocol.Limits{
-		MaxKeyBytes:     uint64(c.Limits.MaxKeyBytes),
-		MaxValueBytes:   uint64(c.Limits.MaxValueBytes),
-		MaxKeys:         uint64(c.Limits.MaxKeys),
-		MaxMessageBytes: uint64(c.Limits.MaxMessageBytes),
-		BlockWatchKey:   c.Limits.BlockWatchKey,
-		RejectZeroCount: c.Limits.RejectZeroCount,
+	store := backend
+	if store == protocol.BackendAny && !gen.Auto && !gen.Gen.Validated() {
+		store = protocol.BackendLegacy
 	}
+	lim := c.LimitsFor(store)
 	if err := lim.Validate(); err != nil {
 		return protocol.Config{}, &FieldError{Key: "limits", Msg: err.Error()}
 	}
 	return protocol.Config{Gen: gen, Backend: backend, Limits: lim}, nil
+}
+
+// LoosestLimits are the highest limits a guard configured as c applies, whatever the store's
+// backend turns out to be: the configured backend's, or else a legacy store's (auto limits are
+// never lower there). storeguard probe sends lengths just over them.
+func (c Config) LoosestLimits() protocol.Limits {
+	if b, _ := protocol.ParseBackend(string(c.Backend)); b == protocol.BackendLibuv {
+		return c.LimitsFor(b)
+	}
+	return c.LimitsFor(protocol.BackendLegacy)
+}
+
+// LimitsFor returns the decoder limits for a store on backend b (protocol.BackendAny: not known).
+// An auto max-value-bytes is libuv's 8 MiB unless the store is known to be legacy; an auto
+// max-message-bytes is 32 MiB, or a maximal SET if that is larger. An unknown backend gets the
+// stricter: a libuv store closes the connection at a longer value, a legacy one is still served
+// (its values are only limited lower than they could be).
+func (c Config) LimitsFor(b protocol.Backend) protocol.Limits {
+	l := c.Limits
+	value := int64(l.MaxValueBytes)
+	if l.MaxValueBytes == AutoLimit {
+		value = autoValueBytes
+		if b == protocol.BackendLegacy {
+			room := int64(l.MaxMessageBytes)
+			if l.MaxMessageBytes == AutoLimit {
+				room = c.Caps.BufferBudgetBytes
+			}
+			value = max(autoValueBytes, min(legacyAutoValueBytes, room-l.MaxKeyBytes-compareSetOverhead))
+		}
+	}
+	message := int64(l.MaxMessageBytes)
+	if l.MaxMessageBytes == AutoLimit {
+		message = max(autoMessageBytes, l.MaxKeyBytes+value+compareSetOverhead)
+	}
+	return protocol.Limits{
+		MaxKeyBytes:     uint64(l.MaxKeyBytes),
+		MaxValueBytes:   uint64(value),
+		MaxKeys:         uint64(l.MaxKeys),
+		MaxMessageBytes: uint64(message),
+		BlockWatchKey:   l.BlockWatchKey,
+		RejectZeroCount: l.RejectZeroCount,
+	}
 }

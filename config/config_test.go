@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // load writes yaml (if any) to a file and loads it with exactly env and flags.
@@ -62,7 +64,7 @@ func TestDefaults(t *testing.T) {
 		{"generation", got.Generation, "auto"},
 		{"backend", got.Backend, BackendAuto},
 		{"mode", got.Mode, ModeEnforce},
-		{"limits", got.Limits, Limits{8192, 8388608, 131072, 33554432, true, false, 2}},
+		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
 		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456, 67108864, 33554432}},
@@ -146,6 +148,9 @@ func TestFileOverrides(t *testing.T) {
 			}},
 		{"one nested key leaves its siblings alone", "limits:\n  max-key-bytes: 1024\n",
 			func(c *Config) { c.Limits.MaxKeyBytes = 1024 }},
+		{"byte limits as numbers", "limits:\n  max-value-bytes: 16777216\n  max-message-bytes: 50000000\n",
+			func(c *Config) { c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 16777216, 50000000 }},
+		{"byte limits auto, in any case", "limits:\n  max-value-bytes: AUTO\n  max-message-bytes: Auto\n", func(*Config) {}},
 		{"unquoted 2.10 is the release, not 2.1", "generation: 2.10\n",
 			func(c *Config) { c.Generation = "2.10" }},
 		{"generation G-name", "generation: G3\n", func(c *Config) { c.Generation = "G3" }},
@@ -208,6 +213,7 @@ func TestEnvOverrides(t *testing.T) {
 		{"empty list", "access:\n  deny: [10.0.0.0/8]\n", []string{"STOREGUARD_ACCESS_DENY="}, func(*Config) {}},
 		{"bool and duration", "", []string{"STOREGUARD_LIMITS_BLOCK_WATCH_KEY=false", "STOREGUARD_TIMEOUTS_IDLE=1h"},
 			func(c *Config) { c.Limits.BlockWatchKey, c.Timeouts.Idle = false, time.Hour }},
+		{"byte limit back to auto", "limits:\n  max-value-bytes: 1000\n", []string{"STOREGUARD_LIMITS_MAX_VALUE_BYTES=auto"}, func(*Config) {}},
 		// Kubernetes injects these for a Service named storeguard.
 		{"other STOREGUARD_ variables are ignored", "", []string{"STOREGUARD_PORT=tcp://10.0.0.1:29500", "STOREGUARD_SERVICE_HOST=10.0.0.1", "PATH=/bin"},
 			func(*Config) {}},
@@ -337,9 +343,18 @@ func TestValidationErrors(t *testing.T) {
 		{"log format", "log:\n  format: xml\n", nil, "log.format", `"xml" is not one of json, text`},
 		// ranges
 		{"max-key-bytes", "limits:\n  max-key-bytes: 0\n", nil, "limits.max-key-bytes", "must be between 1 and 1073741824, got 0"},
-		{"max-value-bytes", "limits:\n  max-value-bytes: 0\n", nil, "limits.max-value-bytes", "must be between 1 and"},
+		{"max-value-bytes zero", "limits:\n  max-value-bytes: 0\n", nil, "limits.max-value-bytes", "must be auto or a number of bytes of at least 1, got 0"},
+		{"max-value-bytes negative", "limits:\n  max-value-bytes: -8\n", nil, "limits.max-value-bytes", "must be auto or a number of bytes of at least 1, got -8"},
+		{"max-value-bytes too large", "limits:\n  max-value-bytes: 68719476737\n", nil, "limits.max-value-bytes",
+			"must be auto or between 1 and 68719476736, got 68719476737"},
+		{"max-value-bytes not a size", "limits:\n  max-value-bytes: big\n", nil, "limits.max-value-bytes", `"big" is neither auto nor a number of bytes`},
+		{"max-value-bytes with a unit", "", []string{"STOREGUARD_LIMITS_MAX_VALUE_BYTES=64MiB"}, "limits.max-value-bytes",
+			`"64MiB" is neither auto nor a number of bytes (env STOREGUARD_LIMITS_MAX_VALUE_BYTES)`},
 		{"max-keys", "limits:\n  max-keys: -1\n", nil, "limits.max-keys", "must be between 1 and"},
-		{"max-message-bytes range", "limits:\n  max-message-bytes: 0\n", nil, "limits.max-message-bytes", "must be between 1 and"},
+		{"max-message-bytes range", "limits:\n  max-message-bytes: 0\n", nil, "limits.max-message-bytes", "must be auto or a number of bytes of at least 1"},
+		{"max-message-bytes not a size", "limits:\n  max-message-bytes: lots\n", nil, "limits.max-message-bytes", `"lots" is neither auto nor a number of bytes`},
+		{"max-message-bytes fits an auto value's SET", "limits:\n  max-key-bytes: 100\n  max-message-bytes: 8388712\n", nil,
+			"limits.max-message-bytes", "must be at least limits.max-key-bytes + limits.max-value-bytes (auto: 8388608 for a libuv store) + 25 = 8388733"},
 		{"max-message-bytes fits a SET", "limits:\n  max-key-bytes: 100\n  max-value-bytes: 1000\n  max-message-bytes: 1124\n", nil,
 			"limits.max-message-bytes", "must be at least limits.max-key-bytes + limits.max-value-bytes + 25 = 1125"},
 		{"upstream-dial", "timeouts:\n  upstream-dial: 0s\n", nil, "timeouts.upstream-dial", "must be positive, got 0s"},
@@ -354,7 +369,9 @@ func TestValidationErrors(t *testing.T) {
 		{"per-source-rate", "caps:\n  per-source-rate: -1\n", nil, "caps.per-source-rate", "must be between 0 and"},
 		{"per-source-burst", "caps:\n  per-source-burst: -1\n", nil, "caps.per-source-burst", "must be between 0 and"},
 		{"burst needed with a rate", "caps:\n  per-source-rate: 5\n  per-source-burst: 0\n", nil, "caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set"},
-		{"buffer budget", "caps:\n  buffer-budget-bytes: 1000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (33554432)"},
+		{"buffer budget", "caps:\n  buffer-budget-bytes: 1000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (auto: 33554432)"},
+		{"buffer budget for an explicit value", "limits:\n  max-value-bytes: 300000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (auto: 300008217)"},
+		{"buffer budget for an explicit message", "limits:\n  max-message-bytes: 300000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (300000000)"},
 		{"ban violations", "ban:\n  violations: -1\n", nil, "ban.violations", "must be between 0 and"},
 		{"ban window", "ban:\n  window: 0s\n", nil, "ban.window", "must be positive when ban.violations is set (5)"},
 		{"ban duration", "ban:\n  duration: 0s\n", nil, "ban.duration", "must be positive when ban.violations is set"},
@@ -577,4 +594,79 @@ func findKey(err error, key string) *FieldError {
 		}
 	}
 	return nil
+}
+
+// Auto byte limits follow the store's backend; numbers apply to every backend. Whatever the
+// settings, a maximal SET fits the message limit and the message limit fits the buffer budget.
+func TestLimitsFor(t *testing.T) {
+	const legacy, libuv, unknown = protocol.BackendLegacy, protocol.BackendLibuv, protocol.BackendAny
+	tests := []struct {
+		name           string
+		yaml           string
+		backend        protocol.Backend
+		value, message uint64
+	}{
+		{"default, libuv: libuv's own", "", libuv, 8 << 20, 32 << 20},
+		{"default, legacy: a source's share", "", legacy, 64 << 20, 64<<20 + 8192 + 25},
+		{"default, backend unknown: the stricter", "", unknown, 8 << 20, 32 << 20},
+		{"a number applies to legacy", "limits:\n  max-value-bytes: 16777216\n", legacy, 16 << 20, 32 << 20},
+		{"a number applies to libuv", "limits:\n  max-value-bytes: 16777216\n", libuv, 16 << 20, 32 << 20},
+		{"an auto message fits a numbered value", "limits:\n  max-value-bytes: 41943040\n", libuv, 40 << 20, 40<<20 + 8192 + 25},
+		{"an auto legacy value fits a numbered message", "limits:\n  max-message-bytes: 50000000\n", legacy, 50000000 - 8192 - 25, 50000000},
+		{"a numbered message leaves libuv's value", "limits:\n  max-message-bytes: 50000000\n", libuv, 8 << 20, 50000000},
+		{"an auto legacy value fits a smaller budget", "caps:\n  buffer-budget-bytes: 50331648\n", legacy, 48<<20 - 8192 - 25, 48 << 20},
+		{"the smallest budget allowed", "caps:\n  buffer-budget-bytes: 33554432\n", legacy, 32<<20 - 8192 - 25, 32 << 20},
+		{"a longer key grows the auto message", "limits:\n  max-key-bytes: 1048576\n", legacy, 64 << 20, 65<<20 + 25},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustLoad(t, tt.yaml, nil)
+			lim := c.LimitsFor(tt.backend)
+			if lim.MaxValueBytes != tt.value || lim.MaxMessageBytes != tt.message {
+				t.Fatalf("value %d, message %d; want %d, %d", lim.MaxValueBytes, lim.MaxMessageBytes, tt.value, tt.message)
+			}
+			if err := lim.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if lim.MaxMessageBytes < lim.MaxKeyBytes+lim.MaxValueBytes+compareSetOverhead || lim.MaxMessageBytes > uint64(c.Caps.BufferBudgetBytes) {
+				t.Fatalf("message limit %d: a maximal SET (%d) does not fit, or it exceeds the budget %d",
+					lim.MaxMessageBytes, lim.MaxKeyBytes+lim.MaxValueBytes+compareSetOverhead, c.Caps.BufferBudgetBytes)
+			}
+		})
+	}
+}
+
+// Decoder's limits are the configured backend's; a G0/G1 store is legacy whatever backend says,
+// and an unknown backend gets libuv's. LoosestLimits, the probe's, are legacy's unless libuv is set.
+func TestDecoderLimits(t *testing.T) {
+	tests := []struct {
+		generation     string
+		backend        Backend
+		decoder, probe uint64 // max value bytes
+	}{
+		{"auto", BackendAuto, 8 << 20, 64 << 20},
+		{"auto", BackendLegacy, 64 << 20, 64 << 20},
+		{"auto", BackendLibUV, 8 << 20, 8 << 20},
+		{"1.13", BackendAuto, 64 << 20, 64 << 20},
+		{"2.1", BackendAuto, 64 << 20, 64 << 20},
+		{"2.6", BackendAuto, 8 << 20, 64 << 20},
+		{"2.6", BackendLegacy, 64 << 20, 64 << 20},
+		{"2.6", BackendLibUV, 8 << 20, 8 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.generation+"/"+string(tt.backend), func(t *testing.T) {
+			c := Default()
+			c.Generation, c.Backend = tt.generation, tt.backend
+			dc, err := c.Decoder()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := dc.Limits.MaxValueBytes; got != tt.decoder {
+				t.Errorf("decoder's max value %d, want %d", got, tt.decoder)
+			}
+			if got := c.LoosestLimits().MaxValueBytes; got != tt.probe {
+				t.Errorf("loosest max value %d, want %d", got, tt.probe)
+			}
+		})
+	}
 }

@@ -36,6 +36,7 @@ func decodeHook(_, to reflect.Type, data any) (any, error) {
 // under. Strings need none.
 var parsers = map[reflect.Type]func(string) (any, error){
 	reflect.TypeFor[int64]():         parseInt64,
+	reflect.TypeFor[ByteLimit]():     parseByteLimit,
 	reflect.TypeFor[int]():           parseInt,
 	reflect.TypeFor[float64]():       parseFloat,
 	reflect.TypeFor[bool]():          parseBool,
@@ -74,6 +75,22 @@ func parseInt64(s string) (any, error) {
 		return nil, fmt.Errorf("%q is not an integer", s)
 	}
 	return n, nil
+}
+
+// parseByteLimit reads auto or a number of bytes. 0 is refused here: it would read as auto.
+func parseByteLimit(s string) (any, error) {
+	t := strings.TrimSpace(s)
+	if strings.EqualFold(t, "auto") {
+		return AutoLimit, nil
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("%q is neither auto nor a number of bytes", s)
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("must be auto or a number of bytes of at least 1, got %d", n)
+	}
+	return ByteLimit(n), nil
 }
 
 func parseInt(s string) (any, error) {

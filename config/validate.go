@@ -60,15 +60,21 @@ func (c Config) validate() []error {
 
 	l := c.Limits
 	v.between("limits.max-key-bytes", l.MaxKeyBytes, 1, maxKeyBytes)
-	v.between("limits.max-value-bytes", l.MaxValueBytes, 1, maxValueBytes)
+	v.byteLimit("limits.max-value-bytes", l.MaxValueBytes, maxValueBytes)
 	v.between("limits.max-keys", l.MaxKeys, 1, maxCount)
-	v.between("limits.max-message-bytes", l.MaxMessageBytes, 1, maxMessageBytes)
+	v.byteLimit("limits.max-message-bytes", l.MaxMessageBytes, maxMessageBytes)
 	v.between("limits.max-pending-replies", int64(l.MaxPendingReplies), 1, protocol.MaxAwaited)
-	if v.ok("limits.max-key-bytes", "limits.max-value-bytes", "limits.max-message-bytes") {
-		if need := l.MaxKeyBytes + l.MaxValueBytes + compareSetOverhead; l.MaxMessageBytes < need {
-			v.add("limits.max-message-bytes",
-				"must be at least limits.max-key-bytes + limits.max-value-bytes + %d = %d so a maximal SET fits, got %d",
-				compareSetOverhead, need, l.MaxMessageBytes)
+	limitsOK := v.ok("limits.max-key-bytes", "limits.max-value-bytes", "limits.max-message-bytes")
+	// An auto max-message-bytes always fits a maximal SET; an auto max-value-bytes on a legacy
+	// store is lowered to fit, and must fit as libuv's.
+	if limitsOK && l.MaxMessageBytes != AutoLimit {
+		value, name := int64(l.MaxValueBytes), "limits.max-value-bytes"
+		if l.MaxValueBytes == AutoLimit {
+			value, name = autoValueBytes, fmt.Sprintf("limits.max-value-bytes (auto: %d for a libuv store)", autoValueBytes)
+		}
+		if need := l.MaxKeyBytes + value + compareSetOverhead; int64(l.MaxMessageBytes) < need {
+			v.add("limits.max-message-bytes", "must be at least limits.max-key-bytes + %s + %d = %d so a maximal SET fits, got %d",
+				name, compareSetOverhead, need, l.MaxMessageBytes)
 		}
 	}
 
@@ -97,9 +103,16 @@ func (c Config) validate() []error {
 	v.between("caps.buffer-budget-bytes", cp.BufferBudgetBytes, 1, maxBudgetBytes)
 	v.between("caps.per-source-budget-bytes", cp.PerSourceBudgetBytes, 0, maxBudgetBytes)
 	v.between("caps.reply-buffer-bytes", cp.ReplyBufferBytes, 64<<10, maxBudgetBytes)
-	if v.ok("caps.buffer-budget-bytes", "limits.max-message-bytes") && cp.BufferBudgetBytes < l.MaxMessageBytes {
-		v.add("caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (%d) or a maximal message can never be buffered, got %d",
-			l.MaxMessageBytes, cp.BufferBudgetBytes)
+	if limitsOK && v.ok("caps.buffer-budget-bytes") {
+		message := int64(max(c.LimitsFor(protocol.BackendLibuv).MaxMessageBytes, c.LimitsFor(protocol.BackendLegacy).MaxMessageBytes))
+		auto := ""
+		if l.MaxMessageBytes == AutoLimit {
+			auto = "auto: "
+		}
+		if cp.BufferBudgetBytes < message {
+			v.add("caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (%s%d) or a maximal message can never be buffered, got %d",
+				auto, message, cp.BufferBudgetBytes)
+		}
 	}
 
 	b := c.Ban
@@ -164,6 +177,13 @@ func (v *validator) ok(keys ...string) bool {
 func (v *validator) between(key string, n, lo, hi int64) {
 	if n < lo || n > hi {
 		v.add(key, "must be between %d and %d, got %d", lo, hi, n)
+	}
+}
+
+// byteLimit checks a limit that is auto or between 1 and hi bytes.
+func (v *validator) byteLimit(key string, b ByteLimit, hi int64) {
+	if b < 0 || int64(b) > hi {
+		v.add(key, "must be auto or between 1 and %d, got %d", hi, int64(b))
 	}
 }
 

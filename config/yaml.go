@@ -80,6 +80,12 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.FormatInt(n, 10)}
 	}
 	dur := func(d time.Duration) *yaml.Node { return str(formatDuration(d)) }
+	size := func(b ByteLimit) *yaml.Node {
+		if b == AutoLimit {
+			return str(b.String())
+		}
+		return num(int64(b))
+	}
 	boolean := func(b bool) *yaml.Node {
 		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(b)}
 	}
@@ -113,9 +119,9 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"event-loops":    num(int64(c.EventLoops)),
 
 		"limits.max-key-bytes":         num(c.Limits.MaxKeyBytes),
-		"limits.max-value-bytes":       num(c.Limits.MaxValueBytes),
+		"limits.max-value-bytes":       size(c.Limits.MaxValueBytes),
 		"limits.max-keys":              num(c.Limits.MaxKeys),
-		"limits.max-message-bytes":     num(c.Limits.MaxMessageBytes),
+		"limits.max-message-bytes":     size(c.Limits.MaxMessageBytes),
 		"limits.block-watch-key":       boolean(c.Limits.BlockWatchKey),
 		"limits.reject-zero-count":     boolean(c.Limits.RejectZeroCount),
 		"limits.max-pending-replies":   num(int64(c.Limits.MaxPendingReplies)),

@@ -67,7 +67,7 @@ func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Se
 	cfg.Listen, cfg.MetricsListen, cfg.Upstream = "127.0.0.1:0", "", upstream
 	cfg.Generation = generation
 	cfg.EventLoops = m.loops
-	cfg.Limits.MaxMessageBytes, cfg.Limits.MaxValueBytes = int64(fuzzLimits.MaxMessageBytes), int64(fuzzLimits.MaxValueBytes)
+	cfg.Limits.MaxMessageBytes, cfg.Limits.MaxValueBytes = config.ByteLimit(fuzzLimits.MaxMessageBytes), config.ByteLimit(fuzzLimits.MaxValueBytes)
 	cfg.Limits.MaxKeyBytes, cfg.Limits.MaxKeys = int64(fuzzLimits.MaxKeyBytes), int64(fuzzLimits.MaxKeys)
 	cfg.Ban.Violations = 0
 	cfg.Caps.PerSourceRate = 0

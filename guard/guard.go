@@ -210,6 +210,9 @@ func (s *Stream) BodyLeft() uint64 {
 	return s.dec.BodyLeft()
 }
 
+// Limits are the ceilings the stream is judged by (serve's depend on the store's backend).
+func (s *Stream) Limits() protocol.Limits { return s.dec.Limits() }
+
 // InMessage reports whether a message has begun and not completed.
 func (s *Stream) InMessage() bool { return !s.passing && s.dec.InMessage() }
 

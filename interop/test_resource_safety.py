@@ -1,6 +1,7 @@
 """Nothing around the guard may stop it forwarding for a running job (issue #15), against real
 torch stores of both backends, with storeguard's default configuration.
 """
+import json
 import socket
 import subprocess
 import time
@@ -400,3 +401,72 @@ def test_guard_memory_stays_within_the_budget(procs, binary, tmp_path, conns, se
     print(f"guard peak RSS {peak} MiB for {conns} x {sets} SETs of 8 MiB")
     assert not errors, errors[:5]
     assert peak <= 256 + 160, f"guard peak RSS {peak} MiB for a 256 MiB budget"
+
+
+# A real torch client sets a value and reads it back: argv HOST PORT SIZE USE_LIBUV ("" on releases
+# without the flag). Prints {"same": bool, "len": n} or {"error": "..."}.
+LARGE_VALUE_CLIENT = r"""
+import datetime, json, sys
+import torch.distributed as dist
+host, port, size, use_libuv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+kw = {"use_libuv": use_libuv == "1"} if use_libuv else {}
+try:
+    st = dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=30), wait_for_workers=False, **kw)
+    value = bytes(range(256)) * (size // 256)
+    st.set("large", value)
+    got = st.get("large")
+    print(json.dumps({"same": got == value, "len": len(got)}))
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"error": repr(e)}))
+"""
+
+
+def large_value(version, port, size, backend):
+    flag = ("1" if backend == "libuv" else "0") if minor(version) >= (2, 2) else ""
+    p = run_py(version, "-c", LARGE_VALUE_CLIENT, "127.0.0.1", port, size, flag, timeout=120)
+    return json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {"error": p.stderr[-2000:]}
+
+
+def audit_events(tmp_path, port, want=0):
+    """The guard's audit events, waiting up to 10 s for at least want of them (written off its
+    forwarding path, through a queue)."""
+    f = tmp_path / f"audit-{port}.jsonl"
+    for _ in range(200):
+        evs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+        if len(evs) >= want:
+            return evs
+        time.sleep(0.05)
+    return evs
+
+
+LEGACY_STORES = [(OLDEST, "legacy"), (NEWEST, "legacy")]
+
+
+@pytest.mark.parametrize("version,backend", LEGACY_STORES, ids=[f"{v}-{b}" for v, b in LEGACY_STORES])
+def test_a_legacy_store_takes_a_32_mib_value_by_default(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """The legacy store (torch 1.13-2.1, and 2.2+ with use_libuv=False) has no value limit of its
+    own, and jobs on it set values over libuv's 8 MiB: with the default configuration the guard cut
+    such a job off (value_too_long at 8 MiB). A 32 MiB value is set and read back through it."""
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    got = large_value(version, port, 32 << 20, backend)
+    assert got == {"same": True, "len": 32 << 20}, (got, audit_events(tmp_path, port))
+    assert metric_sum(mport, "storeguard_violations_total{") == 0
+
+
+def test_a_libuv_store_still_gets_no_value_over_8_mib(procs, binary, tmp_path):  # noqa: F811
+    """libuv's own limit is 8 MiB (MAX_PAYLOAD_LEN: it closes the connection at a longer value's
+    length), so the default configuration keeps it for a libuv store: a 9 MiB value is refused by
+    the guard, on its length, and the store never sees it."""
+    version = NEWEST
+    store, sport = start_store(procs, version, "libuv")
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    got = large_value(version, port, 9 << 20, "libuv")
+    assert "error" in got, got
+    evs = audit_events(tmp_path, port, want=1)
+    assert [(e["event.reason"], e["storeguard.declared"], e["storeguard.limit"]) for e in evs] == \
+        [("value_too_long", 9 << 20, 8 << 20)], evs
+    direct = run_py(version, "-c", "import datetime, sys, torch.distributed as d; "
+                    "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), None, False, datetime.timedelta(seconds=10), "
+                    "wait_for_workers=False); print(s.check(['large']))", sport, timeout=60)
+    assert direct.stdout.strip() == "False", (direct.stdout, direct.stderr[-2000:])

@@ -106,6 +106,9 @@ func (d *Decoder) resolve(g Generation) {
 // what it has sent so far. ok is false while Auto has not seen enough to tell.
 func (d *Decoder) Generation() (g Generation, ok bool) { return d.minGen, d.resolved }
 
+// Limits are the ceilings d enforces.
+func (d *Decoder) Limits() Limits { return d.cfg.Limits }
+
 // Offset is the number of bytes consumed.
 func (d *Decoder) Offset() uint64 { return d.off }
 

@@ -151,8 +151,9 @@ func (c *conn) resetGuard(dc protocol.Config) {
 }
 
 // decoderFor is the decoder configuration of a connection to a store that speaks info (auto
-// mode): the store's own generation, fixed, and its backend unless one is configured. Every byte
-// forwarded is then framed as that store frames it. With a generation configured, info is unused.
+// mode): the store's own generation, fixed, its backend unless one is configured, and that
+// backend's limits (auto ones differ: config.LimitsFor). Every byte forwarded is then framed as
+// that store frames it. With a generation configured, info is unused.
 func (st *settings) decoderFor(info StoreInfo) protocol.Config {
 	dc := st.dec
 	if dc.Gen.Auto {
@@ -160,6 +161,7 @@ func (st *settings) decoderFor(info StoreInfo) protocol.Config {
 		if dc.Backend == protocol.BackendAny {
 			dc.Backend = info.Backend
 		}
+		dc.Limits = st.cfg.LimitsFor(dc.Backend)
 	}
 	return dc
 }
@@ -245,7 +247,7 @@ func (c *conn) pendingUp() bool { return len(c.pendUp)+len(c.pendUpTail) > 0 }
 func (c *conn) keep(tail []byte) bool {
 	need := len(c.carry) + len(tail)
 	if need > cap(c.carry) {
-		limit := int(c.st.dec.Limits.MaxMessageBytes)
+		limit := int(c.g.Limits().MaxMessageBytes)
 		whole := need + int(min(c.g.BodyLeft(), uint64(limit)))
 		newCap := min(max(2*cap(c.carry), whole, 512), max(limit, need))
 		grow := int64(newCap - cap(c.carry))

@@ -215,7 +215,7 @@ func testLoopBudgetSpentHandsBack(t *testing.T, m mode) {
 	budget := len(big)
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "2.6"
-		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, int64(budget)
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, config.ByteLimit(budget)
 		c.Caps.BufferBudgetBytes = int64(budget)
 	})
 	a := h.dial()

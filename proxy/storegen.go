@@ -286,7 +286,9 @@ func (s *Server) learnStore(ctx context.Context, state *storeState, addr string)
 		if ctx.Err() == nil {
 			s.m.setStore(info, true)
 		}
-		s.log.Info("auto: the store speaks "+info.String(), "upstream", addr)
+		lim := s.set.Load().decoderFor(info).Limits
+		s.log.Info("auto: the store speaks "+info.String(), "upstream", addr,
+			"max-value-bytes", lim.MaxValueBytes, "max-message-bytes", lim.MaxMessageBytes)
 		stop := context.AfterFunc(ctx, func() { sentinel.Close() })
 		var b [1]byte
 		_, err = sentinel.Read(b[:]) // blocks while the store lives

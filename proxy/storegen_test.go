@@ -228,6 +228,112 @@ func testAutoLearnsAgainAfterTheStoreRestarts(t *testing.T, m mode) {
 	h.assertNoEvents()
 }
 
+// setHeader is a SET of key whose value is declared n bytes long, as generation g frames it, up to
+// the value's bytes.
+func setHeader(t *testing.T, g protocol.Generation, key string, n uint64) []byte {
+	t.Helper()
+	op, ok := protocol.WireOf(g, protocol.OpSet)
+	if !ok {
+		t.Fatalf("%s has no SET", g)
+	}
+	return binary.LittleEndian.AppendUint64(protocol.AppendBytes([]byte{op}, []byte(key)), n)
+}
+
+// TestAutoValueLimitFollowsTheBackend: with limits.max-value-bytes auto (the default), the value
+// limit is the learned store's: a legacy store (any generation) takes a value over libuv's 8 MiB,
+// up to 64 MiB; a libuv store gets none over 8 MiB, which it would close the connection for.
+func TestAutoValueLimitFollowsTheBackend(t *testing.T) { run(t, testAutoValueLimitFollowsTheBackend) }
+
+func testAutoValueLimitFollowsTheBackend(t *testing.T, m mode) {
+	const legacy, libuv = protocol.BackendLegacy, protocol.BackendLibuv
+	cases := []struct {
+		g        protocol.Generation
+		b        protocol.Backend
+		declared uint64 // the SET's value length
+		limit    uint64 // value_too_long's limit; 0: the SET is forwarded
+	}{
+		{protocol.G0, legacy, 9 << 20, 0},
+		{protocol.G6, legacy, 9 << 20, 0},
+		{protocol.G6, legacy, 64<<20 + 1, 64 << 20},
+		{protocol.G6, libuv, 9 << 20, 8 << 20},
+		{protocol.G6, libuv, 8 << 20, 0},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%s-%s-%d", tc.g, tc.b, tc.declared), func(t *testing.T) {
+			s := sim(t, "127.0.0.1:0", tc.g, tc.b)
+			h := autoGuard(t, m, s.Addr())
+			waitStore(t, h, tc.g)
+			checkValueLimit(t, h, s, tc.g, tc.declared, tc.limit)
+		})
+	}
+}
+
+// checkValueLimit sends a SET of a declared-long value through h to s, a store of generation g,
+// and checks that it is forwarded (limit 0: the store then counts one key more) or refused as
+// value_too_long at limit, with none of it reaching the store.
+func checkValueLimit(t *testing.T, h *harness, s *storesim.Store, g protocol.Generation, declared, limit uint64) {
+	t.Helper()
+	c := h.dial()
+	hs := protocol.AppendHandshake(nil, g, 7)
+	pong := 0
+	if g >= protocol.G3 {
+		pong = 4
+	}
+	if len(hs) > 0 {
+		send(t, c, hs, pong)
+	}
+	key := fmt.Sprintf("v%d", declared)
+	head := setHeader(t, g, key, declared)
+	keys := s.NumKeys()
+	if limit == 0 {
+		c.Write(head)
+		numKeys := enc(t, g, protocol.Request{Op: protocol.OpGetNumKeys})
+		got := send(t, c, append(make([]byte, declared), numKeys...), 8)
+		if n := binary.LittleEndian.Uint64(got); n != uint64(keys+1) {
+			t.Fatalf("the store has %d keys after the SET, want %d", n, keys+1)
+		}
+		h.assertNoEvents()
+		return
+	}
+	c.Write(head)
+	closedByPeer(t, c)
+	for i := 0; i < s.NumConns(); i++ {
+		if bytes.Contains(s.Received(i), []byte(key)) {
+			t.Fatalf("the store received the refused SET: %x", s.Received(i))
+		}
+	}
+	evs := h.audit.events(t)
+	if len(evs) != 1 || evs[0]["event.reason"] != string(protocol.RuleValueTooLong) || evs[0]["storeguard.limit"] != float64(limit) {
+		t.Fatalf("audit %v; want one value_too_long event at limit %d", evs, limit)
+	}
+}
+
+// TestReloadValueLimit: a reload that sets limits.max-value-bytes applies to new connections to the
+// learned store, and one back to auto restores the backend's.
+func TestReloadValueLimit(t *testing.T) { run(t, testReloadValueLimit) }
+
+func testReloadValueLimit(t *testing.T, m mode) {
+	s := sim(t, "127.0.0.1:0", protocol.G6, protocol.BackendLegacy)
+	h := autoGuard(t, m, s.Addr())
+	waitStore(t, h, protocol.G6)
+	reload := func(value config.ByteLimit) {
+		cfg := testConfig(m, s.Addr())
+		cfg.Listen, cfg.MetricsListen = h.addr, h.srv.MetricsAddr().String()
+		cfg.Generation, cfg.Timeouts.UpstreamDial = "auto", 10*time.Second
+		cfg.Limits.MaxValueBytes = value
+		if err := h.srv.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkValueLimit(t, h, s, protocol.G6, 9<<20, 0)
+	reload(1 << 20)
+	checkValueLimit(t, h, s, protocol.G6, 1<<20, 0)
+	reload(config.AutoLimit)
+	checkValueLimit(t, h, s, protocol.G6, 10<<20, 0)
+	reload(1 << 20)
+	checkValueLimit(t, h, s, protocol.G6, 2<<20, 1<<20)
+}
+
 func (h *harness) assertNoEvents() {
 	h.t.Helper()
 	if evs := h.audit.events(h.t); len(evs) != 0 {

@@ -174,7 +174,7 @@ func randomStream(rng *rand.Rand, g protocol.Generation, lim config.Limits) clie
 		}},
 		{"value length over the limit", func(b []byte) []byte {
 			b = protocol.AppendBytes(append(b, wire(cg, protocol.OpSet)), []byte("/k"))
-			return binary.LittleEndian.AppendUint64(b, over(rng, lim.MaxValueBytes))
+			return binary.LittleEndian.AppendUint64(b, over(rng, int64(lim.MaxValueBytes)))
 		}},
 		{"key count over the limit", func(b []byte) []byte {
 			return binary.LittleEndian.AppendUint64(append(b, wire(cg, protocol.OpCheck)), over(rng, lim.MaxKeys))

@@ -36,7 +36,7 @@ func TestExitStatuses(t *testing.T) {
 		errOut string // in stderr
 	}{
 		{"config check names the bad key", []string{"config", "check", bad}, 2, "", "limits.max-key-byte: unknown key; did you mean limits.max-key-bytes?"},
-		{"config default", []string{"config", "default"}, 0, "max-message-bytes: 33554432", ""},
+		{"config default", []string{"config", "default"}, 0, "max-message-bytes: auto", ""},
 		{"replay a clean real capture", []string{"replay", "--json", "--generation", "1.13", "--port", realPort(t, pcaps[0]), pcaps[0]}, 0, `"verdict":"pass"`, ""},
 		{"replay garbage", []string{"replay", garbage}, 2, "", garbage},
 		{"audit summary", []string{"audit", "--format", "json", probeLog}, 0, `"key_too_long"`, ""},

@@ -17,8 +17,9 @@ func newProbeCommand() *cobra.Command {
 		Use:   "probe --target HOST:PORT --generation G",
 		Short: "Check that a deployment blocks hostile TCPStore messages (exit 1 if any gets through)",
 		Long: "Sends one hostile message per connection and reports whether each was blocked (closed\n" +
-			"without an answer) or exposed. Oversize lengths are one over the configured ceilings, so an\n" +
-			"unguarded store wastes kilobytes, not the host; --real-106294 sends the real 962 GB probe.",
+			"without an answer) or exposed. Oversize lengths are one over the configured ceilings (auto\n" +
+			"ones: a legacy store's, the higher), so an unguarded store wastes megabytes at most, not the\n" +
+			"host; --real-106294 sends the real 962 GB probe.",
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 	}
@@ -43,7 +44,7 @@ func newProbeCommand() *cobra.Command {
 		if dec.Gen.Auto {
 			return errors.New("--generation: probe needs the store's generation (a torch release such as 2.6), not auto")
 		}
-		res, err := probe.Run(*target, probe.Options{Gen: dec.Gen.Gen, Limits: dec.Limits, Real106294: *real, Timeout: *timeout})
+		res, err := probe.Run(*target, probe.Options{Gen: dec.Gen.Gen, Limits: cfg.LoosestLimits(), Real106294: *real, Timeout: *timeout})
 		out := cmd.OutOrStdout()
 		exposed := 0
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)

@@ -354,7 +354,7 @@ func (s *Store) simulateConn(c net.Conn, rec *conn) {
 	defer s.end(c, rec)
 	dec := protocol.NewDecoder(protocol.Config{Gen: protocol.GenSetting{Gen: s.Gen}, Backend: s.Backend, Limits: s.limits()})
 	var pending []byte // bytes from the start of the message in progress
-	fed := 0           // of which the decoder has seen these
+	scanned := 0       // of pending, what dec has been fed
 	firstRead := true
 	rb := make([]byte, 64<<10)
 	for {
@@ -369,7 +369,7 @@ func (s *Store) simulateConn(c net.Conn, rec *conn) {
 				continue
 			}
 			firstRead = false
-			if !s.parse(c, dec, &pending, &fed) {
+			if !s.parse(c, dec, &pending, &scanned) {
 				return
 			}
 		}
@@ -379,26 +379,25 @@ func (s *Store) simulateConn(c net.Conn, rec *conn) {
 	}
 }
 
-// parse executes every complete message in *pending, the decoder having seen its first *fed
-// bytes; false: the store closes the connection.
-func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte, fed *int) bool {
-	scanned := *fed
+// parse feeds dec the bytes of *pending after the *scanned it has had, and executes every
+// complete message; false: the store closes the connection. A message split across reads stays
+// in *pending, scanned, until its end arrives.
+func (s *Store) parse(c net.Conn, dec *protocol.Decoder, pending *[]byte, scanned *int) bool {
 	for {
-		n, msg, err := dec.Scan((*pending)[scanned:])
-		scanned += n
+		n, msg, err := dec.Scan((*pending)[*scanned:])
+		*scanned += n
 		if err != nil {
 			return false
 		}
 		if msg == nil {
-			*fed = scanned
 			return true
 		}
-		m := (*pending)[:scanned]
+		m := (*pending)[:*scanned]
 		if !s.exec(c, msg, m) {
 			return false
 		}
-		*pending = append((*pending)[:0], (*pending)[scanned:]...)
-		scanned = 0
+		*pending = append((*pending)[:0], (*pending)[*scanned:]...)
+		*scanned = 0
 	}
 }
 

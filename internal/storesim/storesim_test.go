@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // A recorder keeps each connection's bytes apart, in accept order, answers every read with the
@@ -97,5 +99,39 @@ func TestSettleAndWait(t *testing.T) {
 	}
 	if _, err := s.Wait(2, 10*time.Millisecond); err == nil {
 		t.Error("Wait for a connection that was never made returned")
+	}
+}
+
+// A message longer than one read (64 KiB) is executed once its end arrives: a SET of a 200 KiB
+// value, then GET, reads it back. Before, each new read fed the decoder the earlier reads' bytes
+// again, and the store misframed the message (a slice-bounds panic).
+func TestMessageAcrossReads(t *testing.T) {
+	s, err := Start("127.0.0.1:0", protocol.G6, protocol.BackendLegacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	value := bytes.Repeat([]byte("0123456789abcdef"), 200<<10/16)
+	msg := protocol.AppendHandshake(nil, protocol.G6, 7)
+	for _, r := range []protocol.Request{{Op: protocol.OpSet, Key: []byte("k"), Value: value}, {Op: protocol.OpGet, Key: []byte("k")}} {
+		if msg, err = protocol.Append(msg, protocol.G6, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4+8+len(value))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("PING, GET replies: %v", err)
+	}
+	if !bytes.Equal(got[12:], value) {
+		t.Fatalf("GET returned %d bytes, not the value set", len(got)-12)
 	}
 }

@@ -65,7 +65,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, 8388608, 131072, 33554432, true, false}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 1024, 200, 400, AutoCount{Auto: true}, 256, 268435456, 67108864}},
+		{"caps", got.Caps, Caps{20000, 512, 200, 512, AutoCount{Auto: true}, 256, 268435456, 67108864}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}}},
 		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute}},

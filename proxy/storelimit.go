@@ -51,17 +51,19 @@ func autoStoreLimit(soft int64, open, ours int) int {
 
 // storeProcess is what auto learned of the store's process.
 type storeProcess struct {
-	pid  int
-	soft int64 // -1: unlimited
-	open int
+	pid   int
+	inode uint64 // of its listening socket
+	soft  int64  // -1: unlimited
+	open  int
 }
 
 // errNotListening: nothing on this host listens on the upstream address (yet).
 var errNotListening = errors.New("nothing listens on the upstream address on this host (yet)")
 
 // findStore finds the process that listens on upstream, on this host, and reads its descriptor
-// limit; guess is the pid found last time.
-func findStore(upstream string, guess int) (storeProcess, error) {
+// limit; last is what it found last time: while the listening socket is the same one, so is its
+// process (its descriptors are not looked through again).
+func findStore(upstream string, last storeProcess) (storeProcess, error) {
 	host, portStr, err := net.SplitHostPort(upstream)
 	if err != nil {
 		return storeProcess{}, err
@@ -88,15 +90,17 @@ func findStore(upstream string, guess int) (storeProcess, error) {
 	if inode == 0 {
 		return storeProcess{}, errNotListening
 	}
-	pid, err := socketOwner(inode, guess)
-	if err != nil {
-		return storeProcess{}, fmt.Errorf("the store's listening socket: %w", err)
+	pid := last.pid
+	if inode != last.inode || pid <= 0 {
+		if pid, err = socketOwner(inode, pid); err != nil {
+			return storeProcess{}, fmt.Errorf("the store's listening socket: %w", err)
+		}
 	}
 	soft, open, err := procFiles(pid)
 	if err != nil {
 		return storeProcess{}, fmt.Errorf("the store's process %d: %w", pid, err)
 	}
-	return storeProcess{pid: pid, soft: soft, open: open}, nil
+	return storeProcess{pid: pid, inode: inode, soft: soft, open: open}, nil
 }
 
 // errRemote: the upstream is not an address of this host.
@@ -142,8 +146,8 @@ func hostAddrs(host string) ([]netip.Addr, error) {
 // storeLimiter keeps the caps of s.slots: as configured, or auto's, from the store's process.
 // Only watchStoreLimit's goroutine uses its fields.
 type storeLimiter struct {
-	pid  int    // the store's process, last found
-	note string // what was last logged about where the cap comes from
+	last storeProcess // the store's process, last found
+	note string       // what was last logged about where the cap comes from
 }
 
 // watchStoreLimit sets the store-connection caps again every storeLimitEvery, after a reload, and
@@ -183,10 +187,10 @@ func (s *Server) applyStoreLimit() {
 	limit, note, warn := caps.MaxStoreConnections.N, "", false
 	attrs := []any{}
 	if caps.MaxStoreConnections.Auto {
-		p, err := findStore(s.set.Load().cfg.Upstream, s.limiter.pid)
+		p, err := findStore(s.set.Load().cfg.Upstream, s.limiter.last)
+		s.limiter.last = p
 		switch {
 		case err == nil:
-			s.limiter.pid = p.pid
 			limit = autoStoreLimit(p.soft, p.open, s.slots.InUse())
 			attrs = append(attrs, "store_files_open", p.open)
 			soft := fmt.Sprint(p.soft)

@@ -91,25 +91,28 @@ func TestFindStoreReadsTheListenersProcess(t *testing.T) {
 		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 			t.Fatal(err)
 		}
-		p, err := findStore(ln.Addr().String(), 0)
+		p, err := findStore(ln.Addr().String(), storeProcess{})
 		if err != nil {
 			t.Fatalf("%s: %v", network, err)
 		}
 		if p.pid != os.Getpid() || p.soft != int64(rl.Cur) || p.open < 1 {
 			t.Errorf("%s: found %+v, want pid %d with soft limit %d", network, p, os.Getpid(), rl.Cur)
 		}
-		if again, err := findStore(ln.Addr().String(), p.pid); err != nil || again.pid != p.pid {
-			t.Errorf("%s: with the pid guessed: %+v, %v", network, again, err)
+		if again, err := findStore(ln.Addr().String(), p); err != nil || again.pid != p.pid {
+			t.Errorf("%s: knowing the socket: %+v, %v", network, again, err)
+		}
+		if other, err := findStore(ln.Addr().String(), storeProcess{pid: 1, inode: p.inode + 1}); err != nil || other.pid != p.pid {
+			t.Errorf("%s: after another socket of another process: %+v, %v", network, other, err)
 		}
 	}
 }
 
 func TestFindStoreWithoutALocalStore(t *testing.T) {
-	if _, err := findStore("192.0.2.1:29500", 0); !errors.Is(err, errRemote) {
+	if _, err := findStore("192.0.2.1:29500", storeProcess{}); !errors.Is(err, errRemote) {
 		t.Errorf("a remote store: %v, want errRemote", err)
 	}
 	free := reservedAddr(t) // bound, not listening
-	if _, err := findStore(free, 0); !errors.Is(err, errNotListening) {
+	if _, err := findStore(free, storeProcess{}); !errors.Is(err, errNotListening) {
 		t.Errorf("nothing listening: %v, want errNotListening", err)
 	}
 }

@@ -214,7 +214,6 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.learnCtx = ctx
 	s.learnMu.Unlock()
 	s.startLearning()
-	s.applyStoreLimit() // before the first connection, and for the log line at start-up
 	go s.watchStoreLimit(ctx)
 	var httpSrv *http.Server
 	if s.metricsLn != nil {

@@ -150,12 +150,14 @@ type storeLimiter struct {
 	note string       // what was last logged about where the cap comes from
 }
 
-// watchStoreLimit sets the store-connection caps again every storeLimitEvery, after a reload, and
-// when a client finds the cap full (at most every storeLimitRetry), until ctx ends. Serve sets
-// them first.
+// watchStoreLimit sets the store-connection caps now, again every storeLimitEvery, after a reload,
+// and when a client finds the cap full (at most every storeLimitRetry), until ctx ends. Accepting
+// does not wait for the first reading (looking through /proc took up to 170 ms on a loaded host):
+// until then auto's cap is fallbackStoreConnections, and clients past it wait for the reading.
 func (s *Server) watchStoreLimit(ctx context.Context) {
 	t := time.NewTicker(storeLimitEvery)
 	defer t.Stop()
+	s.applyStoreLimit()
 	for {
 		select {
 		case <-ctx.Done():

@@ -1,6 +1,7 @@
 // Package admission decides which connections the guard admits: access lists, connection caps,
-// per-source rates and bans. It has no sockets: the proxy asks it on each accept and tells it of
-// each violation.
+// per-source rates and bans; and how many connections it may make to the store (StoreSlots). It has
+// no sockets: the proxy asks it on each accept and each store connection, and tells it of each
+// violation.
 package admission
 
 import (

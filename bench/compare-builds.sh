@@ -7,7 +7,7 @@
 #   bench/compare-builds.sh [BASE_REV]      # default: origin/main if it exists, else HEAD~1
 #
 # Knobs (environment): REPS (5), DURATION (2s per closed-loop run), STORM (4096 clients; 0 skips),
-# STORES (space-separated: torch2.6-libuv torch1.13-legacy), OUT (/tmp/sg-compare).
+# STORES (space-separated: torch2.6-libuv torch1.13-legacy), OUT (/tmp/sg-compare), BASE_PORT (29870; three per store).
 # Kills only what it started. Needs the torch environments scripts/install-deps.sh installs.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +19,7 @@ STORES=${STORES:-"torch2.6-libuv torch1.13-legacy"}
 OUT=${OUT:-/tmp/sg-compare}
 TORCH=/var/cache/storeguard/torch
 WORKLOADS=(get:1 mix:1 get:16 mix:64)
-BASE_PORT=29870
+BASE_PORT=${BASE_PORT:-29870}
 
 PIDS=()
 cleanup() {
@@ -54,6 +54,7 @@ start_store() { # port python backend
 }
 start_sg() { # binary listen upstream generation backend tag
 	STOREGUARD_CAPS_MAX_CONNECTIONS=1000000 STOREGUARD_CAPS_PER_SOURCE_CONNECTIONS=0 STOREGUARD_CAPS_PER_SOURCE_RATE=0 \
+		STOREGUARD_CAPS_PER_SOURCE_STORE_CONNECTIONS=0 \
 		"$1" serve --listen "127.0.0.1:$2" --upstream "127.0.0.1:$3" --metrics-listen '' --generation "$4" \
 		--backend "$5" --audit-log "$OUT/logs/audit-$6.jsonl" --log-level warn >"$OUT/logs/sg-$6.log" 2>&1 &
 	PIDS+=($!)

@@ -102,15 +102,32 @@ type Access struct {
 	Deny  []netip.Prefix `mapstructure:"deny"`
 }
 
-// Caps limit connection admission (caps.*).
+// Caps limit connection admission and the connections the guard makes to the store (caps.*).
 type Caps struct {
 	MaxConnections       int     `mapstructure:"max-connections"`
 	PerSourceConnections int     `mapstructure:"per-source-connections"` // 0 = unlimited
 	PerSourceRate        float64 `mapstructure:"per-source-rate"`        // new connections/s; 0 = unlimited
 	PerSourceBurst       int     `mapstructure:"per-source-burst"`
-	BufferBudgetBytes    int64   `mapstructure:"buffer-budget-bytes"`
-	PerSourceBudgetBytes int64   `mapstructure:"per-source-budget-bytes"` // 0 = no per-source share
-	ReplyBufferBytes     int64   `mapstructure:"reply-buffer-bytes"`      // per connection
+	// MaxStoreConnections caps the connections to the store, in all: auto reads the store's
+	// descriptor limit when it runs on this host (proxy/storelimit.go); 0 = unlimited.
+	MaxStoreConnections       AutoCount `mapstructure:"max-store-connections"`
+	PerSourceStoreConnections int       `mapstructure:"per-source-store-connections"` // 0 = unlimited
+	BufferBudgetBytes         int64     `mapstructure:"buffer-budget-bytes"`
+	PerSourceBudgetBytes      int64     `mapstructure:"per-source-budget-bytes"` // 0 = no per-source share
+	ReplyBufferBytes          int64     `mapstructure:"reply-buffer-bytes"`      // per connection
+}
+
+// AutoCount is a count that may be "auto": worked out at run time.
+type AutoCount struct {
+	Auto bool
+	N    int // when not Auto
+}
+
+func (a AutoCount) String() string {
+	if a.Auto {
+		return "auto"
+	}
+	return strconv.Itoa(a.N)
 }
 
 // Ban (ban.*): Violations within Window ban a source for Duration. A source in Exempt, or with a

@@ -67,7 +67,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 1024, 200, 400, 268435456, 67108864, 33554432}},
+		{"caps", got.Caps, Caps{20000, 512, 200, 512, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}}},
 		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute}},
@@ -170,6 +170,9 @@ func TestFileOverrides(t *testing.T) {
 		{"empty section", "limits:\n", func(*Config) {}},
 		{"rate as a fraction", "caps:\n  per-source-rate: 0.5\n  per-source-burst: 1\n",
 			func(c *Config) { c.Caps.PerSourceRate, c.Caps.PerSourceBurst = 0.5, 1 }},
+		{"a number of store connections, or auto in any case", "caps:\n  max-store-connections: 900\n  per-source-store-connections: 0\n",
+			func(c *Config) { c.Caps.MaxStoreConnections, c.Caps.PerSourceStoreConnections = AutoCount{N: 900}, 0 }},
+		{"store connections auto", "caps:\n  max-store-connections: AUTO\n", func(*Config) {}},
 		{"bans off need no window", "ban:\n  violations: 0\n  window: 0s\n  duration: 0s\n",
 			func(c *Config) { c.Ban.Violations, c.Ban.Window, c.Ban.Duration = 0, 0, 0 }},
 		{"same port on another host is not a loop", "listen: \":29500\"\nupstream: \"10.0.0.5:29500\"\n",
@@ -325,6 +328,7 @@ func TestValidationErrors(t *testing.T) {
 		{"not a duration", "timeouts:\n  message: abc\n", nil, "timeouts.message", `"abc" is not a duration`},
 		{"duration without unit", "timeouts:\n  drain: 30\n", nil, "timeouts.drain", "add a unit, such as 30s"},
 		{"not a number", "caps:\n  per-source-rate: fast\n", nil, "caps.per-source-rate", `"fast" is not a number`},
+		{"not auto or a count", "caps:\n  max-store-connections: lots\n", nil, "caps.max-store-connections", `"lots" is not auto or an integer`},
 		{"not a CIDR", "access:\n  allow: [10.0.0.0/8, 10.0.0/8]\n", nil, "access.allow[1]", `"10.0.0/8" is not a CIDR`},
 		{"not a port", "replay:\n  ports: [29500, 70000]\n", nil, "replay.ports[1]", `"70000" is not a port`},
 		// addresses
@@ -366,6 +370,8 @@ func TestValidationErrors(t *testing.T) {
 		{"IPv4-mapped", "access:\n  allow: [\"::ffff:10.0.0.0/104\"]\n", nil, "access.allow[0]", "IPv4-mapped and would never match; write 10.0.0.0/8"},
 		{"max-connections", "caps:\n  max-connections: 0\n", nil, "caps.max-connections", "must be between 1 and"},
 		{"per-source-connections", "caps:\n  per-source-connections: -1\n", nil, "caps.per-source-connections", "must be between 0 and"},
+		{"max-store-connections", "caps:\n  max-store-connections: -1\n", nil, "caps.max-store-connections", "must be between 0 and"},
+		{"per-source-store-connections", "caps:\n  per-source-store-connections: -5\n", nil, "caps.per-source-store-connections", "must be between 0 and"},
 		{"per-source-rate", "caps:\n  per-source-rate: -1\n", nil, "caps.per-source-rate", "must be between 0 and"},
 		{"per-source-burst", "caps:\n  per-source-burst: -1\n", nil, "caps.per-source-burst", "must be between 0 and"},
 		{"burst needed with a rate", "caps:\n  per-source-rate: 5\n  per-source-burst: 0\n", nil, "caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set"},
@@ -496,7 +502,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 3 * time.Second, 0}
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
-	custom.Caps = Caps{10, 0, 0.25, 1, 1 << 20, 1 << 19, 1 << 17}
+	custom.Caps = Caps{10, 0, 0.25, 1, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17}
 	custom.Ban = Ban{}
 	custom.Audit = Audit{1, 0, 0, 1, time.Second}
 	custom.Log = Log{slog.LevelError, LogText}

@@ -47,6 +47,7 @@ var parsers = map[reflect.Type]func(string) (any, error){
 	reflect.TypeFor[Backend]():       parseName[Backend],
 	reflect.TypeFor[Mode]():          parseName[Mode],
 	reflect.TypeFor[LogFormat]():     parseName[LogFormat],
+	reflect.TypeFor[AutoCount]():     parseAutoCount,
 }
 
 // listItems returns a list setting's items: "a, b" is two, "" none. An empty
@@ -102,6 +103,18 @@ func parseInt(s string) (any, error) {
 		return nil, fmt.Errorf("%d is far too large", i)
 	}
 	return int(n.(int64)), nil
+}
+
+// parseAutoCount reads "auto" or an integer.
+func parseAutoCount(s string) (any, error) {
+	if strings.EqualFold(strings.TrimSpace(s), "auto") {
+		return AutoCount{Auto: true}, nil
+	}
+	n, err := parseInt(s)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not auto or an integer", s)
+	}
+	return AutoCount{N: n.(int)}, nil
 }
 
 func parseFloat(s string) (any, error) {

@@ -100,6 +100,10 @@ func (c Config) validate() []error {
 	if v.ok("caps.per-source-rate", "caps.per-source-burst") && cp.PerSourceRate > 0 && cp.PerSourceBurst < 1 {
 		v.add("caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set, got %d", cp.PerSourceBurst)
 	}
+	if !cp.MaxStoreConnections.Auto {
+		v.between("caps.max-store-connections", int64(cp.MaxStoreConnections.N), 0, maxConnections)
+	}
+	v.between("caps.per-source-store-connections", int64(cp.PerSourceStoreConnections), 0, maxConnections)
 	v.between("caps.buffer-budget-bytes", cp.BufferBudgetBytes, 1, maxBudgetBytes)
 	v.between("caps.per-source-budget-bytes", cp.PerSourceBudgetBytes, 0, maxBudgetBytes)
 	v.between("caps.reply-buffer-bytes", cp.ReplyBufferBytes, 64<<10, maxBudgetBytes)

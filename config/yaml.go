@@ -99,6 +99,12 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		}
 		return list(items)
 	}
+	autoCount := func(a AutoCount) *yaml.Node {
+		if a.Auto {
+			return str("auto")
+		}
+		return num(int64(a.N))
+	}
 	ports := make([]*yaml.Node, len(c.Replay.Ports))
 	for i, p := range c.Replay.Ports {
 		ports[i] = num(int64(p))
@@ -118,40 +124,42 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"mode":           str(string(c.Mode)),
 		"event-loops":    num(int64(c.EventLoops)),
 
-		"limits.max-key-bytes":         num(c.Limits.MaxKeyBytes),
-		"limits.max-value-bytes":       size(c.Limits.MaxValueBytes),
-		"limits.max-keys":              num(c.Limits.MaxKeys),
-		"limits.max-message-bytes":     size(c.Limits.MaxMessageBytes),
-		"limits.block-watch-key":       boolean(c.Limits.BlockWatchKey),
-		"limits.reject-zero-count":     boolean(c.Limits.RejectZeroCount),
-		"limits.max-pending-replies":   num(int64(c.Limits.MaxPendingReplies)),
-		"timeouts.upstream-dial":       dur(c.Timeouts.UpstreamDial),
-		"timeouts.message":             dur(c.Timeouts.Message),
-		"timeouts.first-message":       dur(c.Timeouts.FirstMessage),
-		"timeouts.idle":                dur(c.Timeouts.Idle),
-		"timeouts.reply-read":          dur(c.Timeouts.ReplyRead),
-		"timeouts.drain":               dur(c.Timeouts.Drain),
-		"access.allow":                 prefixes(c.Access.Allow),
-		"access.deny":                  prefixes(c.Access.Deny),
-		"caps.max-connections":         num(int64(c.Caps.MaxConnections)),
-		"caps.per-source-connections":  num(int64(c.Caps.PerSourceConnections)),
-		"caps.per-source-rate":         rate,
-		"caps.per-source-burst":        num(int64(c.Caps.PerSourceBurst)),
-		"caps.buffer-budget-bytes":     num(c.Caps.BufferBudgetBytes),
-		"caps.per-source-budget-bytes": num(c.Caps.PerSourceBudgetBytes),
-		"caps.reply-buffer-bytes":      num(c.Caps.ReplyBufferBytes),
-		"ban.violations":               num(int64(c.Ban.Violations)),
-		"ban.window":                   dur(c.Ban.Window),
-		"ban.duration":                 dur(c.Ban.Duration),
-		"ban.exempt":                   prefixes(c.Ban.Exempt),
-		"audit.max-bytes":              num(c.Audit.MaxBytes),
-		"audit.max-backups":            num(int64(c.Audit.MaxBackups)),
-		"audit.sample-first":           num(int64(c.Audit.SampleFirst)),
-		"audit.sample-every":           num(int64(c.Audit.SampleEvery)),
-		"audit.sample-window":          dur(c.Audit.SampleWindow),
-		"log.level":                    str(level),
-		"log.format":                   str(string(c.Log.Format)),
-		"replay.ports":                 list(ports),
+		"limits.max-key-bytes":              num(c.Limits.MaxKeyBytes),
+		"limits.max-value-bytes":            size(c.Limits.MaxValueBytes),
+		"limits.max-keys":                   num(c.Limits.MaxKeys),
+		"limits.max-message-bytes":          size(c.Limits.MaxMessageBytes),
+		"limits.block-watch-key":            boolean(c.Limits.BlockWatchKey),
+		"limits.reject-zero-count":          boolean(c.Limits.RejectZeroCount),
+		"limits.max-pending-replies":        num(int64(c.Limits.MaxPendingReplies)),
+		"timeouts.upstream-dial":            dur(c.Timeouts.UpstreamDial),
+		"timeouts.message":                  dur(c.Timeouts.Message),
+		"timeouts.first-message":            dur(c.Timeouts.FirstMessage),
+		"timeouts.idle":                     dur(c.Timeouts.Idle),
+		"timeouts.reply-read":               dur(c.Timeouts.ReplyRead),
+		"timeouts.drain":                    dur(c.Timeouts.Drain),
+		"access.allow":                      prefixes(c.Access.Allow),
+		"access.deny":                       prefixes(c.Access.Deny),
+		"caps.max-connections":              num(int64(c.Caps.MaxConnections)),
+		"caps.per-source-connections":       num(int64(c.Caps.PerSourceConnections)),
+		"caps.per-source-rate":              rate,
+		"caps.per-source-burst":             num(int64(c.Caps.PerSourceBurst)),
+		"caps.max-store-connections":        autoCount(c.Caps.MaxStoreConnections),
+		"caps.per-source-store-connections": num(int64(c.Caps.PerSourceStoreConnections)),
+		"caps.buffer-budget-bytes":          num(c.Caps.BufferBudgetBytes),
+		"caps.per-source-budget-bytes":      num(c.Caps.PerSourceBudgetBytes),
+		"caps.reply-buffer-bytes":           num(c.Caps.ReplyBufferBytes),
+		"ban.violations":                    num(int64(c.Ban.Violations)),
+		"ban.window":                        dur(c.Ban.Window),
+		"ban.duration":                      dur(c.Ban.Duration),
+		"ban.exempt":                        prefixes(c.Ban.Exempt),
+		"audit.max-bytes":                   num(c.Audit.MaxBytes),
+		"audit.max-backups":                 num(int64(c.Audit.MaxBackups)),
+		"audit.sample-first":                num(int64(c.Audit.SampleFirst)),
+		"audit.sample-every":                num(int64(c.Audit.SampleEvery)),
+		"audit.sample-window":               dur(c.Audit.SampleWindow),
+		"log.level":                         str(level),
+		"log.format":                        str(string(c.Log.Format)),
+		"replay.ports":                      list(ports),
 	}, nil
 }
 

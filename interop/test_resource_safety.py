@@ -147,6 +147,49 @@ def test_idle_connections_cost_the_store_nothing(procs, binary, tmp_path):  # no
         s.close()
 
 
+@pytest.mark.parametrize("sources", [1, 11])
+def test_valid_first_messages_cannot_exhaust_the_store(procs, binary, tmp_path, sources):  # noqa: F811
+    """The same store (torch 1.13, soft RLIMIT_NOFILE 1024), but each of 1,100 connections sends one
+    valid GETNUMKEYS and stays open: a valid message earns a store connection, and 1,010 of them
+    were enough for EMFILE and the store's abort. Store connections are capped below what the store
+    can hold: per source (one host's flood leaves room for the other hosts' ranks, served while it
+    holds), and in all (a flood spread over 11 sources is held at the store's descriptor limit,
+    read from /proc). Once the flood closes, its store connections are given back: a rank is
+    served."""
+    version = OLDEST
+    raise_nofile()
+    store, sport = start_store(procs, version, "legacy", nofile=1024)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    flood = []
+    for i in range(1100):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                         source_address=(f"127.0.2.{1 + i % sources}", 0))
+            s.sendall(numkeys_op(version))
+            flood.append(s)
+        except OSError:
+            pass  # refused by the caps: fine
+        time.sleep(1 / 150)
+    time.sleep(2)
+    assert store.poll() is None, f"the store died: {store.stderr.read()[-2000:]}"
+    held = len(store_connections(store.pid))
+    limit = metric(mport, "storeguard_store_connections_limit")
+    assert metric(mport, "storeguard_store_connections") <= limit < 1024, (limit, held)
+    if sources == 1:
+        job = Client(version, port, source="127.0.0.3")  # another host, under its own cap
+        job.numkeys()
+        assert metric(mport, "storeguard_store_connections") < limit, "one source filled the store"
+    for s in flood:
+        s.close()
+    for _ in range(100):
+        if metric(mport, "storeguard_store_connections") <= (1 if sources == 1 else 0):
+            break
+        time.sleep(0.1)
+    late = Client(version, port, source="127.0.0.4")
+    late.numkeys()
+    assert store.poll() is None
+
+
 def store_connections(pid):
     """The established TCP connections the store process has (its sockets in /proc)."""
     out = subprocess.run(["ss", "-Htnp", "state", "established"], capture_output=True, text=True).stdout

@@ -76,6 +76,9 @@ type conn struct {
 	awaitStore bool
 	untalk     func()
 	release    func() // gives back the admission (admission.Gate.Admit)
+	// storeSlot gives back the store connection's slot (storelimit.go), taken before the store is
+	// dialled by whoever owns the connection then; end gives it back.
+	storeSlot func()
 
 	mu     sync.Mutex // guards own, lp, closed, up, kick, s2cStarted, and client while in a loop
 	own    owner
@@ -272,6 +275,9 @@ func (c *conn) releaseCarry() {
 // end gives back what the connection held, once both directions are done.
 func (c *conn) end() {
 	c.finish()
+	if c.storeSlot != nil { // the store's socket is closed by now
+		c.storeSlot()
+	}
 	c.s.track(c, false)
 	c.s.m.active.Dec()
 	c.release()

@@ -195,11 +195,15 @@ func dialUpstream(addr string, timeout time.Duration, stop func() bool) (net.Con
 	}
 }
 
-// dialStore connects to the store and starts the reply direction, or has the connection offered to
-// a loop; on failure it closes the client.
+// dialStore connects to the store, once it has a store slot, and starts the reply direction, or has
+// the connection offered to a loop; on failure it closes the client.
 func (c *conn) dialStore() {
 	defer close(c.upReady)
 	s, st := c.s, c.st
+	if !c.awaitStoreSlot() {
+		c.closeBoth()
+		return
+	}
 	up, err := dialUpstream(st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial, c.isClosed)
 	if err != nil {
 		if c.isClosed() {

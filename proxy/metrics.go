@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -41,6 +42,15 @@ type metrics struct {
 	storeProbes    *prometheus.CounterVec
 	storeWaits     *prometheus.CounterVec
 	storeInfo      *prometheus.GaugeVec
+	storeConns     prometheus.GaugeFunc
+	storeLimit     prometheus.GaugeFunc
+	storeRefused   *prometheus.CounterVec
+}
+
+// readings are what the gauges and counters that others count read.
+type readings struct {
+	bansActive, buffered, auditLost, logsDropped func() float64
+	storeConns, storeLimit                       func() float64
 }
 
 // setStore shows the store's generation and backend as learned in auto mode (known), or that it
@@ -62,16 +72,16 @@ const (
 	handbackPartial      handback = iota // a message in progress that needs budget the loop cannot get at once
 	handbackBackpressure                 // a peer that could not take a write at once
 	handbackStop                         // the server stopped its loops
-	handbackDial                         // the store did not take a connection at once: goroutines dial, with retries
+	handbackDial                         // no store slot free, or the store did not take a connection at once: goroutines wait and dial
 	handbackAwaiting                     // a client's next message waits for a reply (limits.max-pending-replies)
 	numHandbacks
 )
 
 var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop", "dial", "awaiting"}
 
-// newMetrics makes the metrics; the funcs read what others count: bans, buffered bytes, audit events
-// lost and log lines dropped.
-func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *metrics {
+// newMetrics makes the metrics; read reads what others count: bans, buffered bytes, audit events lost,
+// log lines dropped, store connections and their cap.
+func newMetrics(read readings) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	f := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: namespace, Name: name, Help: help}
@@ -89,7 +99,7 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 	m.violations = prometheus.NewCounterVec(prometheus.CounterOpts(f("violations_total",
 		"Protocol violations, by rule and mode (enforce: blocked; monitor: would have been).")), []string{"rule", "mode"})
 	m.bans = prometheus.NewCounter(prometheus.CounterOpts(f("bans_total", "Sources banned for repeated violations.")))
-	m.bansActive = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("bans_active", "Sources banned now.")), bansActive)
+	m.bansActive = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("bans_active", "Sources banned now.")), read.bansActive)
 	m.dialFailures = prometheus.NewCounter(prometheus.CounterOpts(f("upstream_dial_failures_total",
 		"Failed connections to the upstream store.")))
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "forward_latency_seconds",
@@ -100,9 +110,9 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 	m.panics = prometheus.NewCounter(prometheus.CounterOpts(f("panics_recovered_total",
 		"Panics recovered in connection handlers.")))
 	m.buffered = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("buffered_bytes",
-		"Bytes of partial client messages held, against caps.buffer-budget-bytes.")), buffered)
+		"Bytes of partial client messages held, against caps.buffer-budget-bytes.")), read.buffered)
 	m.auditDropped = prometheus.NewCounterFunc(prometheus.CounterOpts(f("audit_write_errors_total",
-		"Audit events lost: dropped while the audit sink stalled, or failed to write.")), auditLost)
+		"Audit events lost: dropped while the audit sink stalled, or failed to write.")), read.auditLost)
 	m.budgetTimeouts = prometheus.NewCounter(prometheus.CounterOpts(f("budget_wait_timeouts_total",
 		"Connections closed after waiting timeouts.message for buffer budget (not a violation).")))
 	m.stalls = prometheus.NewCounter(prometheus.CounterOpts(f("reply_stalls_total",
@@ -110,7 +120,14 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 	m.resyncs = prometheus.NewCounter(prometheus.CounterOpts(f("reply_resyncs_total",
 		"Times the guard stopped counting a connection's awaited replies after waiting for one in vain (docs/protocol.md).")))
 	m.logsDropped = prometheus.NewCounterFunc(prometheus.CounterOpts(f("log_lines_dropped_total",
-		"Log lines dropped while the log sink (stderr) stalled.")), logsDropped)
+		"Log lines dropped while the log sink (stderr) stalled.")), read.logsDropped)
+	m.storeConns = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections",
+		"Connections to the store held for clients now (each client's from its first valid message).")), read.storeConns)
+	m.storeLimit = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_limit",
+		"The cap on store_connections in effect (caps.max-store-connections, auto: from the store's descriptor limit); +Inf for none.")), read.storeLimit)
+	m.storeRefused = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connections_refused_total",
+		"Clients closed after waiting timeouts.upstream-dial for a store connection, by the cap that was full (not violations).")),
+		[]string{"reason"})
 	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
 		"Connections an event loop forwards now (the others run on goroutines).")))
 	handbacks := prometheus.NewCounterVec(prometheus.CounterOpts(f("event_loop_handbacks_total",
@@ -133,7 +150,7 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
-		m.storeProbes, m.storeWaits, m.storeInfo,
+		m.storeProbes, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.
@@ -148,6 +165,9 @@ func newMetrics(bansActive, buffered, auditLost, logsDropped func() float64) *me
 	}
 	for _, r := range refuseReasons {
 		m.refused.WithLabelValues(string(r))
+	}
+	for _, r := range []admission.Reason{admission.MaxStoreConnections, admission.SourceStoreConnections} {
+		m.storeRefused.WithLabelValues(string(r))
 	}
 	for _, r := range []string{"learned", "failed"} {
 		m.storeProbes.WithLabelValues(r)

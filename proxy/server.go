@@ -103,6 +103,11 @@ type Server struct {
 	gate     *admission.Gate
 	buf      *budget
 	m        *metrics
+	// slots counts the connections to the store against its caps (storelimit.go); limiter keeps
+	// auto's cap, and storeLimitKick asks it to look again.
+	slots          *admission.StoreSlots
+	limiter        storeLimiter
+	storeLimitKick chan struct{}
 
 	// store is, in auto mode, the generation the store speaks, learned from it (learnStore); a
 	// reload that changes the upstream or switches to auto starts learning anew (startLearning).
@@ -111,17 +116,18 @@ type Server struct {
 	learnCtx    context.Context // Serve's, once it runs
 	learnCancel context.CancelFunc
 
-	dialLog   everySecond
-	acceptLog everySecond
-	auditLog  everySecond
-	budgetLog everySecond
-	ln        net.Listener
-	metricsLn net.Listener
-	nextID    atomic.Uint64
-	handlers  sync.WaitGroup
-	draining  atomic.Bool
-	drainEnd  chan struct{} // closed when drain closes what is left: held connections stop waiting
-	loops     *loops        // nil: connections are forwarded by their goroutines only
+	dialLog     everySecond
+	acceptLog   everySecond
+	auditLog    everySecond
+	budgetLog   everySecond
+	storeCapLog everySecond
+	ln          net.Listener
+	metricsLn   net.Listener
+	nextID      atomic.Uint64
+	handlers    sync.WaitGroup
+	draining    atomic.Bool
+	drainEnd    chan struct{} // closed when drain closes what is left: held connections stop waiting
+	loops       *loops        // nil: connections are forwarded by their goroutines only
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -145,23 +151,31 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.set.Store(st)
 	s.gate = admission.New(st.gate(), s.now)
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
+	s.slots = admission.NewStoreSlots(fallbackStoreConnections, cfg.Caps.PerSourceStoreConnections)
+	if !cfg.Caps.MaxStoreConnections.Auto {
+		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
+	}
+	s.storeLimitKick = make(chan struct{}, 1)
 	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
 	s.limitHeap(cfg)
-	s.m = newMetrics(
-		func() float64 { return float64(s.gate.Stats().ActiveBans) },
-		func() float64 { return float64(s.buf.inUse()) },
-		func() float64 {
+	s.m = newMetrics(readings{
+		bansActive: func() float64 { return float64(s.gate.Stats().ActiveBans) },
+		buffered:   func() float64 { return float64(s.buf.inUse()) },
+		auditLost: func() float64 {
 			if s.audit == nil {
 				return 0
 			}
 			return float64(s.audit.Lost())
 		},
-		func() float64 {
+		logsDropped: func() float64 {
 			if opts.LogDropped == nil {
 				return 0
 			}
 			return float64(opts.LogDropped())
-		})
+		},
+		storeConns: func() float64 { return float64(s.slots.InUse()) },
+		storeLimit: s.storeLimitGauge,
+	})
 	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})
 	return s, nil
@@ -208,6 +222,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.learnCtx = ctx
 	s.learnMu.Unlock()
 	s.startLearning()
+	go s.watchStoreLimit(ctx)
 	var httpSrv *http.Server
 	if s.metricsLn != nil {
 		httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
@@ -350,6 +365,10 @@ func (s *Server) reload(cfg config.Config) error {
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.limitHeap(cfg)
 	s.set.Store(st)
+	if !cfg.Caps.MaxStoreConnections.Auto {
+		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
+	}
+	s.kickStoreLimit() // auto: the upstream may have changed
 	if strings.EqualFold(old.Generation, "auto") != st.dec.Gen.Auto || old.Upstream != cfg.Upstream {
 		s.startLearning()
 	}

@@ -83,6 +83,21 @@ T('refusals above 1/s for 5m fire per reason; a trickle does not', [
     S('storeguard_connections_refused_total', '0+10x15', reason='denied'),
 ], [('4m', 'StoreguardConnectionRefusalsSpike', []),
     ('12m', 'StoreguardConnectionRefusalsSpike', [exp('StoreguardConnectionRefusalsSpike', reason='source_rate')])])
+T('clients closed for want of a store connection fire per reason; a flat counter is quiet', [
+    S('storeguard_store_connections_refused_total', '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1', reason='source_store_connections'),
+    S('storeguard_store_connections_refused_total', '0x14', reason='max_store_connections'),
+], [('1m', 'StoreguardStoreConnectionsRefused', []),
+    ('3m', 'StoreguardStoreConnectionsRefused', [exp('StoreguardStoreConnectionsRefused', reason='source_store_connections')]),
+    ('14m', 'StoreguardStoreConnectionsRefused', [])])
+T('store connections near their cap for 5m fire; half the cap and no cap do not', [
+    S('storeguard_store_connections', '850x10'),
+    S('storeguard_store_connections_limit', '896x10'),
+    S('storeguard_store_connections', '450x10', instance='master-1:9529'),
+    S('storeguard_store_connections_limit', '896x10', instance='master-1:9529'),
+    S('storeguard_store_connections', '5000x10', instance='master-2:9529'),
+    S('storeguard_store_connections_limit', ' '.join(['+Inf'] * 11), instance='master-2:9529'),
+], [('3m', 'StoreguardStoreConnectionsNearCap', []),
+    ('7m', 'StoreguardStoreConnectionsNearCap', [exp('StoreguardStoreConnectionsNearCap')])])
 T('audit write errors', [
     S('storeguard_audit_write_errors_total', '0 0 5 9 9'),
 ], [('3m', 'StoreguardAuditWriteErrors', [exp('StoreguardAuditWriteErrors')])])

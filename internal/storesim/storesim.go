@@ -137,6 +137,14 @@ func (s *Store) NumConns() int {
 	return len(s.conns)
 }
 
+// NumOpen is how many of the connections the store accepted are open now (the store has not seen
+// them end).
+func (s *Store) NumOpen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.open)
+}
+
 // Received returns what connection i (in accept order) sent so far; nil if there is no such
 // connection.
 func (s *Store) Received(i int) []byte {

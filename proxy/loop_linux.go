@@ -57,8 +57,7 @@ var viaLoop transport = loopTransport{}
 
 type loopTransport struct{}
 
-//
-// a is carry (the held start of a message) or empty, b the loop's read buffer. What the store does
+// send writes a, carry (the held start of a message) or empty, and b, the loop's read buffer. What the store does
 // not take is left for the goroutines: the rest of a as it is, in the carry's own buffer and
 // budget (pendCarry; never a copy, which would hold a large message twice outside the budget), and
 // a copy of the rest of b, at most a read.

@@ -115,6 +115,18 @@ type conn struct {
 	resumeRest  []byte // the client's bytes after a stall at max-pending-replies, not judged yet
 
 	rep replies // the store-to-client half (replies.go)
+	// seen is what the stream has shown, for the reply half's goroutines: bytes judged, and
+	// 1 + the generation once known (0 before).
+	seenBytes atomic.Uint64
+	seenGen   atomic.Uint32
+}
+
+// noteSeen publishes what the guard has judged of the stream (seenBytes, seenGen).
+func (c *conn) noteSeen() {
+	c.seenBytes.Store(c.g.Bytes())
+	if g, known := c.g.Generation(); known {
+		c.seenGen.Store(1 + uint32(g))
+	}
 }
 
 // admit decides on a new connection from src: a release func, or why it is refused.
@@ -176,6 +188,7 @@ func (c *conn) process(p []byte) bool {
 	for {
 		now := c.s.now()
 		d := c.g.Feed(p, now)
+		c.noteSeen()
 		if !c.act(d, p[:len(p)-d.Rest], now) {
 			return false
 		}
@@ -371,13 +384,19 @@ func addrPort(a net.Addr) netip.AddrPort {
 }
 
 func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
+	_, known := c.g.Generation()
+	s.recordViolationSeen(c, v, first, known, c.g.Bytes())
+}
+
+// recordViolationSeen records v as recordViolation does, for a goroutine other than the one
+// judging c's stream: known and seen are what the stream had shown (conn.seen).
+func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) {
 	mode, action := "enforce", audit.ActionBlocked
 	if c.st.monitor {
 		mode, action = "monitor", audit.ActionWouldBlock
 	}
 	s.m.violations.WithLabelValues(string(v.Rule), mode).Inc()
-	_, known := c.g.Generation()
-	e := audit.ViolationEvent(v, known, c.src, c.dst, action, audit.Mode(mode), first, c.g.Bytes())
+	e := audit.ViolationEvent(v, known, c.src, c.dst, action, audit.Mode(mode), first, seen)
 	e.Timestamp, e.ConnID = s.now(), c.id
 	s.writeAudit(e)
 	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", mode)

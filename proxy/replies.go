@@ -312,9 +312,12 @@ func (c *conn) repliesUnread() {
 	if c.isClosed() {
 		return
 	}
-	v := &protocol.Violation{Rule: protocol.RuleRepliesUnread, Offset: c.g.Bytes(), Declared: uint64(queued),
+	seen, gen := c.seenBytes.Load(), c.seenGen.Load()
+	v := &protocol.Violation{Rule: protocol.RuleRepliesUnread, Offset: seen, Declared: uint64(queued),
 		Limit: uint64(c.st.cfg.Caps.ReplyBufferBytes)}
-	v.Generation, _ = c.g.Generation()
-	c.s.recordViolation(c, v, nil)
+	if gen > 0 {
+		v.Generation = protocol.Generation(gen - 1)
+	}
+	c.s.recordViolationSeen(c, v, nil, gen > 0, seen)
 	c.closeBoth()
 }

@@ -52,18 +52,8 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 // the client's: the guard moves the message's deadline by it, and a connection that waited in
 // vain is closed without a violation (budget_wait_timeouts_total), nothing of its message sent.
 func (goroutines) reserve(c *conn, n int64, _ []byte) (ok, alive bool) {
-	ctx, cancel := context.WithCancel(context.Background())
-	if d := c.st.cfg.Timeouts.Message; d > 0 {
-		ctx, cancel = context.WithTimeout(context.Background(), d)
-	}
+	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.Message)
 	defer cancel()
-	go func() {
-		select {
-		case <-c.s.drainEnd:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	start := c.s.now()
 	err := c.s.buf.acquire(ctx, c.src.Addr(), n, c.held)
 	c.g.Paused(c.s.now().Sub(start))
@@ -83,6 +73,22 @@ func (goroutines) reserve(c *conn, n int64, _ []byte) (ok, alive bool) {
 func (goroutines) stalled(c *conn, _ []byte) (judge, alive bool) {
 	ok := c.awaitReply()
 	return ok, ok
+}
+
+// waitFor is the context of a wait that ends after d (0: no limit) or when a drain ends.
+func (s *Server) waitFor(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if d > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), d)
+	}
+	go func() {
+		select {
+		case <-s.drainEnd:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // handle admits a connection Serve accepted, on a goroutine of its own, and serves it.

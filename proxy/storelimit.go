@@ -253,15 +253,8 @@ func (c *conn) awaitStoreSlot() bool {
 	if c.takeStoreSlot() {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.st.cfg.Timeouts.UpstreamDial)
+	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.UpstreamDial)
 	defer cancel()
-	go func() {
-		select {
-		case <-c.s.drainEnd:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	release, reason := c.s.slots.Take(ctx, c.src.Addr())
 	if reason == "" {
 		c.storeSlot = release

@@ -513,3 +513,34 @@ def test_a_libuv_store_still_gets_no_value_over_8_mib(procs, binary, tmp_path): 
                     "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), None, False, datetime.timedelta(seconds=10), "
                     "wait_for_workers=False); print(s.check(['large']))", sport, timeout=60)
     assert direct.stdout.strip() == "False", (direct.stdout, direct.stderr[-2000:])
+
+
+def test_a_torch_1_13_client_goes_on_after_a_wait_timeout(procs, binary, tmp_path):  # noqa: F811
+    """torch 1.13 has no CANCEL_WAIT: after wait() times out the client just sends its next requests,
+    the WAIT still unanswered at the store. The guard must not count that WAIT as awaited for good
+    (its next messages would wait at limits.max-pending-replies): every later op is served at once."""
+    version = OLDEST
+    store, sport = start_store(procs, version, "legacy")
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    code = f"""
+import datetime, time, torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", {port}, is_master=False, timeout=datetime.timedelta(seconds=30))
+for i in range(3):
+    try:
+        s.wait(["absent%d" % i], datetime.timedelta(milliseconds=300))
+        raise SystemExit("wait returned")
+    except RuntimeError:
+        pass
+    t0 = time.monotonic()
+    for k in range(5):
+        s.set("k%d" % k, str(k))
+        assert s.get("k%d" % k) == str(k).encode()
+        assert s.add("n", 1) == i * 5 + k + 1
+    took = time.monotonic() - t0
+    assert took < 2, took
+print("ok")
+"""
+    p = run_py(version, "-c", code, timeout=120)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-2000:]
+    assert metric_sum(mport, "storeguard_violations_total{") == 0
+    assert metric_sum(mport, "storeguard_reply_resyncs_total") == 0

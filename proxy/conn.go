@@ -110,7 +110,7 @@ type conn struct {
 	pendUpTail  []byte // then this, a copy of the rest of a read
 	pendCarry   bool   // pendUp is in a carry's buffer, whose budget (pendHeld) it keeps until written
 	pendHeld    int64
-	pendClient  []byte
+	pendClient  chunk // a pooled buffer: the store's bytes the client did not take from the loop
 	resumeTail  []byte
 	resumeRest  []byte // the client's bytes after a stall at max-pending-replies, not judged yet
 

@@ -404,13 +404,9 @@ func (c *conn) pipeStoreToClient() {
 	defer c.closeBoth()
 	defer c.awaitWritten() // the store's last replies reach the client before the close
 	defer c.s.recoverConn(c)
-	if p := c.pendClient; len(p) > 0 { // followed already, by the loop that read it
-		c.pendClient = nil
-		bp := readBufs.Get().(*[]byte)
-		if len(p) > len(*bp) {
-			*bp = make([]byte, len(p))
-		}
-		if !c.toClient(bp, copy(*bp, p)) {
+	if p := c.pendClient; p.buf != nil { // followed already, by the loop that read it
+		c.pendClient = chunk{}
+		if !c.toClient(p.buf, p.to) {
 			return
 		}
 	}

@@ -563,7 +563,8 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	switch {
 	case w == n:
 	case errno == 0 || errno == unix.EAGAIN:
-		c.pendClient = append([]byte(nil), l.buf[w:n]...)
+		bp := readBufs.Get().(*[]byte)
+		c.pendClient = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
 		l.release(c, handbackBackpressure)
 	default:
 		c.closeBoth()

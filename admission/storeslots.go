@@ -120,3 +120,12 @@ func (s *StoreSlots) Limit() int {
 	defer s.mu.Unlock()
 	return s.limit
 }
+
+// Adopt counts a store connection another process opened and hands over, whatever the caps say
+// now: it is open already. It returns what gives the slot back, as TryTake.
+func (s *StoreSlots) Adopt(src netip.Addr) (release func()) {
+	src = src.Unmap()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.take(src)
+}

@@ -26,6 +26,9 @@ const (
 	// ActionDroppedSummary: the sink stalled and a Queue dropped storeguard.suppressed events
 	// (of any source) before this one.
 	ActionDroppedSummary Action = "dropped_summary"
+	// ActionHandover: a new storeguard process took the connections over (event.reason: upgrade, or
+	// restart after the forwarding process died); storeguard.connections says how many.
+	ActionHandover Action = "handover"
 )
 
 // Mode is the value of storeguard.mode.
@@ -70,6 +73,7 @@ type Event struct {
 	BytesSeen    *uint64  `json:"storeguard.bytes_seen,omitempty"`
 	Mode         Mode     `json:"storeguard.mode,omitempty"`
 	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"` // only on sampled_summary and dropped_summary
+	Connections  *uint64  `json:"storeguard.connections,omitempty"` // only on handover
 }
 
 // HexBytes is written as a lower-case hex string.

@@ -77,6 +77,9 @@ type Stream struct {
 	head     [audit.MaxFirstBytes]byte // the first bytes of the message in progress
 	headN    int
 	first    [audit.MaxFirstBytes]byte // Decision.First
+	// resumed: when the message in progress began, for a stream restored mid-message (Restore),
+	// whose held bytes are fed again
+	resumed time.Time
 }
 
 // Reset readies s for a new stream begun at start, decoded as dc, under pol.
@@ -130,10 +133,14 @@ func (s *Stream) Feed(p []byte, now time.Time) Decision {
 		}
 	}
 	s.bytes += uint64(len(p))
+	s.resumed = time.Time{}
 	d.Send, d.Forward = fwd > 0, fwd
 	if tail := p[fwd:]; len(tail) > 0 && s.dec.InMessage() {
 		if s.dec.PartialBytes() == uint64(len(tail)) {
 			s.msgStart = now // the message in progress began in p
+			if !s.resumed.IsZero() && fwd == 0 {
+				s.msgStart = s.resumed // it began before a hand-over: its deadline stays
+			}
 		}
 		s.headN += copy(s.head[s.headN:], tail)
 		d.Keep = true

@@ -97,6 +97,13 @@ type conn struct {
 	vecArr     [2][]byte
 	// kick: the store is connected and the reading goroutine is to offer the connection to a loop.
 	kick bool
+	// Parked for a freeze (freeze.go), under mu: the reader, the reply reader. readEnded: the
+	// reader is done, the client's end of stream passed on. upDeadline: the read deadline set on up.
+	parkC2S, parkS2C, readEnded bool
+	upDeadline                  time.Time
+	// adoptedReplies: replies a previous process held for the client (upgrade_linux.go), written
+	// before any other.
+	adoptedReplies []byte
 
 	// The event-loop transport (loop_linux.go). What a loop could not finish is left in pendUp
 	// (bytes for the store), pendClient (bytes for the client) and resumeTail (the start of a

@@ -70,8 +70,12 @@ func (goroutines) reserve(c *conn, n int64, _ []byte) (ok, alive bool) {
 }
 
 // stalled waits for the reply, not reading the client meanwhile.
-func (goroutines) stalled(c *conn, _ []byte) (judge, alive bool) {
-	ok := c.awaitReply()
+func (goroutines) stalled(c *conn, rest []byte) (judge, alive bool) {
+	ok, froze := c.awaitReply()
+	if froze { // the rest is judged once the reader goes on (pipeClientToStore), here or in the next process
+		c.resumeRest = append([]byte(nil), rest...)
+		return false, true
+	}
 	return ok, ok
 }
 
@@ -100,11 +104,13 @@ func (s *Server) handle(tc *net.TCPConn) {
 	if reason != "" {
 		s.refuse(src, dst, reason)
 		tc.Close()
+		s.accepting.Add(-1)
 		s.handlers.Done()
 		return
 	}
 	c := s.newConn(tc, src, dst, release)
 	s.track(c, true)
+	s.accepting.Add(-1)
 	c.serve(false)
 }
 
@@ -271,6 +277,17 @@ func (c *conn) pipeClientToStore() (took bool) {
 		return false
 	}
 	for {
+		if c.s.frozen() {
+			c.park(&c.parkC2S)
+			c.deadline = unsetDeadline // the freeze set its own
+			if r := c.resumeRest; r != nil {
+				c.resumeRest = nil
+				if !c.process(r) {
+					return false
+				}
+			}
+			continue
+		}
 		if c.takeKick() {
 			if c.adoptable() {
 				took, live := c.toLoop()
@@ -374,6 +391,9 @@ func (c *conn) setDeadline() {
 func (c *conn) endRead(err error) bool {
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
+		if c.s.frozen() {
+			return true // woken to park (or a deadline too: judged once thawed)
+		}
 		if c.g.Deadline().IsZero() {
 			c.s.log.Debug("idle timeout", "conn", c.id)
 			c.closeBoth()
@@ -388,7 +408,10 @@ func (c *conn) endRead(err error) bool {
 			return false
 		}
 		c.up.CloseWrite()
-		c.up.SetReadDeadline(c.s.now().Add(replyGrace))
+		c.mu.Lock()
+		c.upDeadline, c.readEnded = c.s.now().Add(replyGrace), true
+		c.up.SetReadDeadline(c.upDeadline)
+		c.mu.Unlock()
 		return false
 	default:
 		c.closeBoth()
@@ -404,6 +427,10 @@ func (c *conn) pipeStoreToClient() {
 	defer c.closeBoth()
 	defer c.awaitWritten() // the store's last replies reach the client before the close
 	defer c.s.recoverConn(c)
+	if b := c.adoptedReplies; b != nil { // followed already, by the process that read them
+		c.adoptedReplies = nil
+		c.queueHeld(b)
+	}
 	if p := c.pendClient; p.buf != nil { // followed already, by the loop that read it
 		c.pendClient = chunk{}
 		if !c.toClient(p.buf, p.to) {
@@ -415,6 +442,13 @@ func (c *conn) pipeStoreToClient() {
 		return
 	}
 	for {
+		if c.s.frozen() && !c.isClosed() {
+			c.park(&c.parkS2C)
+			c.mu.Lock()
+			c.up.SetReadDeadline(c.upDeadline) // the freeze set its own
+			c.mu.Unlock()
+			continue
+		}
 		bp, n, err := readPooled(rc)
 		if n > 0 {
 			c.rep.follow((*bp)[:n])
@@ -423,6 +457,9 @@ func (c *conn) pipeStoreToClient() {
 			}
 		}
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && c.s.frozen() {
+				continue // woken to park
+			}
 			return
 		}
 	}

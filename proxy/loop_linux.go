@@ -131,6 +131,27 @@ func startLoops(s *Server, n int) (*loops, error) {
 	return ls, nil
 }
 
+// restart replaces the loops that ended (stop) with new ones; a loop that cannot start stays ended
+// (its connections stay with goroutines).
+func (ls *loops) restart(s *Server) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for i, l := range ls.all {
+		select {
+		case <-l.done:
+		default:
+			continue // still runs
+		}
+		nl, err := newLoop(s)
+		if err != nil {
+			s.log.Error("event loop cannot start again; its connections stay with goroutines", "err", err)
+			continue
+		}
+		ls.all[i] = nl
+		go nl.run()
+	}
+}
+
 // pick is the loop the next connection goes to.
 func (ls *loops) pick() *loop {
 	ls.mu.Lock()

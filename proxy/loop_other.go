@@ -25,7 +25,17 @@ func (*loops) acceptFrom(*net.TCPListener) error { return errNoLoops }
 func (*loops) stopAccepting()                    {}
 func (*loop) requestClose(*conn)                 {}
 
+func (*loops) restart(*Server)                   {}
+
 func (c *conn) loopable() bool { return false }
+
+func (s *Server) keepListenerFds() error { return nil }
+
+func listenerFromFd(int) (*net.TCPListener, error) { return nil, errNoLoops }
+
+func (s *Server) startAdopted() {}
+
+type adoption struct{}
 
 func (c *conn) toLoop() (took, live bool) {
 	c.startReplies()

@@ -45,6 +45,8 @@ type metrics struct {
 	storeConns     prometheus.GaugeFunc
 	storeLimit     prometheus.GaugeFunc
 	storeRefused   *prometheus.CounterVec
+	handovers      *prometheus.CounterVec
+	handoverConns  prometheus.Gauge
 }
 
 // readings are what the gauges and counters that others count read.
@@ -144,13 +146,18 @@ func newMetrics(read readings) *metrics {
 	m.storeInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts(f("store_info",
 		"auto: 1 for the generation and backend the store behind the guard speaks, as learned from it; no series while unknown.")),
 		[]string{"generation", "backend"})
+	m.handovers = prometheus.NewCounterVec(prometheus.CounterOpts(f("handovers_total",
+		"Upgrades in place and restarts that handed the connections to a new process, by result; ok counts the whole line of processes (it carries over), failed this process's own. Every other counter starts again at 0 in the new process, as process_start_time_seconds shows.")),
+		[]string{"result"})
+	m.handoverConns = prometheus.NewGauge(prometheus.GaugeOpts(f("handover_connections",
+		"Connections this process took over from the previous one when it started (0: it started afresh).")))
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
-		m.storeProbes, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused,
+		m.storeProbes, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.
@@ -174,6 +181,9 @@ func newMetrics(read readings) *metrics {
 	}
 	for _, r := range []string{"learned", "timeout"} {
 		m.storeWaits.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "failed"} {
+		m.handovers.WithLabelValues(r)
 	}
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("failed")

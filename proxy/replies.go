@@ -88,19 +88,22 @@ func signal(ch chan struct{}) {
 // awaitReply waits, with the client unread, until a reply lets its next message go: true to judge
 // the rest then. After stallResync without any reply it stops counting the replies awaited (the
 // client's requests must not wait for good on a reply the guard could not follow); false: the
-// connection closed meanwhile.
-func (c *conn) awaitReply() bool {
+// connection closed meanwhile. froze: a freeze began, and the reader is to park first.
+func (c *conn) awaitReply() (ok, froze bool) {
 	c.s.m.stalls.Inc()
 	t := time.NewTimer(stallResync)
 	defer t.Stop()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	started := c.s.frz.startedCh()
 	for c.g.Stalled() {
 		select {
+		case <-started:
+			return true, true
 		case <-c.rep.answered:
 		case <-tick.C:
 			if c.isClosed() {
-				return false
+				return false, false
 			}
 		case <-t.C:
 			c.rep.mu.Lock()
@@ -111,7 +114,7 @@ func (c *conn) awaitReply() bool {
 				"no longer counting its awaited replies", "conn", c.id, "source", c.src.String())
 		}
 	}
-	return !c.isClosed()
+	return !c.isClosed(), false
 }
 
 // toClient passes n bytes of the store's reply in *bp to the client, taking over bp: written at
@@ -137,11 +140,11 @@ func (c *conn) toClient(bp *[]byte, n int) bool {
 		from = w
 		r.mu.Lock() // the first chunk queued holds no budget: a fixed cost per connection
 	default:
-		if !c.roomFor() { // returns with r.mu held when there is room
+		var ok bool
+		if ok, budgeted = c.roomFor(); !ok { // returns with r.mu held when there is room
 			readBufs.Put(bp)
 			return false
 		}
-		budgeted = true
 	}
 	r.queue = append(r.queue, chunk{buf: bp, from: from, to: n, budgeted: budgeted})
 	r.queued += n - from
@@ -155,21 +158,25 @@ func (c *conn) toClient(bp *[]byte, n int) bool {
 }
 
 // roomFor waits, c.rep.mu held, until the connection may hold another chunk of replies: under
-// caps.reply-buffer-bytes and within the budget, which it then takes. It returns with the mutex
-// held, true; or without it, false, having closed a client that took nothing for capStall
-// meanwhile (replies_unread), or finding the connection ending.
-func (c *conn) roomFor() bool {
+// caps.reply-buffer-bytes and within the budget, which it then takes (budgeted). It returns with the
+// mutex held, true; or without it, false, having closed a client that took nothing for capStall
+// meanwhile (replies_unread), or finding the connection ending. During a freeze the writer is
+// stopped: the chunk is taken as it is, beyond the cap, so that the reply reader can park.
+func (c *conn) roomFor() (ok, budgeted bool) {
 	r := &c.rep
 	var waited time.Time
 	for {
 		if r.failed {
 			r.mu.Unlock()
-			return false
+			return false, false
 		}
 		if int64(r.queued)+readSize <= c.st.cfg.Caps.ReplyBufferBytes &&
 			c.s.buf.tryAcquire(c.src.Addr(), readSize, c.held+r.held) {
 			r.held += readSize
-			return true
+			return true, true
+		}
+		if c.s.frozen() {
+			return true, false
 		}
 		r.mu.Unlock()
 		if waited.IsZero() {
@@ -178,7 +185,7 @@ func (c *conn) roomFor() bool {
 		left := capStall - c.s.now().Sub(waited)
 		if left <= 0 {
 			c.repliesUnread()
-			return false
+			return false, false
 		}
 		t := time.NewTimer(left)
 		select {
@@ -198,6 +205,12 @@ func (c *conn) writeReplies() {
 	r := &c.rep
 	for {
 		r.mu.Lock()
+		if c.s.frozen() && len(r.queue) > 0 { // the queue waits as it is: thaw or the next process writes it
+			r.writing = false
+			r.mu.Unlock()
+			signal(r.moved)
+			return
+		}
 		if len(r.queue) == 0 {
 			c.client.SetWriteDeadline(time.Time{}) // for toClient's writes
 			r.writing = false
@@ -223,10 +236,14 @@ func (c *conn) writeReplies() {
 		} else {
 			r.queue[0].from += w
 		}
-		if err != nil {
+		frozen := err != nil && errors.Is(err, os.ErrDeadlineExceeded) && c.s.frozen()
+		if err != nil && !frozen {
 			r.failed = true
 		}
 		r.mu.Unlock()
+		if frozen {
+			continue // stops at the top, the rest of the chunk queued
+		}
 		if w > 0 {
 			signal(r.moved)
 		}
@@ -242,6 +259,26 @@ func (c *conn) writeReplies() {
 			r.mu.Unlock()
 			return
 		}
+	}
+}
+
+// queueHeld queues b for the client, in pooled chunks, before anything else, whatever the caps:
+// replies a previous process held for it already (upgrade in place).
+func (c *conn) queueHeld(b []byte) {
+	r := &c.rep
+	r.mu.Lock()
+	for len(b) > 0 {
+		bp := readBufs.Get().(*[]byte)
+		n := copy(*bp, b)
+		b = b[n:]
+		r.queue = append(r.queue, chunk{buf: bp, to: n})
+		r.queued += n
+	}
+	start := !r.writing && len(r.queue) > 0
+	r.writing = r.writing || start
+	r.mu.Unlock()
+	if start {
+		go c.writeReplies()
 	}
 }
 

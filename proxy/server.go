@@ -128,6 +128,19 @@ type Server struct {
 	draining    atomic.Bool
 	drainEnd    chan struct{} // closed when drain closes what is left: held connections stop waiting
 	loops       *loops        // nil: connections are forwarded by their goroutines only
+	loopsAcc    bool          // the loops accept (loopsAccept), not acceptLoop
+
+	// Upgrade in place (upgrade_linux.go): the listening sockets' own descriptors, kept to hand
+	// over, the freeze, accepts not yet tracked, and handedOver, closed once the next process took
+	// everything (Serve then returns without a drain).
+	lnFd, metricsFd int
+	frz             freezer
+	accepting       atomic.Int64
+	handedOver      chan struct{}
+	handOnce        sync.Once
+	upgradeMu       sync.Mutex // one upgrade at a time
+	adopted         *adoption  // what a previous process handed over, until Serve starts it
+	handovers       atomic.Uint64
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -178,6 +191,9 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	})
 	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})
+	s.handedOver = make(chan struct{})
+	s.lnFd, s.metricsFd = -1, -1
+	s.frz.init()
 	return s, nil
 }
 
@@ -197,8 +213,9 @@ func (s *Server) Listen() error {
 		}
 		s.metricsLn = mln
 	}
-	return nil
+	return s.keepListenerFds()
 }
+
 
 // Addr is the proxy listener's address, after Listen.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
@@ -249,11 +266,21 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}
 
-	if s.loopsAccept() {
-		<-ctx.Done()
+	s.startAdopted()
+	if s.loopsAcc = s.loopsAccept(); s.loopsAcc {
+		select {
+		case <-ctx.Done():
+		case <-s.handedOver:
+		}
 		s.loops.stopAccepting()
 	} else {
 		s.acceptLoop(ctx)
+	}
+	if s.isHandedOver() {
+		if httpSrv != nil {
+			httpSrv.Close() // the next process serves the metrics listener
+		}
+		return nil // the connections are the next process's now: nothing to drain
 	}
 	s.draining.Store(true)
 	s.drain(s.set.Load().cfg.Timeouts.Drain)
@@ -300,6 +327,15 @@ func (s *Server) acceptLoop(ctx context.Context) {
 			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 				var ne net.Error
 				if errors.As(err, &ne) && ne.Timeout() {
+					if s.frozen() { // pauseAccept: wait for the thaw, or leave the socket to the next process
+						select {
+						case <-s.frz.thawedCh():
+						case <-s.handedOver:
+							return
+						case <-ctx.Done():
+							return
+						}
+					}
 					continue
 				}
 				s.acceptFailed(err)
@@ -309,7 +345,59 @@ func (s *Server) acceptLoop(ctx context.Context) {
 			return
 		}
 		s.handlers.Add(1)
+		s.accepting.Add(1)
 		go s.handle(c.(*net.TCPConn))
+	}
+}
+
+// pauseAccept stops accepting: the loops close their listening descriptors, acceptLoop waits.
+// The socket stays open (lnFd): what arrives meanwhile waits in its backlog.
+func (s *Server) pauseAccept() {
+	if s.loopsAcc {
+		s.loops.stopAccepting()
+		return
+	}
+	s.ln.(*net.TCPListener).SetDeadline(past)
+}
+
+// resumeAccept accepts again after pauseAccept.
+func (s *Server) resumeAccept() {
+	if !s.loopsAcc {
+		s.ln.(*net.TCPListener).SetDeadline(time.Time{})
+		return
+	}
+	ln, err := listenerFromFd(s.lnFd)
+	if err == nil {
+		err = s.loops.acceptFrom(ln)
+	}
+	if err != nil { // the loops stay without a listener: accept on a goroutine instead
+		s.log.Error("event loops cannot accept again after a failed upgrade; accepting on a goroutine", "err", err)
+		if ln != nil {
+			s.ln, s.loopsAcc = ln, false
+			go s.acceptLoop(s.learnCtx)
+		}
+	}
+}
+
+// stopLoops ends the event loops; their connections go to goroutines. startLoops starts them again.
+func (s *Server) stopLoops() {
+	if s.loops != nil {
+		s.loops.stop()
+	}
+}
+
+func (s *Server) startLoops() {
+	if s.loops != nil {
+		s.loops.restart(s)
+	}
+}
+
+func (s *Server) isHandedOver() bool {
+	select {
+	case <-s.handedOver:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -25,6 +25,7 @@ func newServeCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 	}
 	addServeFlags(cmd.Flags())
+	pidFile := cmd.Flags().String("pid-file", "", "write the PID of the process that forwards here (an upgrade's new process rewrites it)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		opts := loadOptions(cmd.Flags())
 		cfg, err := config.Load(opts)
@@ -32,7 +33,8 @@ func newServeCommand() *cobra.Command {
 			cmd.SilenceUsage = true
 			return fmt.Errorf("bad configuration:\n%w", err)
 		}
-		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, opts.Path())
+		cmd.SilenceUsage = true
+		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, opts.Path(), *pidFile)
 	}
 	return cmd
 }
@@ -46,7 +48,11 @@ const (
 	sinkWait   = 2 * time.Second // at exit, for a slow sink to take what is queued
 )
 
-func serve(ctx context.Context, cfg config.Config, load func() (config.Config, error), path string) error {
+func serve(ctx context.Context, cfg config.Config, load func() (config.Config, error), path, pidFile string) error {
+	peer, err := inheritedFile(proxy.HandoverEnv) // started by an upgrade: take over instead of listening
+	if err != nil {
+		return err
+	}
 	log, logSink := newLogger(cfg.Log, os.Stderr)
 	defer logSink.Close(sinkWait)
 	var aw *audit.Writer
@@ -71,11 +77,32 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	if err != nil {
 		return err
 	}
-	if err := srv.Listen(); err != nil {
+	// An upgrade's USR2 may come before the handler below is set: ignored until then, not fatal.
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
+	if peer != nil {
+		err = srv.TakeOver(peer)
+		peer.Close()
+		if err != nil {
+			return fmt.Errorf("upgrade: taking over: %w", err)
+		}
+	} else if err := srv.Listen(); err != nil {
 		return err
+	}
+	if err := writePidFile(pidFile, os.Getpid()); err != nil {
+		log.Warn("could not write the pid file", "err", err)
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	up := newUpgrader(log)
+	go func() {
+		for range usr2 {
+			if err := up.upgrade(srv); err != nil {
+				log.Error("upgrade failed; this process goes on serving", "err", err)
+			}
+		}
+	}()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)

@@ -1,0 +1,180 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Freezing stops every connection at a point where all it holds is plain data, for an upgrade in
+// place (upgrade_linux.go) to hand it to the next process, or to thaw it again if that fails. Nothing
+// is cut short: reads stop (the kernel keeps what comes meanwhile), writes under way finish, and what
+// the guard holds (the start of a message, bytes not judged yet, replies the client has not taken)
+// stays in the connection's fields.
+//
+// Accepting stops first and the event loops hand their connections to goroutines; then each
+// goroutine parks at its next read: the reader at the top of pipeClientToStore (a read deadline in
+// the past wakes one that waits), the reply reader likewise, and the reply writer stops with its
+// queue as it is. A reader stalled at max-pending-replies keeps the rest of its read unjudged.
+
+// freezer is the server's freeze state.
+type freezer struct {
+	on      atomic.Bool
+	mu      sync.Mutex
+	started chan struct{} // closed when a freeze begins (readers stalled for a reply wake)
+	thawed  chan struct{} // closed when it ends; parked goroutines go on
+}
+
+func (f *freezer) init() {
+	f.started = make(chan struct{})
+	f.thawed = make(chan struct{})
+}
+
+// begin starts a freeze.
+func (f *freezer) begin() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.thawed = make(chan struct{})
+	f.on.Store(true)
+	close(f.started)
+}
+
+// end thaws: every parked goroutine goes on.
+func (f *freezer) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.on.Store(false)
+	f.started = make(chan struct{})
+	close(f.thawed)
+}
+
+func (f *freezer) startedCh() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.started
+}
+
+func (f *freezer) thawedCh() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.thawed
+}
+
+// park holds the calling goroutine, one of c's (*at marks it parked), until the freeze ends. It
+// returns at once if none is on.
+func (c *conn) park(at *bool) {
+	f := &c.s.frz
+	if !f.on.Load() {
+		return
+	}
+	thawed := f.thawedCh()
+	c.mu.Lock()
+	*at = true
+	c.mu.Unlock()
+	<-thawed
+	c.mu.Lock()
+	*at = false
+	c.mu.Unlock()
+}
+
+// frozen reports whether a freeze is on.
+func (s *Server) frozen() bool { return s.frz.on.Load() }
+
+// past is a deadline long gone: set on a socket, it wakes the goroutine that waits on it.
+var past = time.Unix(1, 0)
+
+// unsetDeadline makes setDeadline arm the read deadline again (another goroutine changed it).
+var unsetDeadline = time.Unix(2, 0)
+
+// quiet reports whether c is parked: its reader parked (or done: the client ended its stream), its
+// reply reader parked or not started, no reply being written. It wakes what still runs.
+func (c *conn) quiet() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.own != ownGoroutines {
+		return false
+	}
+	c2s := c.parkC2S || c.readEnded
+	s2c := !c.s2cStarted || c.parkS2C
+	c.rep.mu.Lock()
+	writing := c.rep.writing
+	c.rep.mu.Unlock()
+	if !c2s && c.client != nil {
+		c.client.SetReadDeadline(past)
+	}
+	if !s2c && c.up != nil {
+		c.up.SetReadDeadline(past)
+	}
+	if writing && c.client != nil {
+		c.client.SetWriteDeadline(past)
+	}
+	return c2s && s2c && !writing
+}
+
+// errFreezeTimeout: a connection did not park in time.
+var errFreezeTimeout = errors.New("connections did not reach a safe point in time")
+
+// freeze stops accepting and parks every connection, within timeout. Connections that are closing
+// end meanwhile and are not waited for beyond that. On an error the caller thaws.
+func (s *Server) freeze(timeout time.Duration) ([]*conn, error) {
+	s.frz.begin()
+	s.pauseAccept()
+	s.stopLoops() // their connections go to goroutines, which park
+	deadline := time.Now().Add(timeout)
+	for {
+		conns, waiting := s.quietConns()
+		if waiting == 0 && s.accepting.Load() == 0 {
+			return conns, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %d of %d still busy after %s (a write to a peer that does not read, "+
+				"a wait for buffer budget or for the store)", errFreezeTimeout, waiting, len(conns)+waiting, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// quietConns returns the connections that are parked, and how many others are not closed yet.
+func (s *Server) quietConns() (conns []*conn, waiting int) {
+	s.mu.Lock()
+	all := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		all = append(all, c)
+	}
+	s.mu.Unlock()
+	for _, c := range all {
+		switch {
+		case c.quiet():
+			conns = append(conns, c)
+		case !c.isClosed():
+			waiting++
+		}
+	}
+	return conns, waiting
+}
+
+// thaw ends a freeze that handed nothing over: every connection goes on where it stopped, and
+// accepting resumes.
+func (s *Server) thaw(conns []*conn) {
+	for _, c := range conns {
+		c.mu.Lock()
+		if c.client != nil {
+			c.client.SetWriteDeadline(time.Time{})
+		}
+		c.mu.Unlock()
+	}
+	s.frz.end()
+	for _, c := range conns {
+		c.rep.mu.Lock()
+		start := len(c.rep.queue) > 0 && !c.rep.writing && !c.rep.failed
+		c.rep.writing = c.rep.writing || start
+		c.rep.mu.Unlock()
+		if start {
+			go c.writeReplies()
+		}
+	}
+	s.startLoops()
+	s.resumeAccept()
+}

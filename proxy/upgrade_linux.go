@@ -1,0 +1,703 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/internal/version"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// Upgrade in place. The serving process (old) and the one taking over (new) talk over a
+// SOCK_SEQPACKET socket pair; descriptors go with SCM_RIGHTS. In order:
+//
+//	new → old  R  ready: the new process loaded its configuration
+//	old        freezes every connection (freeze.go); on failure it thaws and says X
+//	old → new  S  the server's state, with the listening sockets
+//	old → new  C  one connection's state, with its client's and (if connected) store's socket,
+//	           then B packets carrying its bytes: the message in progress and what was not judged
+//	           yet (refed to the new guard), for the store, for the client
+//	old → new  E  the end, with the count
+//	new → old  A  acknowledged: everything was taken
+//	old → new  G  go: the old process forwards nothing more and exits
+//
+// The new process forwards nothing before G: until then the old one may still thaw. If the new
+// process fails before A (or the old one waits for A in vain: it then kills the new one first),
+// the old one thaws and goes on serving. Once it has sent G it exits.
+
+// HandoverEnv names the descriptor of the hand-over socket in a process started to take over.
+const HandoverEnv = "STOREGUARD_HANDOVER_FD"
+
+const (
+	readyTimeout  = 60 * time.Second // for the new process to load its configuration and say R
+	freezeTimeout = 5 * time.Second
+	ackTimeout    = 60 * time.Second
+	maxPacket     = 60 << 10
+	blobPacket    = maxPacket - 1
+)
+
+// handover is one end of the hand-over socket.
+type handover struct{ fd int }
+
+// NewHandoverPair is a connected pair of hand-over sockets: the serving process keeps the first
+// and gives the second to the process it starts (ExtraFiles, HandoverEnv).
+func NewHandoverPair() (mine, theirs *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, os.NewSyscallError("socketpair", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "handover"), os.NewFile(uintptr(fds[1]), "handover-peer"), nil
+}
+
+func newHandover(f *os.File) (*handover, error) {
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		return nil, os.NewSyscallError("dup", err)
+	}
+	unix.CloseOnExec(fd)
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &handover{fd: fd}, nil
+}
+
+func (h *handover) close() { unix.Close(h.fd) }
+
+// send writes one packet: kind, then v as JSON, with fds.
+func (h *handover) send(kind byte, v any, fds ...int) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(body)+1 > maxPacket {
+		return fmt.Errorf("handover: %c packet of %d bytes", kind, len(body)+1)
+	}
+	return h.sendRaw(append([]byte{kind}, body...), fds)
+}
+
+func (h *handover) sendRaw(p []byte, fds []int) error {
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	for {
+		err := unix.Sendmsg(h.fd, p, oob, nil, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return os.NewSyscallError("sendmsg", err)
+		}
+		return nil
+	}
+}
+
+// sendBlob writes b in B packets.
+func (h *handover) sendBlob(b []byte) error {
+	for len(b) > 0 {
+		n := min(len(b), blobPacket)
+		if err := h.sendRaw(append([]byte{'B'}, b[:n]...), nil); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// recv reads one packet, waiting at most timeout (0: no limit); fds are the caller's to close.
+func (h *handover) recv(timeout time.Duration) (kind byte, body []byte, fds []int, err error) {
+	tv := unix.NsecToTimeval(timeout.Nanoseconds())
+	unix.SetsockoptTimeval(h.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	buf := make([]byte, maxPacket)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	var n, oobn int
+	for {
+		n, oobn, _, _, err = unix.Recvmsg(h.fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err == unix.EAGAIN {
+		return 0, nil, nil, fmt.Errorf("handover: no word from the other process within %s", timeout)
+	}
+	if err != nil {
+		return 0, nil, nil, os.NewSyscallError("recvmsg", err)
+	}
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr == nil {
+			for _, m := range msgs {
+				if rights, err := unix.ParseUnixRights(&m); err == nil {
+					fds = append(fds, rights...)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		closeFds(fds)
+		return 0, nil, nil, errors.New("handover: the other process closed the hand-over socket")
+	}
+	return buf[0], buf[1:n], fds, nil
+}
+
+// expect reads a packet of kind k into v.
+func (h *handover) expect(k byte, timeout time.Duration, v any) ([]int, error) {
+	kind, body, fds, err := h.recv(timeout)
+	if err != nil {
+		return nil, err
+	}
+	if kind == 'X' {
+		closeFds(fds)
+		var why string
+		json.Unmarshal(body, &why)
+		return nil, fmt.Errorf("handover: the other process gave up: %s", why)
+	}
+	if kind != k {
+		closeFds(fds)
+		return nil, fmt.Errorf("handover: expected a %c packet, got %c", k, kind)
+	}
+	if v != nil {
+		if err := json.Unmarshal(body, v); err != nil {
+			closeFds(fds)
+			return nil, fmt.Errorf("handover: %c packet: %w", k, err)
+		}
+	}
+	return fds, nil
+}
+
+// readBlob reads n bytes of B packets.
+func (h *handover) readBlob(n int) ([]byte, error) {
+	b := make([]byte, 0, n)
+	for len(b) < n {
+		kind, body, fds, err := h.recv(ackTimeout)
+		closeFds(fds)
+		if err != nil {
+			return nil, err
+		}
+		if kind != 'B' || len(b)+len(body) > n {
+			return nil, fmt.Errorf("handover: connection bytes expected, got a %c packet of %d", kind, len(body))
+		}
+		b = append(b, body...)
+	}
+	return b, nil
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// ready is the new process's R.
+type ready struct {
+	PID     int
+	Version string
+}
+
+// serverState is the S packet: what the whole server carries over.
+type serverState struct {
+	PID           int
+	Version       string
+	Listen        string // the listening socket's address (the first descriptor)
+	MetricsListen string // the metrics listener's, if any (the second)
+	NextID        uint64
+	StoreKnown    bool
+	Store         StoreInfo
+	Sources       []admission.SourceState
+	Handovers     uint64 // hand-overs before this one
+	Conns         int
+}
+
+// connState is a C packet: one connection, its descriptors (client, then store if connected) and
+// the lengths of the blobs that follow.
+type connState struct {
+	ID         uint64
+	Src, Dst   netip.AddrPort
+	Start      time.Time
+	Guard      guard.StreamState
+	Replies    protocol.RepliesState
+	HasUp      bool
+	ReadEnded  bool // the client's end of stream was passed on; the store's last replies are awaited
+	UpDeadline time.Time
+	Refeed     int // the message in progress and unjudged bytes: fed to the guard again
+	ToStore    int // judged, for the store
+	ToClient   int // the store's replies the client has not taken
+}
+
+// Handovers reports how many hand-overs this server's line of processes has done (its own
+// included once it has handed over).
+func (s *Server) Handovers() uint64 { return s.handovers.Load() }
+
+// HandOver hands everything to the process at the other end of peer, which was started to take
+// over (HandoverEnv), and returns nil once that process has it all: Serve then returns and the
+// caller exits. exited, if not nil, reports the new process's end. On an error nothing was
+// handed over and the server goes on serving; the caller must make sure the new process is gone
+// (errKillPeer says it may have taken connections).
+func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err error) {
+	if !s.upgradeMu.TryLock() {
+		return 0, errors.New("an upgrade is under way already")
+	}
+	defer s.upgradeMu.Unlock()
+	h, err := newHandover(peer)
+	if err != nil {
+		return 0, err
+	}
+	defer h.close()
+	var r ready
+	if err := s.await(exited, func() error { _, err := h.expect('R', readyTimeout, &r); return err }); err != nil {
+		return 0, fmt.Errorf("the new process did not get ready: %w", err)
+	}
+	s.log.Info("upgrade: the new process is ready; freezing connections", "pid", r.PID, "version", r.Version)
+	start := time.Now()
+	conns, err := s.freeze(freezeTimeout)
+	if err != nil {
+		h.send('X', err.Error())
+		s.thaw(conns)
+		s.m.handovers.WithLabelValues("failed").Inc()
+		return 0, err
+	}
+	if err = s.sendAll(h, conns); err == nil {
+		err = s.await(exited, func() error {
+			var taken int
+			if _, err := h.expect('A', ackTimeout, &taken); err != nil {
+				return err
+			}
+			if taken != len(conns) {
+				return fmt.Errorf("the new process took %d of %d connections", taken, len(conns))
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		s.m.handovers.WithLabelValues("failed").Inc()
+		return 0, &peerError{err: err, thaw: func() { s.thaw(conns) }}
+	}
+	if err := h.send('G', nil); err != nil {
+		s.log.Warn("upgrade: could not say go; the new process goes on when this one exits", "err", err)
+	}
+	s.log.Info("upgrade: handed over", "connections", len(conns), "to_pid", r.PID,
+		"frozen", time.Since(start).String())
+	s.handOnce.Do(func() { close(s.handedOver) })
+	return len(conns), nil
+}
+
+// peerError is a hand-over that failed after the new process may have taken connections: the
+// caller stops that process (Stop) before the server thaws (Thaw), so that no connection is
+// forwarded by both.
+type peerError struct {
+	err  error
+	thaw func()
+}
+
+func (e *peerError) Error() string { return e.err.Error() }
+func (e *peerError) Unwrap() error { return e.err }
+
+// Thaw goes on serving after a failed hand-over, once the new process is gone. Errors that are not
+// a peerError were thawed already.
+func Thaw(err error) {
+	var pe *peerError
+	if errors.As(err, &pe) {
+		pe.thaw()
+	}
+}
+
+// await runs f, giving up when the new process exits first.
+func (s *Server) await(exited <-chan struct{}, f func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-exited:
+		return errors.New("the new process exited")
+	}
+}
+
+// sendAll sends the server's state and every frozen connection.
+func (s *Server) sendAll(h *handover, conns []*conn) error {
+	st := serverState{PID: os.Getpid(), Version: version.String(), Listen: s.ln.Addr().String(),
+		NextID: s.nextID.Load(), Sources: s.gate.State(), Handovers: s.handovers.Load(), Conns: len(conns)}
+	st.Store, st.StoreKnown, _ = s.store.Load().get()
+	fds := []int{s.lnFd}
+	if s.metricsFd >= 0 {
+		st.MetricsListen = s.metricsLn.Addr().String()
+		fds = append(fds, s.metricsFd)
+	}
+	if err := h.send('S', st, fds...); err != nil {
+		return err
+	}
+	for _, c := range conns {
+		if err := c.sendState(h); err != nil {
+			return fmt.Errorf("connection %d: %w", c.id, err)
+		}
+	}
+	return h.send('E', len(conns))
+}
+
+// sendState sends a frozen connection: its state, sockets and bytes.
+func (c *conn) sendState(h *handover) error {
+	gs, err := c.g.State()
+	if err != nil {
+		return err
+	}
+	c.rep.mu.Lock()
+	rs := c.rep.track.State()
+	var toClient []byte
+	if p := c.pendClient; p.buf != nil {
+		toClient = append(toClient, (*p.buf)[p.from:p.to]...)
+	}
+	for _, ch := range c.rep.queue {
+		toClient = append(toClient, (*ch.buf)[ch.from:ch.to]...)
+	}
+	c.rep.mu.Unlock()
+	refeed := append(append([]byte(nil), c.carry...), c.resumeTail...)
+	refeed = append(refeed, c.resumeRest...)
+	toStore := append(append([]byte(nil), c.pendUp...), c.pendUpTail...)
+	c.mu.Lock()
+	cs := connState{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs, HasUp: c.up != nil,
+		ReadEnded: c.readEnded, UpDeadline: c.upDeadline, Refeed: len(refeed), ToStore: len(toStore),
+		ToClient: len(toClient)}
+	client, up := c.client, c.up
+	c.mu.Unlock()
+	var fds []int
+	for _, tc := range []*net.TCPConn{client, up} {
+		if tc == nil {
+			continue
+		}
+		rc, err := tc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		rc.Control(func(fd uintptr) { fds = append(fds, int(fd)) })
+	}
+	if len(fds) == 0 {
+		return errors.New("no socket")
+	}
+	if err := h.send('C', cs, fds...); err != nil {
+		return err
+	}
+	for _, b := range [][]byte{refeed, toStore, toClient} {
+		if err := h.sendBlob(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// adoption is what a previous process handed over, taken before Serve and started by it.
+type adoption struct {
+	reason string // upgrade, or restart (a keeper's, after the forwarding process died)
+	from   serverState
+	conns []*adoptedConn
+	ln    net.Listener // the old listening socket when the new configuration listens elsewhere
+}
+
+type adoptedConn struct {
+	c                        *conn
+	cfd, ufd                 int
+	refeed, toStore, toClient []byte
+}
+
+// TakeOver takes everything over from the serving process at the other end of peer, in place of
+// Listen: the listening sockets, the server's state and every connection. Serve then starts them.
+// It returns once the old process said go (or is gone); on an error the old process goes on
+// serving, and this one must exit.
+func (s *Server) TakeOver(peer *os.File) error {
+	h, err := newHandover(peer)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	if err := h.send('R', ready{PID: os.Getpid(), Version: version.String()}); err != nil {
+		return err
+	}
+	var st serverState
+	fds, err := h.expect('S', ackTimeout, &st)
+	if err != nil {
+		return err
+	}
+	a := &adoption{reason: "upgrade", from: st}
+	if err := s.takeListeners(st, fds, a); err != nil {
+		h.send('X', err.Error())
+		return err
+	}
+	s.nextID.Store(st.NextID)
+	s.gate.Restore(st.Sources)
+	if st.StoreKnown {
+		s.store.Load().set(st.Store)
+	}
+	s.handovers.Store(st.Handovers)
+	for {
+		kind, body, fds, err := h.recv(ackTimeout)
+		if err != nil {
+			a.abandon()
+			return err
+		}
+		if kind == 'E' {
+			break
+		}
+		ac, err := s.takeConn(h, kind, body, fds)
+		if err != nil {
+			a.abandon()
+			h.send('X', err.Error())
+			return err
+		}
+		a.conns = append(a.conns, ac)
+	}
+	if err := h.send('A', len(a.conns)); err != nil {
+		a.abandon()
+		return err
+	}
+	// G, or the old process's end: either way it forwards nothing more.
+	h.recv(ackTimeout)
+	s.adopted = a
+	return nil
+}
+
+// takeListeners adopts the listening sockets, or listens anew where the configuration says
+// otherwise (a restart for a new listen address): the old socket then keeps accepting until its
+// backlog is empty (startAdopted) and closes.
+func (s *Server) takeListeners(st serverState, fds []int, a *adoption) error {
+	if len(fds) == 0 {
+		return errors.New("handover: no listening socket")
+	}
+	c := s.set.Load().cfg
+	old, err := listenerFromFd(fds[0])
+	unix.Close(fds[0])
+	if err != nil {
+		closeFds(fds[1:])
+		return fmt.Errorf("handover: listening socket: %w", err)
+	}
+	if sameAddr(c.Listen, st.Listen, old) || c.Listen == "" {
+		s.ln = old
+	} else {
+		if s.ln, err = net.Listen("tcp", c.Listen); err != nil {
+			old.Close()
+			closeFds(fds[1:])
+			return fmt.Errorf("listen: %w", err)
+		}
+		a.ln = old
+	}
+	if len(fds) > 1 {
+		mln, err := listenerFromFd(fds[1])
+		unix.Close(fds[1])
+		switch {
+		case err != nil:
+			return fmt.Errorf("handover: metrics listener: %w", err)
+		case c.MetricsListen == "":
+			mln.Close()
+		case sameAddr(c.MetricsListen, st.MetricsListen, mln):
+			s.metricsLn = mln
+		default:
+			mln.Close()
+		}
+	}
+	if s.metricsLn == nil && c.MetricsListen != "" {
+		if s.metricsLn, err = net.Listen("tcp", c.MetricsListen); err != nil {
+			return fmt.Errorf("metrics-listen: %w", err)
+		}
+	}
+	return s.keepListenerFds()
+}
+
+// takeConn reads one connection (a C packet and its bytes) and readies it, not started.
+func (s *Server) takeConn(h *handover, kind byte, body []byte, fds []int) (*adoptedConn, error) {
+	var cs connState
+	if kind != 'C' {
+		closeFds(fds)
+		return nil, fmt.Errorf("handover: expected a connection, got a %c packet", kind)
+	}
+	if err := json.Unmarshal(body, &cs); err != nil {
+		closeFds(fds)
+		return nil, fmt.Errorf("handover: connection: %w", err)
+	}
+	want := 1
+	if cs.HasUp {
+		want = 2
+	}
+	if len(fds) != want {
+		closeFds(fds)
+		return nil, fmt.Errorf("handover: connection %d came with %d sockets, not %d", cs.ID, len(fds), want)
+	}
+	ac := &adoptedConn{cfd: fds[0], ufd: -1}
+	if cs.HasUp {
+		ac.ufd = fds[1]
+	}
+	var err error
+	if ac.refeed, err = h.readBlob(cs.Refeed); err == nil {
+		if ac.toStore, err = h.readBlob(cs.ToStore); err == nil {
+			ac.toClient, err = h.readBlob(cs.ToClient)
+		}
+	}
+	if err != nil {
+		closeFds(fds)
+		return nil, err
+	}
+	st := s.set.Load()
+	c := &conn{s: s, st: st, id: cs.ID, src: cs.Src, dst: cs.Dst, start: cs.Start, out: viaGoroutines,
+		upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1,
+		readEnded: cs.ReadEnded, upDeadline: cs.UpDeadline}
+	c.rep.init()
+	if err := c.rep.track.Restore(cs.Replies); err != nil {
+		s.log.Warn("handover: a connection's replies could not be followed on; counting afresh", "conn", c.id, "err", err)
+	}
+	c.g.Restore(cs.Guard, &st.pol)
+	c.g.Await(&c.rep)
+	ac.c = c
+	return ac, nil
+}
+
+// abandon closes what was taken before a failed hand-over (the old process still has it all).
+func (a *adoption) abandon() {
+	for _, ac := range a.conns {
+		unix.Close(ac.cfd)
+		if ac.ufd >= 0 {
+			unix.Close(ac.ufd)
+		}
+	}
+}
+
+// startAdopted starts the connections a previous process handed over (TakeOver), each where it
+// stood, and records the hand-over.
+func (s *Server) startAdopted() {
+	a := s.adopted
+	if a == nil {
+		return
+	}
+	s.adopted = nil
+	for _, ac := range a.conns {
+		s.startConn(ac)
+	}
+	s.handovers.Add(1)
+	s.m.handovers.WithLabelValues("ok").Add(float64(s.handovers.Load()))
+	s.m.handoverConns.Set(float64(len(a.conns)))
+	moved := uint64(len(a.conns))
+	e := audit.Event{Timestamp: s.now(), Action: audit.ActionHandover, Reason: a.reason,
+		Connections: &moved, Mode: audit.Mode(s.set.Load().cfg.Mode)}
+	if ap, err := netip.ParseAddrPort(s.ln.Addr().String()); err == nil {
+		e.DestIP, e.DestPort = ap.Addr().Unmap(), ap.Port()
+	}
+	s.writeAudit(e)
+	s.log.Info("upgrade: handover complete", "connections", len(a.conns), "from_pid", a.from.PID,
+		"from_version", a.from.Version, "handovers", s.handovers.Load())
+	if a.ln != nil {
+		go s.acceptBacklog(a.ln)
+	}
+}
+
+// startConn starts one adopted connection: on an event loop when it stood between messages with
+// nothing left to write, else on goroutines, which first write what was left and judge again the
+// bytes that were not judged through.
+func (s *Server) startConn(ac *adoptedConn) {
+	c := ac.c
+	c.release = s.gate.Adopt(c.src.Addr())
+	if c.g.Talked() {
+		c.untalk = s.markTalker(c.src.Addr())
+	}
+	if ac.ufd >= 0 {
+		c.storeSlot = s.slots.Adopt(c.src.Addr())
+		c.dialed = true
+		close(c.upReady)
+	}
+	s.m.active.Inc()
+	s.handlers.Add(1)
+	s.track(c, true)
+	c.cfd, c.ufd = int32(ac.cfd), int32(ac.ufd)
+	clean := len(ac.refeed)+len(ac.toStore)+len(ac.toClient) == 0 && !c.readEnded
+	if clean && ac.ufd >= 0 && s.loops != nil && c.st.cfg.Timeouts.Idle == 0 && c.g.Deadline().IsZero() &&
+		!c.g.Passing() {
+		l := s.loops.pick()
+		c.mu.Lock()
+		c.own, c.lp, c.out = ownLoop, l, viaLoop
+		c.mu.Unlock()
+		if l.adopt(c) {
+			return
+		}
+		c.mu.Lock()
+		c.out = viaGoroutines
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	c.own, c.lp = ownDetached, nil
+	c.mu.Unlock()
+	if len(ac.toStore) > 0 {
+		c.pendUp = ac.toStore
+	}
+	if len(ac.refeed) > 0 {
+		c.resumeRest = ac.refeed
+	}
+	c.adoptedReplies = ac.toClient
+	go func() {
+		if c.readEnded {
+			c.mu.Lock()
+			c.readEnded = false // the reader sees the end of stream again and passes it on
+			c.mu.Unlock()
+		}
+		c.serve(true)
+	}()
+}
+
+// acceptBacklog accepts what waits on the old listening socket after a restart for a new listen
+// address, then closes it.
+func (s *Server) acceptBacklog(ln net.Listener) {
+	tl := ln.(*net.TCPListener)
+	defer tl.Close()
+	tl.SetDeadline(time.Now().Add(time.Second))
+	for {
+		c, err := tl.Accept()
+		if err != nil {
+			return
+		}
+		s.handlers.Add(1)
+		s.accepting.Add(1)
+		go s.handle(c.(*net.TCPConn))
+	}
+}
+
+// keepListenerFds keeps a descriptor of each listening socket for an upgrade to hand over (the
+// event loops close the listener they accept from).
+func (s *Server) keepListenerFds() error {
+	fd, err := dupFd(s.ln.(*net.TCPListener))
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	s.lnFd = int(fd)
+	if s.metricsLn != nil {
+		if fd, err = dupFd(s.metricsLn.(*net.TCPListener)); err != nil {
+			return fmt.Errorf("metrics-listen: %w", err)
+		}
+		s.metricsFd = int(fd)
+	}
+	return nil
+}
+
+// listenerFromFd is a listener on a duplicate of fd.
+func listenerFromFd(fd int) (*net.TCPListener, error) {
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("fcntl", err)
+	}
+	f := os.NewFile(uintptr(nfd), "listener")
+	defer f.Close()
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, err
+	}
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		ln.Close()
+		return nil, errors.New("not a TCP listener")
+	}
+	return tl, nil
+}

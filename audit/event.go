@@ -72,7 +72,7 @@ type Event struct {
 	FirstBytes   HexBytes `json:"storeguard.first_bytes,omitempty"`
 	BytesSeen    *uint64  `json:"storeguard.bytes_seen,omitempty"`
 	Mode         Mode     `json:"storeguard.mode,omitempty"`
-	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"` // only on sampled_summary and dropped_summary
+	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"`  // only on sampled_summary and dropped_summary
 	Connections  *uint64  `json:"storeguard.connections,omitempty"` // only on handover
 }
 

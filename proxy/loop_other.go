@@ -25,7 +25,7 @@ func (*loops) acceptFrom(*net.TCPListener) error { return errNoLoops }
 func (*loops) stopAccepting()                    {}
 func (*loop) requestClose(*conn)                 {}
 
-func (*loops) restart(*Server)                   {}
+func (*loops) restart(*Server) {}
 
 func (c *conn) loopable() bool { return false }
 

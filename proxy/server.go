@@ -216,7 +216,6 @@ func (s *Server) Listen() error {
 	return s.keepListenerFds()
 }
 
-
 // Addr is the proxy listener's address, after Listen.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 

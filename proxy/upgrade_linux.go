@@ -399,13 +399,13 @@ func (c *conn) sendState(h *handover) error {
 type adoption struct {
 	reason string // upgrade, or restart (a keeper's, after the forwarding process died)
 	from   serverState
-	conns []*adoptedConn
-	ln    net.Listener // the old listening socket when the new configuration listens elsewhere
+	conns  []*adoptedConn
+	ln     net.Listener // the old listening socket when the new configuration listens elsewhere
 }
 
 type adoptedConn struct {
-	c                        *conn
-	cfd, ufd                 int
+	c                         *conn
+	cfd, ufd                  int
 	refeed, toStore, toClient []byte
 }
 

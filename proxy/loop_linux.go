@@ -306,7 +306,10 @@ func (l *loop) serveRequests() (stop bool) {
 	}
 	if unlisten != nil {
 		if l.lfd >= 0 {
-			unix.Close(l.lfd) // also takes it out of the epoll set
+			// Out of the epoll set first: closing is not enough, the socket lives on in lnFd
+			// (and in a keeper) for an upgrade to hand over.
+			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, l.lfd, nil)
+			unix.Close(l.lfd)
 			l.lfd = -1
 		}
 		close(unlisten)
@@ -522,11 +525,9 @@ func (l *loop) release(c *conn, why handback) {
 		if fd < 0 {
 			continue
 		}
-		if why != handbackNone || !c.isClosed() {
-			// Handed back: stop watching. A closed connection's descriptors are closed next, which
-			// takes them out of the epoll set (the loop holds the only descriptors of its sockets).
-			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
-		}
+		// Out of the epoll set even when closed next: a keeper may hold the socket too, and epoll
+		// forgets a socket only once its last descriptor closes.
+		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
 		l.conns[fd] = nil
 	}
 	c.registered = false

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 )
 
 // Event loops (epoll) and the transparent redirect's original destination (SO_ORIGINAL_DST) need
@@ -45,3 +46,13 @@ func (c *conn) toLoop() (took, live bool) {
 func (c *conn) fromLoop() bool { return false }
 
 func originalDstFd(_ int, local netip.AddrPort) netip.AddrPort { return local }
+
+// Upgrade in place passes descriptors between processes: Linux only.
+
+func (s *Server) TakeOver(*os.File) error { return errNoUpgrade }
+
+func (s *Server) HandOver(*os.File, <-chan struct{}) (int, error) { return 0, errNoUpgrade }
+
+func Thaw(error) {}
+
+var errNoUpgrade = errors.New("upgrade in place needs Linux")

@@ -66,6 +66,10 @@ func (st *settings) gate() admission.Config {
 var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.MaxConnections,
 	admission.SourceConnections, admission.SourceRate, admission.SourceTable, refuseDraining}
 
+// HandoverEnv names the descriptor of the hand-over socket in a process started to take over
+// (upgrade in place, Linux only).
+const HandoverEnv = "STOREGUARD_HANDOVER_FD"
+
 // refuseDraining: a connection accepted while the server shuts down.
 const refuseDraining admission.Reason = "draining"
 

@@ -14,6 +14,7 @@ import (
 	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -35,169 +36,11 @@ import (
 // process fails before A (or the old one waits for A in vain: it then kills the new one first),
 // the old one thaws and goes on serving. Once it has sent G it exits.
 
-// HandoverEnv names the descriptor of the hand-over socket in a process started to take over.
-const HandoverEnv = "STOREGUARD_HANDOVER_FD"
-
 const (
 	readyTimeout  = 60 * time.Second // for the new process to load its configuration and say R
 	freezeTimeout = 5 * time.Second
 	ackTimeout    = 60 * time.Second
-	maxPacket     = 60 << 10
-	blobPacket    = maxPacket - 1
 )
-
-// handover is one end of the hand-over socket.
-type handover struct{ fd int }
-
-// NewHandoverPair is a connected pair of hand-over sockets: the serving process keeps the first
-// and gives the second to the process it starts (ExtraFiles, HandoverEnv).
-func NewHandoverPair() (mine, theirs *os.File, err error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, os.NewSyscallError("socketpair", err)
-	}
-	return os.NewFile(uintptr(fds[0]), "handover"), os.NewFile(uintptr(fds[1]), "handover-peer"), nil
-}
-
-func newHandover(f *os.File) (*handover, error) {
-	fd, err := unix.Dup(int(f.Fd()))
-	if err != nil {
-		return nil, os.NewSyscallError("dup", err)
-	}
-	unix.CloseOnExec(fd)
-	if err := unix.SetNonblock(fd, false); err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	return &handover{fd: fd}, nil
-}
-
-func (h *handover) close() { unix.Close(h.fd) }
-
-// send writes one packet: kind, then v as JSON, with fds.
-func (h *handover) send(kind byte, v any, fds ...int) error {
-	body, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if len(body)+1 > maxPacket {
-		return fmt.Errorf("handover: %c packet of %d bytes", kind, len(body)+1)
-	}
-	return h.sendRaw(append([]byte{kind}, body...), fds)
-}
-
-func (h *handover) sendRaw(p []byte, fds []int) error {
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	for {
-		err := unix.Sendmsg(h.fd, p, oob, nil, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return os.NewSyscallError("sendmsg", err)
-		}
-		return nil
-	}
-}
-
-// sendBlob writes b in B packets.
-func (h *handover) sendBlob(b []byte) error {
-	for len(b) > 0 {
-		n := min(len(b), blobPacket)
-		if err := h.sendRaw(append([]byte{'B'}, b[:n]...), nil); err != nil {
-			return err
-		}
-		b = b[n:]
-	}
-	return nil
-}
-
-// recv reads one packet, waiting at most timeout (0: no limit); fds are the caller's to close.
-func (h *handover) recv(timeout time.Duration) (kind byte, body []byte, fds []int, err error) {
-	tv := unix.NsecToTimeval(timeout.Nanoseconds())
-	unix.SetsockoptTimeval(h.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	buf := make([]byte, maxPacket)
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	var n, oobn int
-	for {
-		n, oobn, _, _, err = unix.Recvmsg(h.fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err == unix.EAGAIN {
-		return 0, nil, nil, fmt.Errorf("handover: no word from the other process within %s", timeout)
-	}
-	if err != nil {
-		return 0, nil, nil, os.NewSyscallError("recvmsg", err)
-	}
-	if oobn > 0 {
-		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-		if perr == nil {
-			for _, m := range msgs {
-				if rights, err := unix.ParseUnixRights(&m); err == nil {
-					fds = append(fds, rights...)
-				}
-			}
-		}
-	}
-	if n == 0 {
-		closeFds(fds)
-		return 0, nil, nil, errors.New("handover: the other process closed the hand-over socket")
-	}
-	return buf[0], buf[1:n], fds, nil
-}
-
-// expect reads a packet of kind k into v.
-func (h *handover) expect(k byte, timeout time.Duration, v any) ([]int, error) {
-	kind, body, fds, err := h.recv(timeout)
-	if err != nil {
-		return nil, err
-	}
-	if kind == 'X' {
-		closeFds(fds)
-		var why string
-		json.Unmarshal(body, &why)
-		return nil, fmt.Errorf("handover: the other process gave up: %s", why)
-	}
-	if kind != k {
-		closeFds(fds)
-		return nil, fmt.Errorf("handover: expected a %c packet, got %c", k, kind)
-	}
-	if v != nil {
-		if err := json.Unmarshal(body, v); err != nil {
-			closeFds(fds)
-			return nil, fmt.Errorf("handover: %c packet: %w", k, err)
-		}
-	}
-	return fds, nil
-}
-
-// readBlob reads n bytes of B packets.
-func (h *handover) readBlob(n int) ([]byte, error) {
-	b := make([]byte, 0, n)
-	for len(b) < n {
-		kind, body, fds, err := h.recv(ackTimeout)
-		closeFds(fds)
-		if err != nil {
-			return nil, err
-		}
-		if kind != 'B' || len(b)+len(body) > n {
-			return nil, fmt.Errorf("handover: connection bytes expected, got a %c packet of %d", kind, len(body))
-		}
-		b = append(b, body...)
-	}
-	return b, nil
-}
-
-func closeFds(fds []int) {
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
-}
 
 // ready is the new process's R.
 type ready struct {
@@ -249,20 +92,20 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		return 0, errors.New("an upgrade is under way already")
 	}
 	defer s.upgradeMu.Unlock()
-	h, err := newHandover(peer)
+	h, err := fdpass.New(peer)
 	if err != nil {
 		return 0, err
 	}
-	defer h.close()
+	defer h.Close()
 	var r ready
-	if err := s.await(exited, func() error { _, err := h.expect('R', readyTimeout, &r); return err }); err != nil {
+	if err := s.await(exited, func() error { _, err := h.Expect('R', readyTimeout, &r); return err }); err != nil {
 		return 0, fmt.Errorf("the new process did not get ready: %w", err)
 	}
 	s.log.Info("upgrade: the new process is ready; freezing connections", "pid", r.PID, "version", r.Version)
 	start := time.Now()
 	conns, err := s.freeze(freezeTimeout)
 	if err != nil {
-		h.send('X', err.Error())
+		h.Send('X', err.Error())
 		s.thaw(conns)
 		s.m.handovers.WithLabelValues("failed").Inc()
 		return 0, err
@@ -270,7 +113,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 	if err = s.sendAll(h, conns); err == nil {
 		err = s.await(exited, func() error {
 			var taken int
-			if _, err := h.expect('A', ackTimeout, &taken); err != nil {
+			if _, err := h.Expect('A', ackTimeout, &taken); err != nil {
 				return err
 			}
 			if taken != len(conns) {
@@ -283,7 +126,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		s.m.handovers.WithLabelValues("failed").Inc()
 		return 0, &peerError{err: err, thaw: func() { s.thaw(conns) }}
 	}
-	if err := h.send('G', nil); err != nil {
+	if err := h.Send('G', nil); err != nil {
 		s.log.Warn("upgrade: could not say go; the new process goes on when this one exits", "err", err)
 	}
 	s.log.Info("upgrade: handed over", "connections", len(conns), "to_pid", r.PID,
@@ -325,7 +168,7 @@ func (s *Server) await(exited <-chan struct{}, f func() error) error {
 }
 
 // sendAll sends the server's state and every frozen connection.
-func (s *Server) sendAll(h *handover, conns []*conn) error {
+func (s *Server) sendAll(h *fdpass.Conn, conns []*conn) error {
 	st := serverState{PID: os.Getpid(), Version: version.String(), Listen: s.ln.Addr().String(),
 		NextID: s.nextID.Load(), Sources: s.gate.State(), Handovers: s.handovers.Load(), Conns: len(conns)}
 	st.Store, st.StoreKnown, _ = s.store.Load().get()
@@ -334,7 +177,7 @@ func (s *Server) sendAll(h *handover, conns []*conn) error {
 		st.MetricsListen = s.metricsLn.Addr().String()
 		fds = append(fds, s.metricsFd)
 	}
-	if err := h.send('S', st, fds...); err != nil {
+	if err := h.Send('S', st, fds...); err != nil {
 		return err
 	}
 	for _, c := range conns {
@@ -342,11 +185,11 @@ func (s *Server) sendAll(h *handover, conns []*conn) error {
 			return fmt.Errorf("connection %d: %w", c.id, err)
 		}
 	}
-	return h.send('E', len(conns))
+	return h.Send('E', len(conns))
 }
 
 // sendState sends a frozen connection: its state, sockets and bytes.
-func (c *conn) sendState(h *handover) error {
+func (c *conn) sendState(h *fdpass.Conn) error {
 	gs, err := c.g.State()
 	if err != nil {
 		return err
@@ -384,11 +227,11 @@ func (c *conn) sendState(h *handover) error {
 	if len(fds) == 0 {
 		return errors.New("no socket")
 	}
-	if err := h.send('C', cs, fds...); err != nil {
+	if err := h.Send('C', cs, fds...); err != nil {
 		return err
 	}
 	for _, b := range [][]byte{refeed, toStore, toClient} {
-		if err := h.sendBlob(b); err != nil {
+		if err := h.SendBlob(b); err != nil {
 			return err
 		}
 	}
@@ -414,22 +257,22 @@ type adoptedConn struct {
 // It returns once the old process said go (or is gone); on an error the old process goes on
 // serving, and this one must exit.
 func (s *Server) TakeOver(peer *os.File) error {
-	h, err := newHandover(peer)
+	h, err := fdpass.New(peer)
 	if err != nil {
 		return err
 	}
-	defer h.close()
-	if err := h.send('R', ready{PID: os.Getpid(), Version: version.String()}); err != nil {
+	defer h.Close()
+	if err := h.Send('R', ready{PID: os.Getpid(), Version: version.String()}); err != nil {
 		return err
 	}
 	var st serverState
-	fds, err := h.expect('S', ackTimeout, &st)
+	fds, err := h.Expect('S', ackTimeout, &st)
 	if err != nil {
 		return err
 	}
 	a := &adoption{reason: "upgrade", from: st}
 	if err := s.takeListeners(st, fds, a); err != nil {
-		h.send('X', err.Error())
+		h.Send('X', err.Error())
 		return err
 	}
 	s.nextID.Store(st.NextID)
@@ -439,7 +282,7 @@ func (s *Server) TakeOver(peer *os.File) error {
 	}
 	s.handovers.Store(st.Handovers)
 	for {
-		kind, body, fds, err := h.recv(ackTimeout)
+		kind, body, fds, err := h.Recv(ackTimeout)
 		if err != nil {
 			a.abandon()
 			return err
@@ -450,17 +293,17 @@ func (s *Server) TakeOver(peer *os.File) error {
 		ac, err := s.takeConn(h, kind, body, fds)
 		if err != nil {
 			a.abandon()
-			h.send('X', err.Error())
+			h.Send('X', err.Error())
 			return err
 		}
 		a.conns = append(a.conns, ac)
 	}
-	if err := h.send('A', len(a.conns)); err != nil {
+	if err := h.Send('A', len(a.conns)); err != nil {
 		a.abandon()
 		return err
 	}
 	// G, or the old process's end: either way it forwards nothing more.
-	h.recv(ackTimeout)
+	h.Recv(ackTimeout)
 	s.adopted = a
 	return nil
 }
@@ -476,7 +319,7 @@ func (s *Server) takeListeners(st serverState, fds []int, a *adoption) error {
 	old, err := listenerFromFd(fds[0])
 	unix.Close(fds[0])
 	if err != nil {
-		closeFds(fds[1:])
+		fdpass.CloseFds(fds[1:])
 		return fmt.Errorf("handover: listening socket: %w", err)
 	}
 	if sameAddr(c.Listen, st.Listen, old) || c.Listen == "" {
@@ -484,7 +327,7 @@ func (s *Server) takeListeners(st serverState, fds []int, a *adoption) error {
 	} else {
 		if s.ln, err = net.Listen("tcp", c.Listen); err != nil {
 			old.Close()
-			closeFds(fds[1:])
+			fdpass.CloseFds(fds[1:])
 			return fmt.Errorf("listen: %w", err)
 		}
 		a.ln = old
@@ -512,14 +355,14 @@ func (s *Server) takeListeners(st serverState, fds []int, a *adoption) error {
 }
 
 // takeConn reads one connection (a C packet and its bytes) and readies it, not started.
-func (s *Server) takeConn(h *handover, kind byte, body []byte, fds []int) (*adoptedConn, error) {
+func (s *Server) takeConn(h *fdpass.Conn, kind byte, body []byte, fds []int) (*adoptedConn, error) {
 	var cs connState
 	if kind != 'C' {
-		closeFds(fds)
+		fdpass.CloseFds(fds)
 		return nil, fmt.Errorf("handover: expected a connection, got a %c packet", kind)
 	}
 	if err := json.Unmarshal(body, &cs); err != nil {
-		closeFds(fds)
+		fdpass.CloseFds(fds)
 		return nil, fmt.Errorf("handover: connection: %w", err)
 	}
 	want := 1
@@ -527,7 +370,7 @@ func (s *Server) takeConn(h *handover, kind byte, body []byte, fds []int) (*adop
 		want = 2
 	}
 	if len(fds) != want {
-		closeFds(fds)
+		fdpass.CloseFds(fds)
 		return nil, fmt.Errorf("handover: connection %d came with %d sockets, not %d", cs.ID, len(fds), want)
 	}
 	ac := &adoptedConn{cfd: fds[0], ufd: -1}
@@ -535,13 +378,13 @@ func (s *Server) takeConn(h *handover, kind byte, body []byte, fds []int) (*adop
 		ac.ufd = fds[1]
 	}
 	var err error
-	if ac.refeed, err = h.readBlob(cs.Refeed); err == nil {
-		if ac.toStore, err = h.readBlob(cs.ToStore); err == nil {
-			ac.toClient, err = h.readBlob(cs.ToClient)
+	if ac.refeed, err = h.ReadBlob(cs.Refeed, ackTimeout); err == nil {
+		if ac.toStore, err = h.ReadBlob(cs.ToStore, ackTimeout); err == nil {
+			ac.toClient, err = h.ReadBlob(cs.ToClient, ackTimeout)
 		}
 	}
 	if err != nil {
-		closeFds(fds)
+		fdpass.CloseFds(fds)
 		return nil, err
 	}
 	st := s.set.Load()

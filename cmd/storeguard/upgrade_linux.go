@@ -1,0 +1,69 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+
+	"github.com/storeguard/storeguard/internal/fdpass"
+	"github.com/storeguard/storeguard/proxy"
+)
+
+// An upgrade in place (SIGUSR2): the binary at the path storeguard was started from is started
+// with the same arguments and a hand-over socket, takes the listening sockets and every
+// connection over (proxy.HandOver), and this process then exits. A failure at any step leaves
+// this process serving, and says why.
+
+// upgrader starts the next process.
+type upgrader struct {
+	exe  string   // the binary's path, as the process started
+	args []string // the command line, without the program name
+	log  *slog.Logger
+}
+
+func newUpgrader(log *slog.Logger) *upgrader {
+	exe, err := os.Executable() // on Linux /proc/self/exe, with a " (deleted)" suffix removed: the path, replaced or not
+	if err != nil {
+		exe = os.Args[0]
+	}
+	return &upgrader{exe: exe, args: os.Args[1:], log: log}
+}
+
+// upgrade hands everything over to a new process; nil once it has it all (Serve then returns).
+func (u *upgrader) upgrade(srv *proxy.Server) error {
+	mine, theirs, err := fdpass.Pair()
+	if err != nil {
+		return err
+	}
+	defer mine.Close()
+	cmd := exec.Command(u.exe, u.args...)
+	cmd.Env = append(childEnv(), proxy.HandoverEnv+"=3")
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+	u.log.Info("upgrade: starting the new process", "path", u.exe)
+	if err := cmd.Start(); err != nil {
+		theirs.Close()
+		return fmt.Errorf("starting %s: %w", u.exe, err)
+	}
+	theirs.Close()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	n, err := srv.HandOver(mine, exited)
+	if err == nil {
+		u.log.Info("upgrade: the new process serves; exiting", "pid", cmd.Process.Pid, "connections", n)
+		return nil
+	}
+	select {
+	case <-exited:
+		err = fmt.Errorf("%w (%v)", err, waitErr)
+	default:
+		cmd.Process.Kill() // it may hold connections: gone before this process goes on with them
+		<-exited
+	}
+	proxy.Thaw(err)
+	return err
+}

@@ -299,6 +299,7 @@ func (c *conn) end() {
 		c.storeSlot()
 	}
 	c.s.track(c, false)
+	c.s.kp.ended(c)
 	c.s.m.active.Dec()
 	c.release()
 	c.s.handlers.Done()

@@ -109,6 +109,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 		return
 	}
 	c := s.newConn(tc, src, dst, release)
+	s.kp.opened(c, -1, tc)
 	s.track(c, true)
 	s.accepting.Add(-1)
 	c.serve(false)
@@ -236,6 +237,7 @@ func (c *conn) dialStore() {
 		return
 	}
 	c.up = up.(*net.TCPConn)
+	s.kp.connected(c, -1, c.up)
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
 		c.kick = true // the reading goroutine offers the connection to a loop before its next read
 		c.mu.Unlock()

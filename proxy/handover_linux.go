@@ -44,6 +44,7 @@ func (c *conn) connectStore(l *loop) bool {
 		unix.Close(int(fd))
 		return false
 	}
+	c.s.kp.connected(c, int(fd), nil)
 	c.mu.Lock()
 	c.ufd, c.dialed = fd, true
 	c.mu.Unlock()

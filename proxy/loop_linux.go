@@ -431,6 +431,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	}
 	s.loops.clientOptionsOf(fd)
 	c := s.newConn(nil, src, dst, release)
+	s.kp.opened(c, fd, nil)
 	if c.loopable() {
 		// Connections are spread over the loops in turn: EPOLLEXCLUSIVE wakes the same loop for
 		// every connection while it waits.
@@ -453,6 +454,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	if err != nil {
 		s.log.Warn("could not give an accepted connection to Go's poller; closing it", "err", err)
 		c.release()
+		s.kp.ended(c)
 		s.m.active.Dec()
 		s.handlers.Done()
 		return

@@ -56,3 +56,15 @@ func (s *Server) HandOver(*os.File, <-chan struct{}) (int, error) { return 0, er
 func Thaw(error) {}
 
 var errNoUpgrade = errors.New("upgrade in place needs Linux")
+
+// A keeper (package keeper) holds descriptors across processes: Linux only.
+type keeperLink struct{}
+
+func (*keeperLink) opened(*conn, int, *net.TCPConn)    {}
+func (*keeperLink) connected(*conn, int, *net.TCPConn) {}
+func (*keeperLink) ended(*conn)                        {}
+
+func (s *Server) UseKeeper(*os.File) error { return errNoUpgrade }
+func (s *Server) KeeperListeners(bool)     {}
+func (s *Server) AskUpgrade() bool         { return false }
+func (s *Server) RestoreFromKeeper() error { return errNoUpgrade }

@@ -145,6 +145,7 @@ type Server struct {
 	upgradeMu       sync.Mutex // one upgrade at a time
 	adopted         *adoption  // what a previous process handed over, until Serve starts it
 	handovers       atomic.Uint64
+	kp              *keeperLink // nil: no keeper
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}

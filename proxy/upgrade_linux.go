@@ -126,6 +126,9 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		s.m.handovers.WithLabelValues("failed").Inc()
 		return 0, &peerError{err: err, thaw: func() { s.thaw(conns) }}
 	}
+	if s.kp != nil && !s.kp.sync(2*time.Second) { // the keeper knows every connection before the new worker goes on
+		s.log.Warn("upgrade: the keeper did not confirm it read every connection in time")
+	}
 	if err := h.Send('G', nil); err != nil {
 		s.log.Warn("upgrade: could not say go; the new process goes on when this one exits", "err", err)
 	}
@@ -247,6 +250,7 @@ type adoption struct {
 }
 
 type adoptedConn struct {
+	rebuild                   bool // restored by a keeper after a crash: no state but the sockets
 	c                         *conn
 	cfd, ufd                  int
 	refeed, toStore, toClient []byte
@@ -420,10 +424,21 @@ func (s *Server) startAdopted() {
 	}
 	s.adopted = nil
 	for _, ac := range a.conns {
+		if ac.rebuild && !s.rebuild(ac) {
+			s.log.Warn("restart: the store's generation is not known; closing a restored connection", "conn", ac.c.id)
+			s.kp.ended(ac.c)
+			unix.Close(ac.cfd)
+			if ac.ufd >= 0 {
+				unix.Close(ac.ufd)
+			}
+			continue
+		}
 		s.startConn(ac)
 	}
-	s.handovers.Add(1)
-	s.m.handovers.WithLabelValues("ok").Add(float64(s.handovers.Load()))
+	if a.reason != "restart" { // a restart knows nothing of the hand-overs before
+		s.handovers.Add(1)
+		s.m.handovers.WithLabelValues("ok").Add(float64(s.handovers.Load()))
+	}
 	s.m.handoverConns.Set(float64(len(a.conns)))
 	moved := uint64(len(a.conns))
 	e := audit.Event{Timestamp: s.now(), Action: audit.ActionHandover, Reason: a.reason,
@@ -432,8 +447,12 @@ func (s *Server) startAdopted() {
 		e.DestIP, e.DestPort = ap.Addr().Unmap(), ap.Port()
 	}
 	s.writeAudit(e)
-	s.log.Info("upgrade: handover complete", "connections", len(a.conns), "from_pid", a.from.PID,
-		"from_version", a.from.Version, "handovers", s.handovers.Load())
+	if a.reason == "restart" {
+		s.log.Info("restart: took every connection back from the keeper", "connections", len(a.conns))
+	} else {
+		s.log.Info("upgrade: handover complete", "connections", len(a.conns), "from_pid", a.from.PID,
+			"from_version", a.from.Version, "handovers", s.handovers.Load())
+	}
 	if a.ln != nil {
 		go s.acceptBacklog(a.ln)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/nbwriter"
+	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/proxy"
 )
 
@@ -26,6 +27,7 @@ func newServeCommand() *cobra.Command {
 	}
 	addServeFlags(cmd.Flags())
 	pidFile := cmd.Flags().String("pid-file", "", "write the PID of the process that forwards here (an upgrade's new process rewrites it)")
+	useKeeper := cmd.Flags().Bool("keeper", false, "run under a keeper: a parent that holds every socket and restarts the forwarding process with them if it dies (docs/design.md, Zero downtime)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		opts := loadOptions(cmd.Flags())
 		cfg, err := config.Load(opts)
@@ -34,6 +36,9 @@ func newServeCommand() *cobra.Command {
 			return fmt.Errorf("bad configuration:\n%w", err)
 		}
 		cmd.SilenceUsage = true
+		if *useKeeper && os.Getenv(keeper.Env) == "" {
+			return runKeeper(cfg)
+		}
 		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, opts.Path(), *pidFile)
 	}
 	return cmd
@@ -53,6 +58,12 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	if err != nil {
 		return err
 	}
+	kf, err := inheritedFile(keeper.Env) // run by a keeper (--keeper)
+	if err != nil {
+		return err
+	}
+	restore := os.Getenv(keeper.RestoreEnv) != "" // the previous worker died: the keeper has everything
+	os.Unsetenv(keeper.RestoreEnv)
 	log, logSink := newLogger(cfg.Log, os.Stderr)
 	defer logSink.Close(sinkWait)
 	var aw *audit.Writer
@@ -81,15 +92,30 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	usr2 := make(chan os.Signal, 1)
 	signal.Notify(usr2, syscall.SIGUSR2)
 	defer signal.Stop(usr2)
-	if peer != nil {
+	if kf != nil {
+		err = srv.UseKeeper(kf)
+		kf.Close()
+		if err != nil {
+			return fmt.Errorf("keeper: %w", err)
+		}
+	}
+	switch {
+	case peer != nil:
 		err = srv.TakeOver(peer)
 		peer.Close()
 		if err != nil {
 			return fmt.Errorf("upgrade: taking over: %w", err)
 		}
-	} else if err := srv.Listen(); err != nil {
-		return err
+	case restore && kf != nil:
+		if err := srv.RestoreFromKeeper(); err != nil {
+			return fmt.Errorf("keeper: restoring the connections: %w", err)
+		}
+	default:
+		if err := srv.Listen(); err != nil {
+			return err
+		}
 	}
+	srv.KeeperListeners(peer != nil)
 	if err := writePidFile(pidFile, os.Getpid()); err != nil {
 		log.Warn("could not write the pid file", "err", err)
 	}
@@ -98,6 +124,9 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	up := newUpgrader(log)
 	go func() {
 		for range usr2 {
+			if srv.AskUpgrade() { // the keeper starts the new worker
+				continue
+			}
 			if err := up.upgrade(srv); err != nil {
 				log.Error("upgrade failed; this process goes on serving", "err", err)
 			}
@@ -110,6 +139,27 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	go aw.FlushEvery(ctx, 5*time.Second) // ends sampling windows on time: suppressed counts get written
 	if err := srv.Serve(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
+	}
+	return nil
+}
+
+// runKeeper runs this command line, without --keeper, as a keeper's worker (package keeper).
+func runKeeper(cfg config.Config) error {
+	log, sink := newLogger(cfg.Log, os.Stderr)
+	defer sink.Close(sinkWait)
+	var args []string
+	for _, a := range os.Args[1:] {
+		if a != "--keeper" && a != "--keeper=true" {
+			args = append(args, a)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	code := keeper.New(exe, args, log).Run()
+	if code != 0 {
+		return exitError{code: code, err: fmt.Errorf("the worker exited with status %d", code)}
 	}
 	return nil
 }

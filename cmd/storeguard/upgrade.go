@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/proxy"
 )
 
@@ -15,7 +16,7 @@ import (
 func childEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, proxy.HandoverEnv+"=") && !strings.HasPrefix(kv, keeperEnv+"=") {
+		if !strings.HasPrefix(kv, proxy.HandoverEnv+"=") && !strings.HasPrefix(kv, keeper.Env+"=") {
 			env = append(env, kv)
 		}
 	}
@@ -60,5 +61,3 @@ func writePidFile(path string, pid int) error {
 	}
 	return nil
 }
-
-const keeperEnv = "STOREGUARD_KEEPER_FD"

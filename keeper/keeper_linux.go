@@ -1,0 +1,408 @@
+// Package keeper is storeguard's crash guard: a minimal parent process that holds a copy of every
+// socket the forwarding process (its worker, `storeguard serve` as its child) has, and starts a
+// new worker with them all when the worker dies. A `kill -9` of the process that forwards, or a
+// crash, then costs no connection: the clients and the store never see a close.
+//
+// The keeper reads nothing from the network and decodes nothing: it keeps descriptors, which the
+// worker sends it as it accepts, connects and closes (proxy's keeper link), and starts workers.
+// It also runs upgrades in place (SIGUSR2, to it or to the worker): it starts the new worker with
+// a hand-over socket to the old one, which hands everything over with its full state, as without a
+// keeper.
+//
+// What a crash loses and what it keeps is in docs/design.md ("Zero downtime").
+package keeper
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/storeguard/storeguard/internal/fdpass"
+)
+
+// Packets between a worker and its keeper (fdpass, a kind byte and a JSON body):
+//
+//	worker → keeper  L  the listening sockets (Listeners), with their descriptors
+//	                 O  a connection accepted (Conn), with the client's socket
+//	                 U  its store connection (Conn.ID), with the store's socket
+//	                 D  it ended (Conn.ID): the keeper closes its copies
+//	                 Q  a restarted worker asks for everything: S, then a C per connection, then E
+//	                 T  a worker started for an upgrade took over: it is the worker now
+//	                 P  please upgrade (the worker got SIGUSR2)
+//	                 F  flush: the keeper answers f once it has read every packet before
+//	                 K  kill the worker started for an upgrade: the hand-over failed after it may
+//	                    have taken connections; the keeper answers k once it is gone
+//	keeper → worker  H  hand over to the worker started for an upgrade, through this socket
+//	                 S, C, E  the answer to Q
+
+// Listeners is the L and S packets' body.
+type Listeners struct {
+	Listen        string
+	MetricsListen string // "" when there is no metrics listener (one descriptor)
+	NextID        uint64 // S only: the next connection id to use
+}
+
+// Conn is the O and C packets' body.
+type Conn struct {
+	ID       uint64
+	Src, Dst netip.AddrPort
+	HasUp    bool // C only: a second descriptor, the store's, follows the client's
+}
+
+type held struct {
+	meta     Conn
+	cfd, ufd int
+}
+
+type worker struct {
+	cmd    *exec.Cmd
+	ctl    *fdpass.Conn
+	sendMu sync.Mutex
+	start  time.Time
+	exited chan struct{}
+	read   chan struct{} // closed once every packet it sent was read
+}
+
+func (w *worker) send(kind byte, v any, fds ...int) error {
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
+	return w.ctl.Send(kind, v, fds...)
+}
+
+// Keeper holds the descriptors and runs the workers.
+type Keeper struct {
+	exe  string
+	args []string
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	lnFds     []int
+	ln        Listeners
+	conns     map[uint64]*held
+	nextID    uint64
+	current   *worker
+	upgrading *worker // started for an upgrade, not taken over yet
+	stopping  bool
+
+	exits    chan *worker
+	upgrades chan struct{}
+}
+
+// New is a keeper that runs exe with args (a serve command line) as its worker.
+func New(exe string, args []string, log *slog.Logger) *Keeper {
+	return &Keeper{exe: exe, args: args, log: log, conns: map[uint64]*held{}, exits: make(chan *worker, 4),
+		upgrades: make(chan struct{}, 1)}
+}
+
+// Run starts the worker and keeps it running until SIGTERM or SIGINT, which it passes on; it
+// returns the exit status to exit with.
+func (k *Keeper) Run() int {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR2)
+	w, err := k.spawn(false, nil)
+	if err != nil {
+		k.log.Error("keeper: cannot start the worker", "err", err)
+		return 2
+	}
+	k.setCurrent(w)
+	crashes := 0
+	for {
+		select {
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGUSR2:
+				k.upgrade()
+			case syscall.SIGHUP:
+				k.signalCurrent(sig)
+			default:
+				k.mu.Lock()
+				k.stopping = true
+				k.mu.Unlock()
+				k.signalCurrent(sig)
+			}
+		case <-k.upgrades:
+			k.upgrade()
+		case w := <-k.exits:
+			code, again := k.exited(w)
+			if !again {
+				if code >= 0 {
+					k.closeAll()
+					return code
+				}
+				continue
+			}
+			if time.Since(w.start) < time.Second { // died at once: a bad binary or configuration
+				crashes++
+			} else {
+				crashes = 0
+			}
+			<-w.read         // its last closes are done: none of those comes back to life
+			if crashes > 0 { // a worker that dies at once is not restarted in a tight loop
+				time.Sleep(min(time.Duration(1<<min(crashes, 6))*100*time.Millisecond, 5*time.Second))
+			}
+			nw, err := k.spawn(true, nil)
+			if err != nil {
+				k.log.Error("keeper: cannot restart the worker; retrying", "err", err)
+				k.exits <- w // try again after the pause
+				crashes++
+				continue
+			}
+			k.setCurrent(nw)
+		}
+	}
+}
+
+// exited handles a worker's end: again, when it was the worker and must be replaced; code >= 0,
+// when the keeper is to exit with it.
+func (k *Keeper) exited(w *worker) (code int, again bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	status := w.cmd.ProcessState
+	if w == k.upgrading {
+		k.upgrading = nil
+		k.log.Warn("keeper: the worker started for an upgrade exited; the worker goes on", "status", status.String())
+		return -1, false
+	}
+	if w != k.current {
+		k.log.Info("keeper: the previous worker exited after handing over", "pid", w.cmd.Process.Pid)
+		return -1, false
+	}
+	if k.stopping {
+		return status.ExitCode(), false
+	}
+	k.log.Error("keeper: the worker died; restarting it with every connection", "pid", w.cmd.Process.Pid,
+		"status", status.String(), "connections", len(k.conns))
+	k.current = nil
+	return -1, true
+}
+
+func (k *Keeper) setCurrent(w *worker) {
+	k.mu.Lock()
+	k.current = w
+	k.mu.Unlock()
+}
+
+func (k *Keeper) signalCurrent(sig os.Signal) {
+	k.mu.Lock()
+	w := k.current
+	k.mu.Unlock()
+	if w != nil {
+		w.cmd.Process.Signal(sig)
+	}
+}
+
+// upgrade starts a worker that takes over from the current one.
+func (k *Keeper) upgrade() {
+	k.mu.Lock()
+	cur, busy := k.current, k.upgrading != nil
+	k.mu.Unlock()
+	if cur == nil || busy {
+		k.log.Warn("keeper: upgrade asked while no worker runs or an upgrade is under way; ignored")
+		return
+	}
+	mine, theirs, err := fdpass.Pair()
+	if err != nil {
+		k.log.Error("keeper: upgrade failed", "err", err)
+		return
+	}
+	defer mine.Close()
+	w, err := k.spawn(false, theirs)
+	theirs.Close()
+	if err != nil {
+		k.log.Error("keeper: upgrade failed: cannot start the new worker; the worker goes on", "err", err)
+		return
+	}
+	k.mu.Lock()
+	k.upgrading = w
+	k.mu.Unlock()
+	if err := cur.send('H', nil, int(mine.Fd())); err != nil {
+		k.log.Error("keeper: upgrade failed: cannot reach the worker", "err", err)
+		w.cmd.Process.Kill()
+	}
+}
+
+// spawn starts a worker; restore: it takes over from one that died; handover: the hand-over
+// socket to the worker it takes over from.
+func (k *Keeper) spawn(restore bool, handover *os.File) (*worker, error) {
+	mine, theirs, err := fdpass.Pair()
+	if err != nil {
+		return nil, err
+	}
+	defer theirs.Close()
+	ctl, err := fdpass.New(mine)
+	mine.Close()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(k.exe, k.args...)
+	cmd.Env = append(cleanEnv(), Env+"=3")
+	cmd.ExtraFiles = []*os.File{theirs}
+	if handover != nil {
+		cmd.Env = append(cmd.Env, "STOREGUARD_HANDOVER_FD=4")
+		cmd.ExtraFiles = append(cmd.ExtraFiles, handover)
+	}
+	if restore {
+		cmd.Env = append(cmd.Env, RestoreEnv+"=1")
+	}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		ctl.Close()
+		return nil, fmt.Errorf("starting %s: %w", k.exe, err)
+	}
+	w := &worker{cmd: cmd, ctl: ctl, start: time.Now(), exited: make(chan struct{}), read: make(chan struct{})}
+	go k.serveWorker(w)
+	go func() {
+		cmd.Wait()
+		close(w.exited)
+		k.exits <- w
+	}()
+	return w, nil
+}
+
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		switch {
+		case hasPrefix(kv, Env+"="), hasPrefix(kv, RestoreEnv+"="), hasPrefix(kv, "STOREGUARD_HANDOVER_FD="):
+		default:
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
+
+// serveWorker reads a worker's packets until its socket closes.
+func (k *Keeper) serveWorker(w *worker) {
+	defer close(w.read)
+	defer w.ctl.Close()
+	for {
+		kind, body, fds, err := w.ctl.Recv(0)
+		if err != nil {
+			return
+		}
+		if err := k.packet(w, kind, body, fds); err != nil {
+			k.log.Warn("keeper: bad packet from the worker", "kind", string(kind), "err", err)
+		}
+	}
+}
+
+func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
+	var c Conn
+	switch kind {
+	case 'O', 'U', 'D':
+		if err := json.Unmarshal(body, &c); err != nil {
+			fdpass.CloseFds(fds)
+			return err
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch kind {
+	case 'L':
+		var ln Listeners
+		if err := json.Unmarshal(body, &ln); err != nil || len(fds) == 0 {
+			fdpass.CloseFds(fds)
+			return fmt.Errorf("listeners: %v", err)
+		}
+		fdpass.CloseFds(k.lnFds)
+		k.lnFds, k.ln = fds, ln
+	case 'O':
+		if len(fds) != 1 {
+			fdpass.CloseFds(fds)
+			return fmt.Errorf("connection %d: %d descriptors", c.ID, len(fds))
+		}
+		if old := k.conns[c.ID]; old != nil {
+			old.close()
+		}
+		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1}
+		k.nextID = max(k.nextID, c.ID+1)
+	case 'U':
+		h := k.conns[c.ID]
+		if h == nil || len(fds) != 1 || h.ufd >= 0 {
+			fdpass.CloseFds(fds)
+			return fmt.Errorf("store connection of %d: unknown, or %d descriptors", c.ID, len(fds))
+		}
+		h.ufd = fds[0]
+	case 'D':
+		if h := k.conns[c.ID]; h != nil {
+			h.close()
+			delete(k.conns, c.ID)
+		}
+	case 'T':
+		if w == k.upgrading {
+			k.upgrading, k.current = nil, w
+			k.log.Info("keeper: the new worker took over", "pid", w.cmd.Process.Pid)
+		}
+	case 'P':
+		select {
+		case k.upgrades <- struct{}{}:
+		default:
+		}
+	case 'K':
+		if u := k.upgrading; u != nil {
+			u.cmd.Process.Kill()
+			k.mu.Unlock()
+			<-u.exited
+			k.mu.Lock()
+		}
+		go w.send('k', nil)
+	case 'Q':
+		return k.restore(w)
+	case 'F':
+		go w.send('f', nil)
+	default:
+		fdpass.CloseFds(fds)
+		return fmt.Errorf("unknown packet")
+	}
+	return nil
+}
+
+// restore sends a restarted worker everything held (k.mu held).
+func (k *Keeper) restore(w *worker) error {
+	ln := k.ln
+	ln.NextID = k.nextID
+	if err := w.send('S', ln, k.lnFds...); err != nil {
+		return err
+	}
+	for _, h := range k.conns {
+		meta := h.meta
+		fds := []int{h.cfd}
+		if meta.HasUp = h.ufd >= 0; meta.HasUp {
+			fds = append(fds, h.ufd)
+		}
+		if err := w.send('C', meta, fds...); err != nil {
+			return err
+		}
+	}
+	k.log.Info("keeper: handed every connection to the restarted worker", "connections", len(k.conns),
+		"pid", w.cmd.Process.Pid)
+	return w.send('E', len(k.conns))
+}
+
+func (h *held) close() {
+	fdpass.CloseFds([]int{h.cfd})
+	if h.ufd >= 0 {
+		fdpass.CloseFds([]int{h.ufd})
+	}
+}
+
+// closeAll closes every descriptor held (the keeper exits).
+func (k *Keeper) closeAll() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for id, h := range k.conns {
+		h.close()
+		delete(k.conns, id)
+	}
+	fdpass.CloseFds(k.lnFds)
+	k.lnFds = nil
+}

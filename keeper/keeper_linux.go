@@ -174,7 +174,7 @@ func (k *Keeper) exited(w *worker) (code int, again bool) {
 		k.log.Info("keeper: the previous worker exited after handing over", "pid", w.cmd.Process.Pid)
 		return -1, false
 	}
-	if k.stopping {
+	if k.stopping || status.Success() { // asked to stop, or it stopped by itself (SIGTERM to it): so does the keeper
 		return status.ExitCode(), false
 	}
 	k.log.Error("keeper: the worker died; restarting it with every connection", "pid", w.cmd.Process.Pid,
@@ -309,10 +309,11 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 	switch kind {
 	case 'L':
 		var ln Listeners
-		if err := json.Unmarshal(body, &ln); err != nil || len(fds) == 0 {
+		if err := json.Unmarshal(body, &ln); err != nil {
 			fdpass.CloseFds(fds)
 			return fmt.Errorf("listeners: %v", err)
 		}
+		// None: the worker shuts down, and the sockets close with its own.
 		fdpass.CloseFds(k.lnFds)
 		k.lnFds, k.ln = fds, ln
 	case 'O':

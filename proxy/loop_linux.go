@@ -152,6 +152,13 @@ func (ls *loops) restart(s *Server) {
 	}
 }
 
+// each is the loops now (restart replaces ended ones).
+func (ls *loops) each() []*loop {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return append([]*loop(nil), ls.all...)
+}
+
 // pick is the loop the next connection goes to.
 func (ls *loops) pick() *loop {
 	ls.mu.Lock()
@@ -162,7 +169,7 @@ func (ls *loops) pick() *loop {
 
 // stop ends the loops, handing any connection they still forward back to its goroutines.
 func (ls *loops) stop() {
-	for _, l := range ls.all {
+	for _, l := range ls.each() {
 		l.request(func() { l.stop = true }) // false: it ended already
 		<-l.done
 	}
@@ -337,8 +344,9 @@ func (l *loop) serveRequests() (stop bool) {
 // watches a duplicate of the listening socket (EPOLLEXCLUSIVE: one loop wakes per connection), and
 // ln leaves Go's poller; the socket lives on through the duplicates until stopAccepting.
 func (ls *loops) acceptFrom(ln *net.TCPListener) error {
-	fds := make([]int, 0, len(ls.all))
-	for range ls.all {
+	all := ls.each()
+	fds := make([]int, 0, len(all))
+	for range all {
 		fd, err := dupFd(ln)
 		if err != nil {
 			for _, fd := range fds {
@@ -351,7 +359,7 @@ func (ls *loops) acceptFrom(ln *net.TCPListener) error {
 	if len(fds) > 0 {
 		setClientOptions(fds[0]) // on the listening socket, which its duplicates share
 	}
-	for i, l := range ls.all {
+	for i, l := range all {
 		fd := fds[i]
 		if !l.request(func() { l.listen = fd }) {
 			unix.Close(fd) // that loop ended; the others accept
@@ -363,7 +371,7 @@ func (ls *loops) acceptFrom(ln *net.TCPListener) error {
 
 // stopAccepting has every loop close its listening socket, and returns once they all have.
 func (ls *loops) stopAccepting() {
-	for _, l := range ls.all {
+	for _, l := range ls.each() {
 		done := make(chan struct{})
 		if l.request(func() { l.unlisten = done }) {
 			<-done

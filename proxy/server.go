@@ -141,6 +141,7 @@ type Server struct {
 	frz             freezer
 	accepting       atomic.Int64
 	handedOver      chan struct{}
+	serving         chan struct{} // closed once Serve accepts: loops and loopsAcc are set
 	handOnce        sync.Once
 	upgradeMu       sync.Mutex // one upgrade at a time
 	adopted         *adoption  // what a previous process handed over, until Serve starts it
@@ -197,6 +198,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})
 	s.handedOver = make(chan struct{})
+	s.serving = make(chan struct{})
 	s.lnFd, s.metricsFd = -1, -1
 	s.frz.init()
 	return s, nil
@@ -271,7 +273,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 
 	s.startAdopted()
-	if s.loopsAcc = s.loopsAccept(); s.loopsAcc {
+	s.loopsAcc = s.loopsAccept()
+	close(s.serving) // an upgrade may begin
+	if s.loopsAcc {
 		select {
 		case <-ctx.Done():
 		case <-s.handedOver:
@@ -286,6 +290,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 		return nil // the connections are the next process's now: nothing to drain
 	}
+	s.closeKeptFds() // the listening sockets close now: a client that comes is refused, not left waiting
 	s.draining.Store(true)
 	s.drain(s.set.Load().cfg.Timeouts.Drain)
 	if httpSrv != nil {

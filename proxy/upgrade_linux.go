@@ -16,6 +16,7 @@ import (
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/internal/version"
+	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -88,6 +89,11 @@ func (s *Server) Handovers() uint64 { return s.handovers.Load() }
 // handed over and the server goes on serving; the caller must make sure the new process is gone
 // (errKillPeer says it may have taken connections).
 func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err error) {
+	select {
+	case <-s.serving:
+	default:
+		return 0, errors.New("not serving yet")
+	}
 	if !s.upgradeMu.TryLock() {
 		return 0, errors.New("an upgrade is under way already")
 	}
@@ -542,6 +548,23 @@ func (s *Server) keepListenerFds() error {
 		s.metricsFd = int(fd)
 	}
 	return nil
+}
+
+// closeKeptFds closes the listening sockets' descriptors kept for an upgrade (and the keeper's:
+// a shutdown closes them for good).
+func (s *Server) closeKeptFds() {
+	if s.upgradeMu.TryLock() { // else an upgrade is under way: its end decides
+		defer s.upgradeMu.Unlock()
+	}
+	for _, fd := range []*int{&s.lnFd, &s.metricsFd} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	if s.kp != nil {
+		s.kp.post('L', keeper.Listeners{}) // no descriptors: the keeper closes its copies
+	}
 }
 
 // listenerFromFd is a listener on a duplicate of fd.

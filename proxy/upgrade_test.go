@@ -1,0 +1,230 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/fdpass"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// takeOver starts a second server with h's configuration (changed by mutate) that takes
+// everything over from h's (HandOver, TakeOver), as a new process would, and serves.
+func (h *harness) takeOver(t *testing.T, mutate func(*config.Config)) (*harness, error) {
+	t.Helper()
+	mine, theirs, err := fdpass.Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	defer theirs.Close()
+	cfg := h.srv.set.Load().cfg
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	next := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), store: h.store}
+	srv, err := New(cfg, Options{Audit: audit.New(next.audit, audit.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := make(chan error, 1)
+	go func() { took <- srv.TakeOver(theirs) }()
+	_, herr := h.srv.HandOver(mine, nil)
+	terr := <-took
+	if herr != nil {
+		Thaw(herr)
+		return nil, herr
+	}
+	if terr != nil {
+		t.Fatalf("the new server failed (%v) though the old one handed over", terr)
+	}
+	next.srv, next.addr = srv, srv.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	next.cancel = cancel
+	go func() { srv.Serve(ctx); close(next.done) }()
+	t.Cleanup(func() {
+		cancel()
+		<-next.done
+	})
+	return next, nil
+}
+
+// TestUpgradeKeepsEveryConnection: connections in every state go on through the new server as if
+// nothing happened: no byte lost, none forwarded twice, a message half-received before the
+// hand-over completed after it, replies flowing, and the old server's Serve returns.
+func TestUpgradeKeepsEveryConnection(t *testing.T) { run(t, testUpgradeKeepsEveryConnection) }
+
+func testUpgradeKeepsEveryConnection(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G3})
+	hs := protocol.AppendHandshake(nil, protocol.G3, 1)
+	set := func(k string) []byte {
+		return enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(k), Value: bytes.Repeat([]byte("v"), 300)})
+	}
+	add := enc(t, protocol.G3, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Value: []byte{1, 0, 0, 0, 0, 0, 0, 0}})
+
+	// whole: between messages, a reply read. half: the first 100 bytes of a SET held. silent:
+	// connected, nothing sent (no store connection yet).
+	whole, half, silent := h.dial(), h.dial(), h.dial()
+	whole.Write(append(append([]byte{}, hs...), add...))
+	readReply(t, whole, 8)
+	partial := append(append([]byte{}, hs...), set("/half")...)
+	half.Write(partial[:len(hs)+100])
+	eventually(t, "two store connections", func() bool { return h.store.NumConns() == 2 })
+	eventually(t, "the handshakes", func() bool { return len(h.store.Received(1)) == len(hs) })
+
+	next, err := h.takeOver(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old server's Serve did not return after handing over")
+	}
+
+	whole.Write(add)
+	readReply(t, whole, 8)
+	half.Write(partial[len(hs)+100:])
+	silent.Write(append(append([]byte{}, hs...), add...))
+	readReply(t, silent, 8)
+	eventually(t, "every byte at the store once", func() bool {
+		return bytes.Equal(h.store.Received(0), append(append(append([]byte{}, hs...), add...), add...)) &&
+			bytes.Equal(h.store.Received(1), partial) && h.store.NumConns() == 3
+	})
+	// A new connection is accepted on the same address by the new server.
+	fresh := next.dial()
+	fresh.Write(append(append([]byte{}, hs...), add...))
+	readReply(t, fresh, 8)
+
+	var handover map[string]any
+	eventually(t, "the hand-over's audit event", func() bool {
+		for _, e := range next.audit.events(t) {
+			if e["event.action"] == "handover" {
+				handover = e
+			}
+		}
+		return handover != nil
+	})
+	if handover["storeguard.connections"] != float64(3) || handover["event.reason"] != "upgrade" {
+		t.Errorf("handover event %v, want 3 connections for an upgrade", handover)
+	}
+	if v := next.metric(`storeguard_handovers_total{result="ok"}`); v != "1" {
+		t.Errorf("handovers_total ok = %q, want 1", v)
+	}
+}
+
+// TestFailedUpgradeKeepsServing: when the new server cannot take over (here its new listen address
+// is taken), the old one thaws and serves on: the connection's half message completes through it.
+func TestFailedUpgradeKeepsServing(t *testing.T) { run(t, testFailedUpgradeKeepsServing) }
+
+func testFailedUpgradeKeepsServing(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13" })
+	set := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: []byte("value")})
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	c := h.dial()
+	c.Write(append(append([]byte{}, get...), set[:5]...))
+	eventually(t, "the first message", func() bool { return bytes.Equal(h.store.Received(0), get) })
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	if _, err := h.takeOver(t, func(c *config.Config) { c.Listen = taken.Addr().String() }); err == nil {
+		t.Fatal("the hand-over succeeded though the new server could not listen")
+	}
+	c.Write(set[5:])
+	eventually(t, "the SET completed through the old server", func() bool {
+		return bytes.Equal(h.store.Received(0), append(get, set...))
+	})
+	c2 := h.dial() // and it accepts again
+	c2.Write(get)
+	eventually(t, "a new connection", func() bool { return bytes.Equal(h.store.Received(1), get) })
+	if v := h.metric(`storeguard_handovers_total{result="failed"}`); v != "1" {
+		t.Errorf("handovers_total failed = %q, want 1", v)
+	}
+}
+
+// TestUpgradeCarriesRepliesAndBans: replies the client had not taken yet reach it from the new
+// server, and a source banned by the old server stays banned.
+func TestUpgradeCarriesRepliesAndBans(t *testing.T) {
+	h := start(t, goroutineMode, func(c *config.Config) {
+		c.Generation = "1.13"
+		c.Ban.Violations, c.Ban.Window, c.Ban.Duration, c.Ban.Exempt = 1, time.Minute, time.Hour, nil
+	})
+	big := bytes.Repeat([]byte("r"), 16<<20) // more than the sockets hold: most of it waits in the guard
+	h.store.SetReply(big)
+	c := h.dial()
+	c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys}))
+	eventually(t, "replies queued in the guard", func() bool {
+		h.srv.mu.Lock()
+		defer h.srv.mu.Unlock()
+		for cc := range h.srv.conns {
+			cc.rep.mu.Lock()
+			q := cc.rep.queued
+			cc.rep.mu.Unlock()
+			if q > 1<<20 {
+				return true
+			}
+		}
+		return false
+	})
+	// Another source: one with a rank's connection that sent valid messages is never banned.
+	other := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	bad, err := other.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	bad.Write([]byte{0xff})
+	closedByPeer(t, bad)
+	eventually(t, "the ban", func() bool {
+		for _, e := range h.audit.events(t) {
+			if e["event.action"] == "banned" {
+				return true
+			}
+		}
+		return false
+	})
+
+	next, err := h.takeOver(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(io.LimitReader(c, int64(len(big))))
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("client read %d of %d reply bytes (%v)", len(got), len(big), err)
+	}
+	again, err := other.Dial("tcp", next.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	closedByPeer(t, again) // refused: still banned
+	eventually(t, "the refusal as banned", func() bool {
+		for _, e := range next.audit.events(t) {
+			if e["event.action"] == "denied" && e["event.reason"] == "banned" {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func readReply(t *testing.T, c net.Conn, n int) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, n)); err != nil {
+		t.Fatalf("reply: %v", err)
+	}
+}

@@ -69,7 +69,7 @@ func testUpgradeKeepsEveryConnection(t *testing.T, m mode) {
 	set := func(k string) []byte {
 		return enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(k), Value: bytes.Repeat([]byte("v"), 300)})
 	}
-	add := enc(t, protocol.G3, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Value: []byte{1, 0, 0, 0, 0, 0, 0, 0}})
+	add := enc(t, protocol.G3, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
 
 	// whole: between messages, a reply read. half: the first 100 bytes of a SET held. silent:
 	// connected, nothing sent (no store connection yet).

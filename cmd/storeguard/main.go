@@ -22,7 +22,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		SilenceErrors: true,
 		Version:       version.String(),
 	}
-	root.AddCommand(newServeCommand(), newConfigCommand(), newAuditCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newIdentifyCommand())
+	root.AddCommand(newServeCommand(), newConfigCommand(), newAuditCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newIdentifyCommand(),
+		newUpgradeCommand(), newInstallCommand())
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)

@@ -116,6 +116,9 @@ func installSelf(path string) error {
 		return err
 	}
 	defer src.Close()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".storeguard-install-*")
 	if err != nil {
 		return fmt.Errorf("install: %w", err)

@@ -1,0 +1,42 @@
+#!/bin/sh
+# Upgrade the storeguard sidecar of a running pod in place: every connection of the training job stays
+# open (README.md, "Zero downtime"). Restarting the container instead would close them all.
+#
+#   configs/kubernetes/upgrade.sh POD IMAGE [NAMESPACE]
+#
+# It adds an ephemeral container running IMAGE (the new storeguard) that shares the sidecar's process
+# namespace (targetContainerName) and its storeguard-bin volume, and runs
+#   storeguard upgrade --install /opt/storeguard/bin/storeguard --pid-file /opt/storeguard/worker.pid
+# which copies the new binary over the one the sidecar runs, sends SIGUSR2 to the forwarding process and
+# waits for the new one: the keeper starts it, it takes the listening socket and every connection over
+# with its state, and the old one exits. The container's exit status is the upgrade's: 0, or the old
+# process goes on serving and `kubectl logs POD -c storeguard` says why.
+# Needs kubectl >= 1.24 (patch --subresource) and ephemeral containers (Kubernetes >= 1.25).
+set -eu
+[ $# -ge 2 ] || { echo "usage: $0 POD IMAGE [NAMESPACE]" >&2; exit 2; }
+POD=$1 IMAGE=$2 NS=${3:-default}
+NAME=storeguard-upgrade-$(date +%s)
+kubectl -n "$NS" patch pod "$POD" --subresource=ephemeralcontainers --type=strategic -p "$(cat <<JSON
+{"spec": {"ephemeralContainers": [{
+  "name": "$NAME",
+  "image": "$IMAGE",
+  "targetContainerName": "storeguard",
+  "args": ["upgrade", "--install", "/opt/storeguard/bin/storeguard", "--pid-file", "/opt/storeguard/worker.pid"],
+  "volumeMounts": [{"name": "storeguard-bin", "mountPath": "/opt/storeguard"}],
+  "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                      "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                      "capabilities": {"drop": ["ALL"]}}
+}]}}
+JSON
+)"
+echo "waiting for $NAME ..."
+for _ in $(seq 1 120); do
+	code=$(kubectl -n "$NS" get pod "$POD" -o jsonpath="{.status.ephemeralContainerStatuses[?(@.name=='$NAME')].state.terminated.exitCode}")
+	if [ -n "$code" ]; then
+		kubectl -n "$NS" logs "$POD" -c "$NAME" || true
+		exit "$code"
+	fi
+	sleep 1
+done
+echo "no result after 120 s: see kubectl -n $NS logs $POD -c $NAME" >&2
+exit 1

@@ -228,3 +228,40 @@ func readReply(t *testing.T, c net.Conn, n int) {
 		t.Fatalf("reply: %v", err)
 	}
 }
+
+// TestUpgradeInMonitorMode: a stream that passes undecoded after a violation (monitor mode) goes
+// on passing through the new server, and a decoded one goes on decoding.
+func TestUpgradeInMonitorMode(t *testing.T) { run(t, testUpgradeInMonitorMode) }
+
+func testUpgradeInMonitorMode(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) {
+		c.Generation, c.Mode = "1.13", config.ModeMonitor
+	})
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	passing, decoded := h.dial(), h.dial()
+	passing.Write(append(append([]byte{}, get...), 0xfe, 0x01))
+	decoded.Write(get)
+	eventually(t, "both streams at the store", func() bool {
+		return h.store.NumConns() == 2 && len(h.store.Received(0))+len(h.store.Received(1)) == 2*len(get)+2
+	})
+	next, err := h.takeOver(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	passing.Write([]byte{0xfd, 0x02})
+	decoded.Write([]byte{0xfc})
+	want := map[string]bool{string(append(append([]byte{}, get...), 0xfe, 0x01, 0xfd, 0x02)): true,
+		string(append(append([]byte{}, get...), 0xfc)): true}
+	eventually(t, "both streams' bytes after the hand-over", func() bool {
+		return want[string(h.store.Received(0))] && want[string(h.store.Received(1))] &&
+			!bytes.Equal(h.store.Received(0), h.store.Received(1))
+	})
+	eventually(t, "the decoded stream's violation recorded by the new server", func() bool {
+		for _, e := range next.audit.events(t) {
+			if e["event.action"] == "would_block" && e["event.reason"] == "unknown_opcode" {
+				return true
+			}
+		}
+		return false
+	})
+}

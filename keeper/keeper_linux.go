@@ -124,7 +124,12 @@ func (k *Keeper) Run() int {
 			default:
 				k.mu.Lock()
 				k.stopping = true
+				idle := k.current == nil // between a death and a restart: nothing to wait for
 				k.mu.Unlock()
+				if idle {
+					k.closeAll()
+					return 0
+				}
 				k.signalCurrent(sig)
 			}
 		case <-k.upgrades:
@@ -133,6 +138,11 @@ func (k *Keeper) Run() int {
 			code, again := k.exited(w)
 			if !again {
 				if code >= 0 {
+					k.mu.Lock()
+					if u := k.upgrading; u != nil { // it would outlive the keeper with copies of every socket
+						u.cmd.Process.Kill()
+					}
+					k.mu.Unlock()
 					k.closeAll()
 					return code
 				}
@@ -143,7 +153,14 @@ func (k *Keeper) Run() int {
 			} else {
 				crashes = 0
 			}
-			<-w.read         // its last closes are done: none of those comes back to life
+			<-w.read // its last closes are done: none of those comes back to life
+			k.mu.Lock()
+			stopping := k.stopping
+			k.mu.Unlock()
+			if stopping {
+				k.closeAll()
+				return 0
+			}
 			if crashes > 0 { // a worker that dies at once is not restarted in a tight loop
 				time.Sleep(min(time.Duration(1<<min(crashes, 6))*100*time.Millisecond, 5*time.Second))
 			}

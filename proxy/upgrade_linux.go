@@ -332,7 +332,7 @@ func (s *Server) takeListeners(st serverState, fds []int, a *adoption) error {
 		fdpass.CloseFds(fds[1:])
 		return fmt.Errorf("handover: listening socket: %w", err)
 	}
-	if sameAddr(c.Listen, st.Listen, old) || c.Listen == "" {
+	if listensAt(c.Listen, old) {
 		s.ln = old
 	} else {
 		if s.ln, err = net.Listen("tcp", c.Listen); err != nil {
@@ -350,7 +350,7 @@ func (s *Server) takeListeners(st serverState, fds []int, a *adoption) error {
 			return fmt.Errorf("handover: metrics listener: %w", err)
 		case c.MetricsListen == "":
 			mln.Close()
-		case sameAddr(c.MetricsListen, st.MetricsListen, mln):
+		case listensAt(c.MetricsListen, mln):
 			s.metricsLn = mln
 		default:
 			mln.Close()
@@ -362,6 +362,22 @@ func (s *Server) takeListeners(st serverState, fds []int, a *adoption) error {
 		}
 	}
 	return s.keepListenerFds()
+}
+
+// listensAt reports whether a listen address from the configuration names the socket ln: the
+// same port, and the same address or an unspecified one on either side (":29499" is "[::]:29499").
+// A name is resolved.
+func listensAt(addr string, ln net.Listener) bool {
+	if addr == "" || addr == ln.Addr().String() {
+		return true
+	}
+	want, err := net.ResolveTCPAddr("tcp", addr)
+	have, ok := ln.Addr().(*net.TCPAddr)
+	if err != nil || !ok || want.Port != have.Port {
+		return false
+	}
+	anyIP := func(ip net.IP) bool { return ip == nil || ip.IsUnspecified() }
+	return (anyIP(want.IP) && anyIP(have.IP)) || want.IP.Equal(have.IP)
 }
 
 // takeConn reads one connection (a C packet and its bytes) and readies it, not started.

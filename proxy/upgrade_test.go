@@ -5,6 +5,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -264,4 +265,39 @@ func testUpgradeInMonitorMode(t *testing.T, m mode) {
 		}
 		return false
 	})
+}
+
+// TestListensAt: the configured listen address names the socket handed over however it is
+// written (the sidecar's ":29499" is the socket "[::]:29499"); another port or address does not.
+func TestListensAt(t *testing.T) {
+	any6, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer any6.Close()
+	port := any6.Addr().(*net.TCPAddr).Port
+	lo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lo.Close()
+	loPort := lo.Addr().(*net.TCPAddr).Port
+	for _, c := range []struct {
+		addr string
+		ln   net.Listener
+		want bool
+	}{
+		{fmt.Sprintf(":%d", port), any6, true},
+		{fmt.Sprintf("0.0.0.0:%d", port), any6, true},
+		{fmt.Sprintf("[::]:%d", port), any6, true},
+		{"", any6, true},
+		{fmt.Sprintf(":%d", port+1), any6, false},
+		{fmt.Sprintf("127.0.0.1:%d", loPort), lo, true},
+		{fmt.Sprintf("127.0.0.2:%d", loPort), lo, false},
+		{fmt.Sprintf(":%d", loPort), lo, false},
+	} {
+		if got := listensAt(c.addr, c.ln); got != c.want {
+			t.Errorf("listensAt(%q, %s) = %v, want %v", c.addr, c.ln.Addr(), got, c.want)
+		}
+	}
 }

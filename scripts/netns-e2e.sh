@@ -189,6 +189,25 @@ except Exception as e:
     print("error:%s" % str(e).splitlines()[0] if str(e) else "error:%r" % e)
 EOF
 
+cat >"$WORK/steady.py" <<'EOF'
+# steady.py HOST PORT SECONDS: one torch TCPStore client adding every 20 ms on one connection for SECONDS;
+# prints "ok N" when every add succeeded and the counter is exactly N, else the error.
+import datetime, sys, time
+import torch.distributed as d
+host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+try:
+    s = d.TCPStore(host, port, None, False, datetime.timedelta(seconds=20))
+    n, end = 0, time.time() + secs
+    while time.time() < end:
+        s.add("e2e/steady", 1)
+        n += 1
+        time.sleep(0.02)
+    total = s.add("e2e/steady", 0)
+    print("ok %d" % n if total == n else "error:counter %d after %d adds" % (total, n))
+except Exception as e:
+    print("error:%s" % str(e).splitlines()[0] if str(e) else "error:%r" % e)
+EOF
+
 cat >"$WORK/rank.py" <<'EOF'
 # rank.py RANK INIT_METHOD: one rank of a 2-process gloo job: init, all_reduce, barrier.
 import datetime, sys
@@ -297,9 +316,10 @@ fw_count() {
 
 start_storeguard() {
 	# Background jobs call "ip netns exec" directly (not through inm): $! must be the process itself.
-	ip netns exec "$NS_M" "$STOREGUARD_BIN" serve --listen ":$PROXY_PORT" --upstream "127.0.0.1:$STORE_PORT" \
+	# As the sidecar runs it (configs/kubernetes/pod-sidecar.yaml): under its keeper, with a pid file.
+	ip netns exec "$NS_M" "$STOREGUARD_BIN" serve --keeper --listen ":$PROXY_PORT" --upstream "127.0.0.1:$STORE_PORT" \
 		--metrics-listen "127.0.0.1:$METRICS_PORT" --audit-log "$AUDIT" --generation "$TORCH_MM" --mode enforce \
-		>>"$WORK/storeguard.log" 2>&1 &
+		--pid-file "$WORK/worker.pid" >>"$WORK/storeguard.log" 2>&1 &
 	SG_PID=$!
 	PIDS+=("$SG_PID")
 	wait_listen "$NS_M" "$PROXY_PORT" 15 || die "storeguard did not listen on :$PROXY_PORT"
@@ -399,6 +419,28 @@ VIOL=$(metric storeguard_violations_total mode=enforce) || VIOL=-1
 
 got=$(inm "$TORCH_PY" "$WORK/client.py" 127.0.0.1 "$STORE_PORT" master)
 [ "$got" = ok ] && pass "B5 store still serves loopback clients directly after the probe" || fail "B5 loopback client: $got"
+
+# Zero downtime: a client in the worker namespace keeps one connection through an upgrade in place and a
+# kill -9 of the forwarding process (the keeper restarts it with every socket).
+inw "$TORCH_PY" "$WORK/steady.py" "$M_ADDR" "$STORE_PORT" 6 >"$WORK/steady.log" 2>&1 &
+STEADY=$!
+PIDS+=("$STEADY")
+sleep 1.5
+OLD=$(cat "$WORK/worker.pid")
+up=$(ip netns exec "$NS_M" "$STOREGUARD_BIN" upgrade --pid-file "$WORK/worker.pid" --timeout 30s 2>&1) \
+	&& pass "B8 upgrade in place: $up" || fail "B8 upgrade in place: $up"
+sleep 1.5
+MID=$(cat "$WORK/worker.pid")
+kill -9 "$MID" 2>/dev/null
+n=100; while [ "$(cat "$WORK/worker.pid")" = "$MID" ] && [ $n -gt 0 ]; do n=$((n - 1)); sleep 0.1; done
+[ "$(cat "$WORK/worker.pid")" != "$MID" ] && pass "B9 kill -9 of the forwarding process ($MID): the keeper restarted it ($(cat "$WORK/worker.pid"))" \
+	|| fail "B9 no new forwarding process after kill -9 of $MID"
+wait "$STEADY"
+got=$(cat "$WORK/steady.log")
+case "$got" in
+	ok*) pass "B10 the worker's store connection lived through both ($OLD -> $MID -> $(cat "$WORK/worker.pid")): $got adds, none failed";;
+	*) fail "B10 the worker's client across the upgrade and the kill: $got";;
+esac
 
 if [ "$V6" = on ]; then
 	got=$(inw "$TORCH_PY" "$WORK/probe.py" "$M_LL%$VW" "$STORE_PORT")

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"time"
 
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/proxy"
@@ -58,9 +59,9 @@ func (u *upgrader) upgrade(srv *proxy.Server) error {
 		return nil
 	}
 	select {
-	case <-exited:
-		err = fmt.Errorf("%w (%v)", err, waitErr)
-	default:
+	case <-exited: // it failed by itself (most often): say how
+		err = fmt.Errorf("%w (the new process: %v)", err, waitErr)
+	case <-time.After(2 * time.Second):
 		cmd.Process.Kill() // it may hold connections: gone before this process goes on with them
 		<-exited
 	}

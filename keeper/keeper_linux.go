@@ -93,12 +93,13 @@ type Keeper struct {
 
 	exits    chan *worker
 	upgrades chan struct{}
+	took     chan struct{} // T: the worker started for an upgrade took over
 }
 
 // New is a keeper that runs exe with args (a serve command line) as its worker.
 func New(exe string, args []string, log *slog.Logger) *Keeper {
 	return &Keeper{exe: exe, args: args, log: log, conns: map[uint64]*held{}, exits: make(chan *worker, 4),
-		upgrades: make(chan struct{}, 1)}
+		upgrades: make(chan struct{}, 1), took: make(chan struct{}, 1)}
 }
 
 // Run starts the worker and keeps it running until SIGTERM or SIGINT, which it passes on; it
@@ -135,6 +136,7 @@ func (k *Keeper) Run() int {
 		case <-k.upgrades:
 			k.upgrade()
 		case w := <-k.exits:
+			k.awaitSuccessor(w)
 			code, again := k.exited(w)
 			if !again {
 				if code >= 0 {
@@ -175,6 +177,27 @@ func (k *Keeper) Run() int {
 		}
 	}
 }
+
+// awaitSuccessor waits, when the worker w that ended was handing over to a worker started for an
+// upgrade, until that one took over (T) or ended: the old worker exits right after the hand-over,
+// possibly before the keeper read the new one's T, and must not be taken for a crash then.
+func (k *Keeper) awaitSuccessor(w *worker) {
+	k.mu.Lock()
+	next := k.upgrading
+	pending := w == k.current && next != nil
+	k.mu.Unlock()
+	if !pending {
+		return
+	}
+	select {
+	case <-k.took:
+	case <-next.exited:
+	case <-time.After(ackWait):
+	}
+}
+
+// ackWait bounds how long the keeper waits for an upgrade's new worker to say it took over.
+const ackWait = 70 * time.Second
 
 // exited handles a worker's end: again, when it was the worker and must be replaced; code >= 0,
 // when the keeper is to exit with it.
@@ -217,6 +240,10 @@ func (k *Keeper) signalCurrent(sig os.Signal) {
 
 // upgrade starts a worker that takes over from the current one.
 func (k *Keeper) upgrade() {
+	select { // a T from an earlier upgrade, not read
+	case <-k.took:
+	default:
+	}
 	k.mu.Lock()
 	cur, busy := k.current, k.upgrading != nil
 	k.mu.Unlock()
@@ -359,6 +386,10 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		if w == k.upgrading {
 			k.upgrading, k.current = nil, w
 			k.log.Info("keeper: the new worker took over", "pid", w.cmd.Process.Pid)
+			select {
+			case k.took <- struct{}{}:
+			default:
+			}
 		}
 	case 'P':
 		select {

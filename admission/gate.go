@@ -194,6 +194,12 @@ func (g *Gate) Admit(src netip.Addr) (release func(), reason Reason) {
 		// connections) until release uncounts it.
 		st.conns++
 	}
+	return g.releaser(st), ""
+}
+
+// releaser is what gives back a connection counted in g.active and st (nil: no per-source state),
+// once.
+func (g *Gate) releaser(st *sourceState) func() {
 	var released atomic.Bool
 	return func() {
 		if !released.CompareAndSwap(false, true) {
@@ -205,7 +211,7 @@ func (g *Gate) Admit(src netip.Addr) (release func(), reason Reason) {
 			st.conns--
 		}
 		g.mu.Unlock()
-	}, ""
+	}
 }
 
 // Violation records a protocol violation by src and reports whether it

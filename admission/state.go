@@ -2,7 +2,6 @@ package admission
 
 import (
 	"net/netip"
-	"sync/atomic"
 	"time"
 )
 
@@ -85,16 +84,5 @@ func (g *Gate) Adopt(src netip.Addr) (release func()) {
 	if st != nil {
 		st.conns++
 	}
-	var released atomic.Bool
-	return func() {
-		if !released.CompareAndSwap(false, true) {
-			return
-		}
-		g.mu.Lock()
-		g.active--
-		if st != nil {
-			st.conns--
-		}
-		g.mu.Unlock()
-	}
+	return g.releaser(st)
 }

@@ -121,9 +121,12 @@ def start_store(procs, version, backend, port=None, nofile=None):
     return p, port
 
 
-def wait_ready(mport, what):
-    """Until /readyz answers 200: the store accepts connections and, in auto, its generation is known."""
+def wait_ready(mport, what, check=None):
+    """Until /readyz answers 200: the store accepts connections and, in auto, its generation is known.
+    check, if given, runs before each try (to fail at once when storeguard has exited)."""
     for _ in range(300):
+        if check:
+            check()
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{mport}/readyz", timeout=2) as r:
                 if r.status == 200:

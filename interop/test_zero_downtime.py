@@ -17,12 +17,11 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from test_interop import ENVS, binary, free_port, minor, procs, run_py, start_store  # noqa: F401
+from test_interop import ENVS, binary, free_port, minor, procs, run_py, start_store, wait_ready  # noqa: F401
 from test_resource_safety import NEWEST, OLDEST, Client, raise_nofile
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -75,16 +74,9 @@ class PidFileGuard:
 
     def wait_ready(self):
         """Until /readyz answers 200 (test_interop.wait_ready), failing at once if storeguard exits."""
-        for _ in range(300):
+        def running():
             assert self.proc.poll() is None, f"storeguard exited {self.proc.returncode}: {self.log()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.mport}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"storeguard never became ready: {self.log()[-3000:]}")
+        wait_ready(self.mport, "storeguard", running)
 
     def pid(self):
         try:

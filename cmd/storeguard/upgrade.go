@@ -44,11 +44,24 @@ func writePidFile(path string, pid int) error {
 	if path == "" {
 		return nil
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".storeguard-pid-*")
+	err := replaceFile(path, func(f *os.File) error {
+		_, err := fmt.Fprintf(f, "%d\n", pid)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("pid-file: %w", err)
 	}
-	_, err = fmt.Fprintf(tmp, "%d\n", pid)
+	return nil
+}
+
+// replaceFile writes path whole with write: a temporary file beside it, renamed over it, so that a
+// reader sees the old content or the new, never part of it.
+func replaceFile(path string, write func(*os.File) error) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".storeguard-*")
+	if err != nil {
+		return err
+	}
+	err = write(tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -57,7 +70,6 @@ func writePidFile(path string, pid int) error {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("pid-file: %w", err)
 	}
-	return nil
+	return err
 }

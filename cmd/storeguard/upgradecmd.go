@@ -119,22 +119,13 @@ func installSelf(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".storeguard-install-*")
+	err = replaceFile(path, func(f *os.File) error {
+		if _, err := io.Copy(f, src); err != nil {
+			return err
+		}
+		return f.Chmod(0o755)
+	})
 	if err != nil {
-		return fmt.Errorf("install: %w", err)
-	}
-	_, err = io.Copy(tmp, src)
-	if err == nil {
-		err = tmp.Chmod(0o755)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
 		return fmt.Errorf("install: %w", err)
 	}
 	return nil

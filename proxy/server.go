@@ -285,6 +285,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.acceptLoop(ctx)
 	}
 	if s.isHandedOver() {
+		s.ln.Close() // its own descriptor: the next process has another
 		if httpSrv != nil {
 			httpSrv.Close() // the next process serves the metrics listener
 		}

@@ -140,6 +140,12 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 	}
 	s.log.Info("upgrade: handed over", "connections", len(conns), "to_pid", r.PID,
 		"frozen", time.Since(start).String())
+	for _, fd := range []*int{&s.lnFd, &s.metricsFd} { // the new process has its own (the keeper too)
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
 	s.handOnce.Do(func() { close(s.handedOver) })
 	return len(conns), nil
 }

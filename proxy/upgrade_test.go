@@ -301,3 +301,43 @@ func TestListensAt(t *testing.T) {
 		}
 	}
 }
+
+// TestUpgradeToANewListenAddress: a restart for a new listen address goes through the same
+// hand-over: the connections made on the old address go on, new ones are accepted on the new
+// address, and the old address stops accepting.
+func TestUpgradeToANewListenAddress(t *testing.T) { run(t, testUpgradeToANewListenAddress) }
+
+func testUpgradeToANewListenAddress(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13" })
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	old := h.dial()
+	old.Write(get)
+	eventually(t, "the first message", func() bool { return bytes.Equal(h.store.Received(0), get) })
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newAddr := free.Addr().String()
+	free.Close()
+	next, err := h.takeOver(t, func(c *config.Config) { c.Listen = newAddr })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.addr != newAddr {
+		t.Fatalf("the new server listens on %s, want %s", next.addr, newAddr)
+	}
+	old.Write(get)
+	eventually(t, "the old connection's second message", func() bool {
+		return bytes.Equal(h.store.Received(0), append(append([]byte{}, get...), get...))
+	})
+	fresh := next.dial()
+	fresh.Write(get)
+	eventually(t, "a connection on the new address", func() bool { return bytes.Equal(h.store.Received(1), get) })
+	eventually(t, "the old address closed", func() bool {
+		c, err := net.DialTimeout("tcp", h.addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+}

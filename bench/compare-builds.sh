@@ -7,12 +7,14 @@
 #   bench/compare-builds.sh [BASE_REV]      # default: origin/main if it exists, else HEAD~1
 #
 # Knobs (environment): REPS (5), DURATION (2s per closed-loop run), STORM (4096 clients; 0 skips),
-# STORES (space-separated: torch2.6-libuv torch1.13-legacy), OUT (/tmp/sg-compare), BASE_PORT (29870; three per store).
+# STORES (space-separated: torch2.6-libuv torch1.13-legacy), OUT (/tmp/sg-compare), BASE_PORT (29870; three per store),
+# NEW_ARGS (extra serve flags for the new build only: NEW_ARGS=--keeper with BASE_REV HEAD measures what the keeper costs).
 # Kills only what it started. Needs the torch environments scripts/install-deps.sh installs.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BASE_REV=${1:-$(git -C "$ROOT" rev-parse --verify -q origin/main || git -C "$ROOT" rev-parse HEAD~1)}
 REPS=${REPS:-5}
+NEW_ARGS=${NEW_ARGS:-}
 DURATION=${DURATION:-2s}
 STORM=${STORM:-4096}
 STORES=${STORES:-"torch2.6-libuv torch1.13-legacy"}
@@ -52,11 +54,12 @@ start_store() { # port python backend
 		>"$OUT/logs/store-$1.out" 2>"$OUT/logs/store-$1.err" &
 	PIDS+=($!)
 }
-start_sg() { # binary listen upstream generation backend tag
+start_sg() { # binary listen upstream generation backend tag [serve flags...]
+	local extra=("${@:7}")
 	STOREGUARD_CAPS_MAX_CONNECTIONS=1000000 STOREGUARD_CAPS_PER_SOURCE_CONNECTIONS=0 STOREGUARD_CAPS_PER_SOURCE_RATE=0 \
 		STOREGUARD_CAPS_PER_SOURCE_STORE_CONNECTIONS=0 \
 		"$1" serve --listen "127.0.0.1:$2" --upstream "127.0.0.1:$3" --metrics-listen '' --generation "$4" \
-		--backend "$5" --audit-log "$OUT/logs/audit-$6.jsonl" --log-level warn >"$OUT/logs/sg-$6.log" 2>&1 &
+		--backend "$5" --audit-log "$OUT/logs/audit-$6.jsonl" --log-level warn "${extra[@]}" >"$OUT/logs/sg-$6.log" 2>&1 &
 	PIDS+=($!)
 }
 
@@ -73,7 +76,7 @@ for name in $STORES; do
 	wait_port $sport || continue
 	sgb=${backend/default/legacy}
 	start_sg "$OUT/sg-base" $bport $sport $gen $sgb "$name-base"
-	start_sg "$OUT/sg-new" $nport $sport $gen $sgb "$name-new"
+	start_sg "$OUT/sg-new" $nport $sport $gen $sgb "$name-new" ${NEW_ARGS:-}
 	wait_port $bport && wait_port $nport || continue
 	declare -A ADDR=([direct]=$sport [base]=$bport [new]=$nport)
 	for rep in $(seq "$REPS"); do

@@ -296,6 +296,9 @@ func (k *Keeper) spawn(restore bool, handover *os.File) (*worker, error) {
 		cmd.Env = append(cmd.Env, RestoreEnv+"=1")
 	}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	// A keeper that dies (it decodes nothing, so this is a kill) takes its worker with it, drained:
+	// an orphan would hold every socket with nobody left to restart it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		ctl.Close()
 		return nil, fmt.Errorf("starting %s: %w", k.exe, err)

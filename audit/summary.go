@@ -52,6 +52,7 @@ type Summary struct {
 	Suppressed   uint64        `json:"suppressed"`
 	Estimated    uint64        `json:"estimated"`
 	Dropped      uint64        `json:"dropped"`
+	Handovers    uint64        `json:"handovers"` // handover events: storeguard's own upgrades and restarts, not traffic
 	FirstSeen    time.Time     `json:"first_seen,omitzero"`
 	LastSeen     time.Time     `json:"last_seen,omitzero"`
 	ByAction     []Count       `json:"by_action"`
@@ -155,6 +156,10 @@ func (z *Summarizer) Add(e Event) {
 		z.sum.Dropped += e.Suppressed
 		return
 	}
+	if e.Action == ActionHandover {
+		z.sum.Handovers++
+		return
+	}
 	src := z.sources[e.SourceIP]
 	if src == nil {
 		src = &SourceStats{IP: e.SourceIP}
@@ -251,6 +256,7 @@ func (s Summary) writeTable(w io.Writer) error {
 	fmt.Fprintf(tw, "events suppressed\t%d\n", s.Suppressed)
 	fmt.Fprintf(tw, "events estimated\t%d\n", s.Estimated)
 	fmt.Fprintf(tw, "events dropped (sink stalled)\t%d\n", s.Dropped)
+	fmt.Fprintf(tw, "storeguard upgrades and restarts\t%d\n", s.Handovers)
 	fmt.Fprintf(tw, "first seen\t%s\n", formatTime(s.FirstSeen, "-"))
 	fmt.Fprintf(tw, "last seen\t%s\n", formatTime(s.LastSeen, "-"))
 	fmt.Fprintf(tw, "malformed lines\t%d\n", s.Malformed)

@@ -322,3 +322,16 @@ func TestFilters(t *testing.T) {
 		t.Errorf("a missing file expands to %v, %v; want itself, for Summarize to report", paths, err)
 	}
 }
+
+// TestSummaryCountsHandoversApart: storeguard's own upgrades are counted, and are not a source,
+// an action or a rule of the traffic summarised.
+func TestSummaryCountsHandoversApart(t *testing.T) {
+	z := NewSummarizer(Filter{})
+	n := uint64(3)
+	z.Add(Event{Timestamp: time.Now(), Action: ActionHandover, Reason: "upgrade", Connections: &n})
+	z.Add(Event{Timestamp: time.Now(), Action: ActionBlocked, Reason: "key_too_long", SourceIP: netip.MustParseAddr("192.0.2.7")})
+	s := z.Summary()
+	if s.Handovers != 1 || s.Events != 1 || s.TotalSources != 1 || len(s.ByAction) != 1 || s.ByAction[0].Key != "blocked" {
+		t.Fatalf("summary %+v: want 1 hand-over apart from 1 blocked event of 1 source", s)
+	}
+}

@@ -33,6 +33,7 @@ import (
 //	                 O  a connection accepted (Conn), with the client's socket
 //	                 U  its store connection (Conn.ID), with the store's socket
 //	                 D  it ended (Conn.ID): the keeper closes its copies
+//	                 M  many of O, U and D at once ([]Change), with their descriptors in order
 //	                 Q  a restarted worker asks for everything: S, then a C per connection, then E
 //	                 T  a worker started for an upgrade took over: it is the worker now
 //	                 P  please upgrade (the worker got SIGUSR2)
@@ -47,6 +48,13 @@ type Listeners struct {
 	Listen        string
 	MetricsListen string // "" when there is no metrics listener (one descriptor)
 	NextID        uint64 // S only: the next connection id to use
+}
+
+// Change is one entry of an M packet, which carries many O, U and D at once (their descriptors in
+// order: one for each O and U): a storm of connections costs the worker one packet per batch.
+type Change struct {
+	Kind byte `json:"k"`
+	Conn Conn `json:"c"`
 }
 
 // Conn is the O and C packets' body.
@@ -350,6 +358,30 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 			fdpass.CloseFds(fds)
 			return err
 		}
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.conn(kind, c, fds)
+	case 'M':
+		var batch []Change
+		if err := json.Unmarshal(body, &batch); err != nil {
+			fdpass.CloseFds(fds)
+			return err
+		}
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		var first error
+		for _, ch := range batch {
+			n := 0
+			if ch.Kind != 'D' {
+				n = min(1, len(fds))
+			}
+			if err := k.conn(ch.Kind, ch.Conn, fds[:n]); err != nil && first == nil {
+				first = err
+			}
+			fds = fds[n:]
+		}
+		fdpass.CloseFds(fds) // more than the changes named: none expected
+		return first
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -363,28 +395,6 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		// None: the worker shuts down, and the sockets close with its own.
 		fdpass.CloseFds(k.lnFds)
 		k.lnFds, k.ln = fds, ln
-	case 'O':
-		if len(fds) != 1 {
-			fdpass.CloseFds(fds)
-			return fmt.Errorf("connection %d: %d descriptors", c.ID, len(fds))
-		}
-		if old := k.conns[c.ID]; old != nil {
-			old.close()
-		}
-		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1}
-		k.nextID = max(k.nextID, c.ID+1)
-	case 'U':
-		h := k.conns[c.ID]
-		if h == nil || len(fds) != 1 || h.ufd >= 0 {
-			fdpass.CloseFds(fds)
-			return fmt.Errorf("store connection of %d: unknown, or %d descriptors", c.ID, len(fds))
-		}
-		h.ufd = fds[0]
-	case 'D':
-		if h := k.conns[c.ID]; h != nil {
-			h.close()
-			delete(k.conns, c.ID)
-		}
 	case 'T':
 		if w == k.upgrading {
 			k.upgrading, k.current = nil, w
@@ -414,6 +424,39 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 	default:
 		fdpass.CloseFds(fds)
 		return fmt.Errorf("unknown packet")
+	}
+	return nil
+}
+
+// conn applies one change to the connections held (k.mu held): O, U or D, with its descriptor.
+func (k *Keeper) conn(kind byte, c Conn, fds []int) error {
+	switch kind {
+	case 'O':
+		if len(fds) != 1 {
+			fdpass.CloseFds(fds)
+			return fmt.Errorf("connection %d: %d descriptors", c.ID, len(fds))
+		}
+		if old := k.conns[c.ID]; old != nil {
+			old.close()
+		}
+		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1}
+		k.nextID = max(k.nextID, c.ID+1)
+	case 'U':
+		h := k.conns[c.ID]
+		if h == nil || len(fds) != 1 || h.ufd >= 0 {
+			fdpass.CloseFds(fds)
+			return fmt.Errorf("store connection of %d: unknown, or %d descriptors", c.ID, len(fds))
+		}
+		h.ufd = fds[0]
+	case 'D':
+		fdpass.CloseFds(fds)
+		if h := k.conns[c.ID]; h != nil {
+			h.close()
+			delete(k.conns, c.ID)
+		}
+	default:
+		fdpass.CloseFds(fds)
+		return fmt.Errorf("unknown change %q", kind)
 	}
 	return nil
 }

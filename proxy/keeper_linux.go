@@ -69,14 +69,46 @@ func (k *keeperLink) sendLoop() {
 		batch := k.q
 		k.q, k.busy = nil, true
 		k.mu.Unlock()
-		for _, p := range batch {
-			err := k.c.Send(p.kind, p.v, p.fds...)
-			fdpass.CloseFds(p.fds)
-			if err != nil && k.failed.allow(time.Now()) {
-				k.s.log.Error("keeper link: a packet was lost; a crash now may cost that connection (logged at most once a second)",
-					"err", err)
-			}
+		for len(batch) > 0 {
+			n := k.sendSome(batch)
+			batch = batch[n:]
 		}
+	}
+}
+
+// maxBatch bounds an M packet: its descriptors within SCM_MAX_FD (253), its body within a packet.
+const maxBatch = 200
+
+// sendSome sends the first packets of batch, as one M packet when they are connection changes
+// (O, U, D), and returns how many it sent.
+func (k *keeperLink) sendSome(batch []kpacket) int {
+	n := 0
+	for n < len(batch) && n < maxBatch && isChange(batch[n].kind) {
+		n++
+	}
+	if n <= 1 {
+		p := batch[0]
+		k.sendOne(p.kind, p.v, p.fds)
+		return 1
+	}
+	changes := make([]keeper.Change, n)
+	var fds []int
+	for i, p := range batch[:n] {
+		changes[i] = keeper.Change{Kind: p.kind, Conn: p.v.(keeper.Conn)}
+		fds = append(fds, p.fds...)
+	}
+	k.sendOne('M', changes, fds)
+	return n
+}
+
+func isChange(kind byte) bool { return kind == 'O' || kind == 'U' || kind == 'D' }
+
+func (k *keeperLink) sendOne(kind byte, v any, fds []int) {
+	err := k.c.Send(kind, v, fds...)
+	fdpass.CloseFds(fds)
+	if err != nil && k.failed.allow(time.Now()) {
+		k.s.log.Error("keeper link: a packet was lost; a crash now may cost its connections (logged at most once a second)",
+			"err", err)
 	}
 }
 

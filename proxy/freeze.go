@@ -113,11 +113,18 @@ func (c *conn) quiet() bool {
 	return c2s && s2c && !writing
 }
 
+// spuriousTimeout reports whether a read deadline that passed was not the connection's own, set to
+// deadline (zero: none), but a freeze's, which ended: the caller re-arms its own and reads on.
+func (c *conn) spuriousTimeout(deadline time.Time) bool {
+	return deadline.IsZero() || c.s.now().Before(deadline)
+}
+
 // errFreezeTimeout: a connection did not park in time.
 var errFreezeTimeout = errors.New("connections did not reach a safe point in time")
 
 // freeze stops accepting and parks every connection, within timeout. Connections that are closing
-// end meanwhile and are not waited for beyond that. On an error the caller thaws.
+// end meanwhile and are not waited for beyond that. On an error the caller thaws (the connections
+// returned are those that parked).
 func (s *Server) freeze(timeout time.Duration) ([]*conn, error) {
 	s.frz.begin()
 	s.pauseAccept()
@@ -129,7 +136,7 @@ func (s *Server) freeze(timeout time.Duration) ([]*conn, error) {
 			return conns, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %d of %d still busy after %s (a write to a peer that does not read, "+
+			return conns, fmt.Errorf("%w: %d of %d still busy after %s (a write to a peer that does not read, "+
 				"a wait for buffer budget or for the store)", errFreezeTimeout, waiting, len(conns)+waiting, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -158,13 +165,18 @@ func (s *Server) quietConns() (conns []*conn, waiting int) {
 // thaw ends a freeze that handed nothing over: every connection goes on where it stopped, and
 // accepting resumes.
 func (s *Server) thaw(conns []*conn) {
-	for _, c := range conns {
+	// Every connection, parked or not, may have the freeze's deadline in the past on a socket: the
+	// write deadline goes (the reply writer sets its own per write); a read that times out because
+	// of it is taken for what it is (spuriousTimeout).
+	s.mu.Lock()
+	for c := range s.conns {
 		c.mu.Lock()
 		if c.client != nil {
 			c.client.SetWriteDeadline(time.Time{})
 		}
 		c.mu.Unlock()
 	}
+	s.mu.Unlock()
 	s.frz.end()
 	for _, c := range conns {
 		c.rep.mu.Lock()

@@ -396,6 +396,10 @@ func (c *conn) endRead(err error) bool {
 		if c.s.frozen() {
 			return true // woken to park (or a deadline too: judged once thawed)
 		}
+		if c.deadline != unsetDeadline && c.spuriousTimeout(c.deadline) {
+			c.deadline = unsetDeadline // a freeze's, and it ended: setDeadline arms the real one again
+			return true
+		}
 		if c.g.Deadline().IsZero() {
 			c.s.log.Debug("idle timeout", "conn", c.id)
 			c.closeBoth()
@@ -459,8 +463,14 @@ func (c *conn) pipeStoreToClient() {
 			}
 		}
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && c.s.frozen() {
-				continue // woken to park
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.mu.Lock()
+				own := c.upDeadline
+				c.mu.Unlock()
+				if c.s.frozen() || c.spuriousTimeout(own) {
+					c.up.SetReadDeadline(own) // woken to park, or a freeze's that ended
+					continue
+				}
 			}
 			return
 		}

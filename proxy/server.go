@@ -139,6 +139,7 @@ type Server struct {
 	// everything (Serve then returns without a drain).
 	lnFd, metricsFd int
 	frz             freezer
+	freezeTimeout   time.Duration // for every connection to park; a test shortens it
 	accepting       atomic.Int64
 	handedOver      chan struct{}
 	serving         chan struct{} // closed once Serve accepts: loops and loopsAcc are set
@@ -201,6 +202,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.serving = make(chan struct{})
 	s.lnFd, s.metricsFd = -1, -1
 	s.frz.init()
+	s.freezeTimeout = 5 * time.Second
 	return s, nil
 }
 

@@ -38,9 +38,8 @@ import (
 // the old one thaws and goes on serving. Once it has sent G it exits.
 
 const (
-	readyTimeout  = 60 * time.Second // for the new process to load its configuration and say R
-	freezeTimeout = 5 * time.Second
-	ackTimeout    = 60 * time.Second
+	readyTimeout = 60 * time.Second // for the new process to load its configuration and say R
+	ackTimeout   = 60 * time.Second
 )
 
 // ready is the new process's R.
@@ -109,7 +108,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 	}
 	s.log.Info("upgrade: the new process is ready; freezing connections", "pid", r.PID, "version", r.Version)
 	start := time.Now()
-	conns, err := s.freeze(freezeTimeout)
+	conns, err := s.freeze(s.freezeTimeout)
 	if err != nil {
 		h.Send('X', err.Error())
 		s.thaw(conns)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -339,5 +340,49 @@ func testUpgradeToANewListenAddress(t *testing.T, m mode) {
 			c.Close()
 		}
 		return err != nil
+	})
+}
+
+// TestAbortedFreezeLeavesEveryConnectionWorking: a connection that cannot park in time (here one
+// whose store does not read, so the guard's write to it waits) makes the upgrade fail; after the
+// thaw every connection goes on: that one once its store reads again, and an idle one. A read the
+// freeze woke is no idle timeout, even for the connection that never parked.
+func TestAbortedFreezeLeavesEveryConnectionWorking(t *testing.T) {
+	run(t, testAbortedFreezeLeavesEveryConnectionWorking)
+}
+
+func testAbortedFreezeLeavesEveryConnectionWorking(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) { c.Generation = "1.13" })
+	h.srv.freezeTimeout = 300 * time.Millisecond
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	set := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: make([]byte, 1<<20)})
+	idle, busy := h.dial(), h.dial()
+	idle.Write(get)
+	busy.Write(get)
+	eventually(t, "both connected", func() bool { return h.store.NumConns() == 2 })
+	h.store.Pause()
+	var sent []byte
+	go func() { // 16 MiB of SETs: more than the sockets hold, so the guard's write to the store waits
+		for range 16 {
+			busy.Write(set)
+		}
+	}()
+	for range 16 {
+		sent = append(sent, set...)
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	if _, err := h.takeOver(t, nil); err == nil || !strings.Contains(err.Error(), "still busy") {
+		t.Fatalf("the hand-over did not fail on the connection writing to its store: %v", err)
+	}
+	h.store.Resume()
+	time.Sleep(200 * time.Millisecond)
+	idle.Write(get)
+	busy.Write(get)
+	want := append(append(append([]byte{}, get...), sent...), get...)
+	eventually(t, "every byte of both connections", func() bool {
+		a, b := h.store.Received(0), h.store.Received(1)
+		return len(a)+len(b) == len(want)+2*len(get) &&
+			(bytes.Equal(a, want) || bytes.Equal(b, want))
 	})
 }

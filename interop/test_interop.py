@@ -7,6 +7,7 @@ ports and stops them.
 """
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -71,6 +72,21 @@ def binary():
 # --- processes -----------------------------------------------------------------------------------
 
 def free_port():
+    """A port nothing listens on, below the kernel's ephemeral range: a port the kernel handed out
+    (bind to 0) can meanwhile become another connection's local port (tests that open thousands of
+    connections use them up), and the store's listen then fails with EADDRINUSE."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -294,10 +294,10 @@ func (k *Keeper) spawn(restore bool, handover *os.File) (*worker, error) {
 		return nil, err
 	}
 	cmd := exec.Command(k.exe, k.args...)
-	cmd.Env = append(cleanEnv(), Env+"=3")
+	cmd.Env = append(ChildEnv(), Env+"=3")
 	cmd.ExtraFiles = []*os.File{theirs}
 	if handover != nil {
-		cmd.Env = append(cmd.Env, "STOREGUARD_HANDOVER_FD=4")
+		cmd.Env = append(cmd.Env, HandoverEnv+"=4")
 		cmd.ExtraFiles = append(cmd.ExtraFiles, handover)
 	}
 	if restore {
@@ -320,20 +320,6 @@ func (k *Keeper) spawn(restore bool, handover *os.File) (*worker, error) {
 	}()
 	return w, nil
 }
-
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		switch {
-		case hasPrefix(kv, Env+"="), hasPrefix(kv, RestoreEnv+"="), hasPrefix(kv, "STOREGUARD_HANDOVER_FD="):
-		default:
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
 
 // serveWorker reads a worker's packets until its socket closes.
 func (k *Keeper) serveWorker(w *worker) {

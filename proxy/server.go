@@ -24,6 +24,7 @@ import (
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/internal/version"
+	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -68,7 +69,7 @@ var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, a
 
 // HandoverEnv names the descriptor of the hand-over socket in a process started to take over
 // (upgrade in place, Linux only).
-const HandoverEnv = "STOREGUARD_HANDOVER_FD"
+const HandoverEnv = keeper.HandoverEnv
 
 // refuseDraining: a connection accepted while the server shuts down.
 const refuseDraining admission.Reason = "draining"

@@ -78,10 +78,6 @@ type connState struct {
 	ToClient   int // the store's replies the client has not taken
 }
 
-// Handovers reports how many hand-overs this server's line of processes has done (its own
-// included once it has handed over).
-func (s *Server) Handovers() uint64 { return s.handovers.Load() }
-
 // HandOver hands everything to the process at the other end of peer, which was started to take
 // over (HandoverEnv), and returns nil once that process has it all: Serve then returns and the
 // caller exits. exited, if not nil, reports the new process's end. On an error nothing was
@@ -590,9 +586,9 @@ func (s *Server) closeKeptFds() {
 
 // listenerFromFd is a listener on a duplicate of fd.
 func listenerFromFd(fd int) (*net.TCPListener, error) {
-	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, os.NewSyscallError("fcntl", err)
+	nfd := dupOf(fd)
+	if nfd < 0 {
+		return nil, errors.New("cannot duplicate the listening socket's descriptor")
 	}
 	f := os.NewFile(uintptr(nfd), "listener")
 	defer f.Close()

@@ -5,23 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
-
-	"github.com/storeguard/storeguard/keeper"
-	"github.com/storeguard/storeguard/proxy"
 )
-
-// childEnv is this process's environment for a process it starts, without hand-over variables.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, proxy.HandoverEnv+"=") && !strings.HasPrefix(kv, keeper.Env+"=") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
 
 // inheritedFile is the descriptor an environment variable names (a process started to take
 // over), or nil when the variable is not set.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/internal/fdpass"
+	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/proxy"
 )
 
@@ -41,7 +42,7 @@ func (u *upgrader) upgrade(srv *proxy.Server) error {
 	}
 	defer mine.Close()
 	cmd := exec.Command(u.exe, u.args...)
-	cmd.Env = append(childEnv(), proxy.HandoverEnv+"=3")
+	cmd.Env = append(keeper.ChildEnv(), proxy.HandoverEnv+"=3")
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 	u.log.Info("upgrade: starting the new process", "path", u.exe)

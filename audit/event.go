@@ -9,9 +9,12 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
-	"github.com/storeguard/storeguard/protocol"
+	"fmt"
 	"net/netip"
+	"strconv"
 	"time"
+
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // Action is the value of event.action.
@@ -29,6 +32,12 @@ const (
 	// ActionHandover: a new storeguard process took the connections over (event.reason: upgrade, or
 	// restart after the forwarding process died); storeguard.connections says how many.
 	ActionHandover Action = "handover"
+	// ActionFlow: one connection's flow record (flow.go), at its end or, for a long one, an interim
+	// record (event.type info) while it lasts.
+	ActionFlow Action = "flow"
+	// ActionScan: a source crossed the scan threshold: many connections that sent nothing or only
+	// invalid bytes within a window (storeguard.scan.*).
+	ActionScan Action = "scan_detected"
 )
 
 // Mode is the value of storeguard.mode.
@@ -43,23 +52,58 @@ const (
 // MaxFirstBytes caps storeguard.first_bytes; the writer clips longer slices.
 const MaxFirstBytes = 32
 
-// Event is one audit record, written as one JSON object per line.
+// Event is one audit record, written as one JSON object per line, with the field names of the
+// Elastic Common Schema (ECSVersion) and storeguard's own under storeguard.* (docs/audit-events.md).
 //
 // Absent fields are omitted. Numbers that may legitimately be 0 (an offset,
 // the first message, a declared length of 0, bytes seen before a timeout) are
 // pointers: nil means absent, non-nil is always written, 0 included. Set them
 // with new, e.g. Offset: new(uint64(12)). Ports, ConnID (ids start at 1) and
-// Suppressed are never meaningfully 0 and use omitempty.
+// Suppressed are never meaningfully 0 and use omitempty. Declared and Limit can exceed 2^53 (a
+// length read off the wire): they are written as decimal strings (BigUint).
+//
+// The writer fills the bookkeeping (ecs.version, event.kind, category, type, outcome, severity,
+// module, dataset, rule.*, observer.*, host.*, network.transport and protocol) from Action,
+// Reason and its Options (Classify); a producer sets only what it knows of the traffic.
 type Event struct {
-	Timestamp   time.Time  `json:"@timestamp"` // RFC3339Nano; the writer fills it from its clock when zero
-	ID          string     `json:"event.id"`   // the writer fills it when empty
-	Action      Action     `json:"event.action"`
-	Reason      string     `json:"event.reason,omitempty"` // rule id (protocol.Rule) or denial reason
+	Timestamp time.Time `json:"@timestamp"` // RFC3339Nano; the writer fills it from its clock when zero
+	ECS       string    `json:"ecs.version,omitempty"`
+	ID        string    `json:"event.id"` // the writer fills it when empty
+	Action    Action    `json:"event.action"`
+	Reason    string    `json:"event.reason,omitempty"` // rule id (protocol.Rule) or denial reason
+	Kind      string    `json:"event.kind,omitempty"`
+	Category  []string  `json:"event.category,omitempty"`
+	Type      []string  `json:"event.type,omitempty"`
+	Outcome   string    `json:"event.outcome,omitempty"`
+	Severity  int       `json:"event.severity,omitempty"`
+	Module    string    `json:"event.module,omitempty"`
+	Dataset   string    `json:"event.dataset,omitempty"`
+	Start     time.Time `json:"event.start,omitzero"`
+	End       time.Time `json:"event.end,omitzero"`
+	Duration  *int64    `json:"event.duration,omitempty"` // nanoseconds, as ECS has it
+
+	RuleName     string `json:"rule.name,omitempty"`
+	RuleCategory string `json:"rule.category,omitempty"`
+	RuleRuleset  string `json:"rule.ruleset,omitempty"`
+
 	SourceIP    netip.Addr `json:"source.ip,omitzero"`
 	SourcePort  uint16     `json:"source.port,omitempty"`
+	SourceBytes *uint64    `json:"source.bytes,omitempty"` // flows: bytes the client sent
 	DestIP      netip.Addr `json:"destination.ip,omitzero"`
 	DestPort    uint16     `json:"destination.port,omitempty"`
+	DestBytes   *uint64    `json:"destination.bytes,omitempty"` // flows: bytes the store sent back
+	Transport   string     `json:"network.transport,omitempty"`
+	Protocol    string     `json:"network.protocol,omitempty"`
+	NetBytes    *uint64    `json:"network.bytes,omitempty"`
 	CommunityID string     `json:"network.community_id,omitempty"`
+
+	ObserverHostname string `json:"observer.hostname,omitempty"`
+	ObserverType     string `json:"observer.type,omitempty"`
+	ObserverProduct  string `json:"observer.product,omitempty"`
+	ObserverVendor   string `json:"observer.vendor,omitempty"`
+	ObserverVersion  string `json:"observer.version,omitempty"`
+	HostHostname     string `json:"host.hostname,omitempty"`
+	HostName         string `json:"host.name,omitempty"`
 
 	ConnID       uint64   `json:"storeguard.conn_id,omitempty"`
 	Generation   string   `json:"storeguard.generation,omitempty"`
@@ -67,13 +111,54 @@ type Event struct {
 	Field        string   `json:"storeguard.field,omitempty"`
 	Offset       *uint64  `json:"storeguard.offset,omitempty"`
 	MessageIndex *uint64  `json:"storeguard.message_index,omitempty"`
-	Declared     *uint64  `json:"storeguard.declared,omitempty"`
-	Limit        *uint64  `json:"storeguard.limit,omitempty"`
+	Declared     *BigUint `json:"storeguard.declared,omitempty"`
+	Limit        *BigUint `json:"storeguard.limit,omitempty"`
 	FirstBytes   HexBytes `json:"storeguard.first_bytes,omitempty"`
+	Probe        string   `json:"storeguard.probe,omitempty"` // probename.Name of the first bytes
 	BytesSeen    *uint64  `json:"storeguard.bytes_seen,omitempty"`
 	Mode         Mode     `json:"storeguard.mode,omitempty"`
-	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"`  // only on sampled_summary and dropped_summary
-	Connections  *uint64  `json:"storeguard.connections,omitempty"` // only on handover
+	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"` // only on sampled_summary and dropped_summary
+	// SuppressedBy: on sampled_summary, the events sampled away by action and reason ("blocked/key_too_long").
+	SuppressedBy map[string]uint64 `json:"storeguard.suppressed_by,omitempty"`
+	Connections  *uint64           `json:"storeguard.connections,omitempty"` // only on handover
+
+	// Flow records (ActionFlow).
+	Verdict    Verdict           `json:"storeguard.verdict,omitempty"`
+	ClosedBy   string            `json:"storeguard.closed_by,omitempty"` // client, store, guard
+	Messages   *uint64           `json:"storeguard.messages,omitempty"`  // complete client messages judged
+	Replies    *uint64           `json:"storeguard.replies,omitempty"`   // replies the store completed
+	Ops        map[string]uint64 `json:"storeguard.ops,omitempty"`       // client messages by op
+	StoreBytes *uint64           `json:"storeguard.store_bytes,omitempty"`
+
+	// Scan notices (ActionScan).
+	ScanConnections *uint64           `json:"storeguard.scan.connections,omitempty"`
+	ScanPorts       []uint16          `json:"storeguard.scan.ports,omitempty"` // distinct destination ports
+	ScanProbes      []string          `json:"storeguard.scan.probes,omitempty"`
+	ScanVerdicts    map[string]uint64 `json:"storeguard.scan.verdicts,omitempty"`
+}
+
+// BigUint is a uint64 written as a decimal string, so that no consumer rounds it (JSON numbers
+// above 2^53 lose digits in JavaScript and jq, and above 2^63 an Elasticsearch long rejects them;
+// the shipped index template maps it as unsigned_long, which takes the string). It reads either.
+type BigUint uint64
+
+func (n BigUint) MarshalJSON() ([]byte, error) {
+	b := append(make([]byte, 0, 22), '"')
+	b = strconv.AppendUint(b, uint64(n), 10)
+	return append(b, '"'), nil
+}
+
+func (n *BigUint) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
+		s = s[1 : len(s)-1]
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("not an unsigned integer: %s", b)
+	}
+	*n = BigUint(v)
+	return nil
 }
 
 // HexBytes is written as a lower-case hex string.
@@ -142,11 +227,12 @@ func ViolationEvent(v *protocol.Violation, generationKnown bool, src, dst netip.
 		Offset: new(v.Offset), MessageIndex: new(v.Index), BytesSeen: new(seen),
 		FirstBytes: append(HexBytes(nil), first[:min(len(first), MaxFirstBytes)]...),
 	}
+	e.Probe = probeName(e.FirstBytes)
 	if v.Field != protocol.FieldNone {
 		e.Field = v.Field.String()
-		e.Declared = new(v.Declared)
+		e.Declared = new(BigUint(v.Declared))
 		if v.Limit != 0 {
-			e.Limit = new(v.Limit)
+			e.Limit = new(BigUint(v.Limit))
 		}
 	}
 	return e

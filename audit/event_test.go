@@ -57,8 +57,8 @@ func TestEventJSON(t *testing.T) {
 				SourceIP: netip.MustParseAddr("10.1.2.3"), SourcePort: 40000,
 				DestIP: netip.MustParseAddr("10.0.0.1"), DestPort: 29500,
 				CommunityID: "1:x", ConnID: 7, Generation: "G3", Op: "SET", Field: "key",
-				Offset: new(uint64(0)), MessageIndex: new(uint64(0)), Declared: new(uint64(1 << 40)),
-				Limit: new(uint64(8192)), FirstBytes: HexBytes{0x00, 0xab}, BytesSeen: new(uint64(9)),
+				Offset: new(uint64(0)), MessageIndex: new(uint64(0)), Declared: new(BigUint(1 << 40)),
+				Limit: new(BigUint(8192)), FirstBytes: HexBytes{0x00, 0xab}, BytesSeen: new(uint64(9)),
 				Mode: ModeEnforce,
 			},
 			want: `{"@timestamp":"2025-03-01T12:00:00.123456789Z","event.id":"abc","event.action":"blocked",` +

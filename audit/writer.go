@@ -19,6 +19,12 @@ import (
 // DefaultMaxSources bounds the per-source sampling table.
 const DefaultMaxSources = 65536
 
+// DefaultSummaryEvery is how often a suppressing source's interim sampled_summary is written.
+const DefaultSummaryEvery = time.Minute
+
+// maxKindsPerWindow bounds the action/reason kinds a window remembers (actions × rules is far less).
+const maxKindsPerWindow = 64
+
 // ErrClosed is returned by Write after Close.
 var ErrClosed = errors.New("audit: writer closed")
 
@@ -31,11 +37,21 @@ type Options struct {
 
 	// Per source IP, the first SampleFirst events of a SampleWindow are
 	// written, then one in SampleEvery (0: none). SampleWindow 0 disables
-	// sampling. Banned events are always written: bans are rare by design.
+	// sampling. Never sampled away: the first event of each action and reason (each
+	// verdict, for flows) of a source in a window, so the first blocked message of every kind
+	// is always there in full; banned events and scan notices (rare by design); flows that
+	// passed or are open (a job's own accounting).
 	SampleFirst  int
 	SampleEvery  int
 	SampleWindow time.Duration
 	MaxSources   int // sampling table cap; 0 = DefaultMaxSources
+	// SummaryEvery: while a source's window suppresses events, a sampled_summary of what it
+	// suppressed so far is written at most this often (by Flush), not only at the window's end.
+	// 0 = DefaultSummaryEvery.
+	SummaryEvery time.Duration
+
+	// Observer fills observer.* and host.* of every event (Classify); nil leaves them out.
+	Observer *Observer
 
 	// Clock drives timestamps and sampling windows; replay passes capture
 	// time. Nil means time.Now.
@@ -73,7 +89,10 @@ type window struct {
 	src        netip.Addr
 	start      time.Time
 	seen       uint64
-	suppressed uint64
+	suppressed uint64            // since the last sampled_summary
+	by         map[string]uint64 // suppressed by kind, since the last sampled_summary
+	kinds      map[string]struct{}
+	summarized time.Time // the last sampled_summary, or start
 	elem       *list.Element
 }
 
@@ -99,6 +118,9 @@ func newWriter(out io.Writer, opts Options) *Writer {
 	}
 	if opts.MaxSources <= 0 {
 		opts.MaxSources = DefaultMaxSources
+	}
+	if opts.SummaryEvery <= 0 {
+		opts.SummaryEvery = DefaultSummaryEvery
 	}
 	w := &Writer{
 		opts:    opts,
@@ -140,6 +162,7 @@ func (w *Writer) Write(e Event) error {
 	if len(e.FirstBytes) > MaxFirstBytes {
 		e.FirstBytes = e.FirstBytes[:MaxFirstBytes]
 	}
+	Classify(&e, w.opts.Observer)
 
 	err := w.expire(now, false)
 	write, admitErr := w.admit(e, now)
@@ -153,8 +176,7 @@ func (w *Writer) Write(e Event) error {
 // admit applies per-source sampling. The error is from writing the
 // summaries of windows it ends on the way.
 func (w *Writer) admit(e Event, now time.Time) (bool, error) {
-	if w.opts.SampleWindow <= 0 || e.Action == ActionBanned || e.Action == ActionSampledSummary ||
-		e.Action == ActionDroppedSummary {
+	if w.opts.SampleWindow <= 0 || neverSampled(&e) {
 		return true, nil
 	}
 	var err error
@@ -168,18 +190,51 @@ func (w *Writer) admit(e Event, now time.Time) (bool, error) {
 			w.stats.Evicted++
 			err = errors.Join(err, w.endWindow(w.byStart.Front().Value.(*window)))
 		}
-		win = &window{src: e.SourceIP, start: now}
+		win = &window{src: e.SourceIP, start: now, summarized: now}
 		win.elem = w.byStart.PushBack(win)
 		w.sources[e.SourceIP] = win
 	}
 	win.seen++
+	kind := sampleKind(&e)
+	_, had := win.kinds[kind]
+	if !had && len(win.kinds) < maxKindsPerWindow {
+		if win.kinds == nil {
+			win.kinds = make(map[string]struct{})
+		}
+		win.kinds[kind] = struct{}{}
+		return true, err
+	}
 	first, every := uint64(w.opts.SampleFirst), uint64(w.opts.SampleEvery)
 	if win.seen <= first || every > 0 && (win.seen-first)%every == 0 {
 		return true, err
 	}
 	win.suppressed++
+	if win.by == nil {
+		win.by = make(map[string]uint64)
+	}
+	win.by[kind]++
 	w.stats.Suppressed++
 	return false, err
+}
+
+// neverSampled: events sampling always lets through (Options).
+func neverSampled(e *Event) bool {
+	switch e.Action {
+	case ActionBanned, ActionScan, ActionSampledSummary, ActionDroppedSummary, ActionHandover:
+		return true
+	case ActionFlow:
+		return e.Verdict == VerdictPassed || e.Verdict == VerdictOpen
+	}
+	return false
+}
+
+// sampleKind is what an event is of, for sampling and sampled_summary's storeguard.suppressed_by:
+// "blocked/key_too_long", "flow/empty".
+func sampleKind(e *Event) string {
+	if e.Action == ActionFlow {
+		return string(e.Action) + "/" + string(e.Verdict)
+	}
+	return string(e.Action) + "/" + e.Reason
 }
 
 func (w *Writer) ended(win *window, now time.Time) bool {
@@ -200,6 +255,18 @@ func (w *Writer) expire(now time.Time, all bool) error {
 	return err
 }
 
+// summarizeDue writes the interim sampled_summary of every window that suppressed events and
+// last had one SummaryEvery ago or more.
+func (w *Writer) summarizeDue(now time.Time) error {
+	var err error
+	for e := w.byStart.Front(); e != nil; e = e.Next() {
+		if win := e.Value.(*window); win.suppressed > 0 && now.Sub(win.summarized) >= w.opts.SummaryEvery {
+			err = errors.Join(err, w.summarize(win, now))
+		}
+	}
+	return err
+}
+
 // endWindow forgets win and writes its sampled_summary if it suppressed anything.
 func (w *Writer) endWindow(win *window) error {
 	w.byStart.Remove(win.elem)
@@ -207,12 +274,22 @@ func (w *Writer) endWindow(win *window) error {
 	if win.suppressed == 0 {
 		return nil
 	}
-	return w.writeLocked(Event{
-		Timestamp:  w.opts.Clock(),
-		Action:     ActionSampledSummary,
-		SourceIP:   win.src,
-		Suppressed: win.suppressed,
-	})
+	return w.summarize(win, w.opts.Clock())
+}
+
+// summarize writes what win suppressed since its last sampled_summary, and starts counting anew.
+func (w *Writer) summarize(win *window, now time.Time) error {
+	e := Event{
+		Timestamp:    now,
+		Action:       ActionSampledSummary,
+		SourceIP:     win.src,
+		Suppressed:   win.suppressed,
+		SuppressedBy: win.by,
+		Start:        win.summarized,
+	}
+	win.suppressed, win.by, win.summarized = 0, nil, now
+	Classify(&e, w.opts.Observer)
+	return w.writeLocked(e)
 }
 
 func (w *Writer) writeLocked(e Event) error {
@@ -345,7 +422,8 @@ func gzipFile(name string) (err error) {
 	return os.Remove(name)
 }
 
-// Flush writes the sampled_summary of every window that has ended.
+// Flush writes the sampled_summary of every window that has ended, and the interim one of every
+// window due one (Options.SummaryEvery).
 // Call it periodically (see FlushEvery) so a source that went quiet still
 // gets its summary.
 func (w *Writer) Flush() error {
@@ -354,7 +432,8 @@ func (w *Writer) Flush() error {
 	if w.closed {
 		return ErrClosed
 	}
-	return w.expire(w.opts.Clock(), false)
+	now := w.opts.Clock()
+	return errors.Join(w.expire(now, false), w.summarizeDue(now))
 }
 
 // FlushEvery calls Flush every d until ctx is done. Run it as a goroutine.

@@ -488,7 +488,7 @@ func TestWriterConcurrent(t *testing.T) {
 func ExampleWriter() {
 	var buf bytes.Buffer
 	w := New(&buf, Options{Clock: func() time.Time { return t0 }})
-	w.Write(Event{ID: "1", Action: ActionBlocked, Reason: "value_too_long", Declared: new(uint64(0))})
+	w.Write(Event{ID: "1", Action: ActionBlocked, Reason: "value_too_long", Declared: new(BigUint(0))})
 	w.Close()
 	io.Copy(os.Stdout, &buf)
 	fmt.Println(w.Stats().Written)

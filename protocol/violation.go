@@ -73,14 +73,29 @@ const (
 	// RuleRepliesUnread is a client that takes none of the replies the guard holds for it within
 	// timeouts.reply-read (or for 500 ms once they fill caps.reply-buffer-bytes): serve, not the decoder.
 	RuleRepliesUnread Rule = "replies_unread"
+	// RuleTruncatedMessage is a stream that ended (the client's FIN or RST) inside a message: a probe
+	// of a few bytes, or a client that died mid-message. Nothing of it reached the store; it is
+	// recorded, never counted towards a ban (a rank killed mid-message is no attacker).
+	RuleTruncatedMessage Rule = "truncated_message"
 )
+
+// IsRule reports whether s names a rule.
+func IsRule(s string) bool {
+	for _, r := range Rules() {
+		if string(r) == s {
+			return true
+		}
+	}
+	return false
+}
 
 // Rules lists every rule, for metrics that pre-register one series per rule.
 func Rules() []Rule {
 	return []Rule{RuleKeyTooLong, RuleValueTooLong, RuleTooManyKeys, RuleMessageTooLarge,
 		RuleUnknownOpcode, RuleValidateMissing, RuleValidateBadMagic, RuleValidateRepeated,
 		RulePingBeforeValidate, RuleOpNotInBackend, RuleWatchKeyBlocked, RuleZeroCount,
-		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore, RuleRepliesUnread}
+		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore, RuleRepliesUnread,
+		RuleTruncatedMessage}
 }
 
 // Violation is the first rule a stream broke. It is an error; use errors.As to get it.

@@ -424,8 +424,14 @@ func verdictOfEvents(events []audit.Event) string {
 		}
 		return *p
 	}
-	return verdict(string(e.Action), e.Reason, val(e.Offset), val(e.MessageIndex), e.Op, e.Field, val(e.Declared),
-		val(e.Limit), e.Generation)
+	big := func(p *audit.BigUint) uint64 {
+		if p == nil {
+			return 0
+		}
+		return uint64(*p)
+	}
+	return verdict(string(e.Action), e.Reason, val(e.Offset), val(e.MessageIndex), e.Op, e.Field, big(e.Declared),
+		big(e.Limit), e.Generation)
 }
 
 func verdictOfReplay(r replay.StreamResult) string {

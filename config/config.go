@@ -24,6 +24,7 @@ type Config struct {
 	Upstream      string `mapstructure:"upstream"`
 	MetricsListen string `mapstructure:"metrics-listen"` // "" disables metrics
 	AuditLog      string `mapstructure:"audit-log"`      // "" sends audit events to the structured log only
+	Flows         Flows  `mapstructure:"flows"`
 	// Generation is the raw generation setting (auto, G0.., or a torch
 	// release); protocol.ParseGeneration turns it into a protocol setting.
 	Generation string  `mapstructure:"generation"`
@@ -38,6 +39,7 @@ type Config struct {
 	Access   Access   `mapstructure:"access"`
 	Caps     Caps     `mapstructure:"caps"`
 	Ban      Ban      `mapstructure:"ban"`
+	Scan     Scan     `mapstructure:"scan"`
 	Audit    Audit    `mapstructure:"audit"`
 	Log      Log      `mapstructure:"log"`
 	Replay   Replay   `mapstructure:"replay"`
@@ -138,7 +140,24 @@ type Ban struct {
 	Window     time.Duration  `mapstructure:"window"`
 	Duration   time.Duration  `mapstructure:"duration"`
 	Exempt     []netip.Prefix `mapstructure:"exempt"`
+	Peek       time.Duration  `mapstructure:"peek"` // how long a banned source's first bytes are read for
 }
+
+// Scan (scan.*): Threshold connections of one source that send nothing or only invalid bytes within
+// Window make a scan notice. Threshold 0 turns notices off.
+type Scan struct {
+	Threshold int           `mapstructure:"threshold"`
+	Window    time.Duration `mapstructure:"window"`
+}
+
+// Flows says which flow records the audit log gets (flows).
+type Flows string
+
+const (
+	FlowsAll        Flows = "all"
+	FlowsSuspicious Flows = "suspicious" // all but passed and interim ones
+	FlowsOff        Flows = "off"
+)
 
 // Audit configures the audit-log file and its per-source sampling (audit.*).
 type Audit struct {
@@ -147,6 +166,7 @@ type Audit struct {
 	SampleFirst  int           `mapstructure:"sample-first"`
 	SampleEvery  int           `mapstructure:"sample-every"`
 	SampleWindow time.Duration `mapstructure:"sample-window"`
+	FlowInterim  time.Duration `mapstructure:"flow-interim"` // 0 = no interim flow records
 }
 
 // Log configures the structured log (log.*).

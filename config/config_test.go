@@ -69,8 +69,10 @@ func TestDefaults(t *testing.T) {
 		{"access", got.Access, Access{}},
 		{"caps", got.Caps, Caps{20000, 512, 200, 512, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
-			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}}},
-		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute}},
+			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second}},
+		{"scan", got.Scan, Scan{8, time.Minute}},
+		{"flows", got.Flows, FlowsAll},
+		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute, time.Hour}},
 		{"log", got.Log, Log{slog.LevelInfo, LogJSON}},
 		{"replay", got.Replay, Replay{[]uint16{29500}}},
 	}
@@ -504,7 +506,9 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
 	custom.Caps = Caps{10, 0, 0.25, 1, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17}
 	custom.Ban = Ban{}
-	custom.Audit = Audit{1, 0, 0, 1, time.Second}
+	custom.Audit = Audit{1, 0, 0, 1, time.Second, 0}
+	custom.Scan = Scan{3, time.Second}
+	custom.Flows = FlowsSuspicious
 	custom.Log = Log{slog.LevelError, LogText}
 	custom.Replay.Ports = []uint16{1, 65535}
 	if err := custom.Validate(); err != nil {

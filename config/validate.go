@@ -138,6 +138,13 @@ func (c Config) validate() []error {
 	v.between("audit.sample-first", int64(a.SampleFirst), 0, maxCount)
 	v.between("audit.sample-every", int64(a.SampleEvery), 1, maxCount)
 	v.positive("audit.sample-window", a.SampleWindow)
+	v.notNegative("audit.flow-interim", a.FlowInterim)
+	oneOf(&v, "flows", string(c.Flows), FlowsAll, FlowsSuspicious, FlowsOff)
+	v.notNegative("ban.peek", c.Ban.Peek)
+	v.between("scan.threshold", int64(c.Scan.Threshold), 0, maxCount)
+	if c.Scan.Threshold > 0 {
+		v.positive("scan.window", c.Scan.Window)
+	}
 
 	if _, ok := levelName(c.Log.Level); !ok {
 		v.add("log.level", "%q is not one of debug, info, warn, error", c.Log.Level.String())

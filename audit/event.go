@@ -227,7 +227,9 @@ func ViolationEvent(v *protocol.Violation, generationKnown bool, src, dst netip.
 		Offset: new(v.Offset), MessageIndex: new(v.Index), BytesSeen: new(seen),
 		FirstBytes: append(HexBytes(nil), first[:min(len(first), MaxFirstBytes)]...),
 	}
-	e.Probe = probeName(e.FirstBytes)
+	if v.Index == 0 {
+		e.Probe = probeName(e.FirstBytes) // a probe is a stream's first message
+	}
 	if v.Field != protocol.FieldNone {
 		e.Field = v.Field.String()
 		e.Declared = new(BigUint(v.Declared))

@@ -38,6 +38,9 @@ type Flow struct {
 	Messages   uint64 // complete client messages
 	Replies    uint64 // replies the store completed
 	Ops        *[32]uint64
+	// Judged: the rule the first bytes of a refused connection would have broken (read for
+	// ban.peek, never forwarded): its op, field, declared and limit go in the record.
+	Judged *protocol.Violation
 	// First: the stream's first bytes (at most MaxFirstBytes), recorded unless the flow passed:
 	// a job's traffic carries its keys and values, a probe's is evidence.
 	First []byte
@@ -71,6 +74,15 @@ func (f *Flow) Event() Event {
 					e.Ops = make(map[string]uint64)
 				}
 				e.Ops[protocol.Op(op).String()] = n
+			}
+		}
+	}
+	if v := f.Judged; v != nil {
+		e.Op = v.Op.String()
+		if v.Field != protocol.FieldNone {
+			e.Field, e.Declared = v.Field.String(), new(BigUint(v.Declared))
+			if v.Limit != 0 {
+				e.Limit = new(BigUint(v.Limit))
 			}
 		}
 	}

@@ -121,7 +121,8 @@ type conn struct {
 	resumeTail  []byte
 	resumeRest  []byte // the client's bytes after a stall at max-pending-replies, not judged yet
 
-	rep replies // the store-to-client half (replies.go)
+	flow flowStats // its flow record's account (flow.go)
+	rep  replies   // the store-to-client half (replies.go)
 	// seen is what the stream has shown, for the reply half's goroutines: bytes judged, and
 	// 1 + the generation once known (0 before).
 	seenBytes atomic.Uint64
@@ -231,6 +232,7 @@ func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 	if d.Violation != nil {
 		c.s.recordViolation(c, d.Violation, d.First)
 		if !c.st.monitor {
+			c.ended(endedByGuard)
 			c.closeBoth()
 			return false
 		}
@@ -292,9 +294,15 @@ func (c *conn) releaseCarry() {
 	c.carry = nil
 }
 
-// end gives back what the connection held, once both directions are done.
+// end gives back what the connection held, once both directions are done, and writes its flow
+// record: a message in progress at the end (the client's FIN or RST, or the store's close) is
+// truncated_message.
 func (c *conn) end() {
 	c.finish()
+	if d := c.g.Ended(); d.Violation != nil {
+		c.s.recordTruncated(c, d.Violation, d.First)
+	}
+	c.endFlow()
 	if c.storeSlot != nil { // the store's socket is closed by now
 		c.storeSlot()
 	}
@@ -399,11 +407,12 @@ func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
 // recordViolationSeen records v as recordViolation does, for a goroutine other than the one
 // judging c's stream: known and seen are what the stream had shown (conn.seen).
 func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) {
-	mode, action := "enforce", audit.ActionBlocked
+	mode, action, verdict := "enforce", audit.ActionBlocked, audit.VerdictBlocked
 	if c.st.monitor {
-		mode, action = "monitor", audit.ActionWouldBlock
+		mode, action, verdict = "monitor", audit.ActionWouldBlock, audit.VerdictWouldBlock
 	}
 	s.m.violations.WithLabelValues(string(v.Rule), mode).Inc()
+	c.decided(verdict, string(v.Rule))
 	e := audit.ViolationEvent(v, known, c.src, c.dst, action, audit.Mode(mode), first, seen)
 	e.Timestamp, e.ConnID = s.now(), c.id
 	s.writeAudit(e)
@@ -416,6 +425,17 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(),
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
 	}
+}
+
+// recordTruncated records v, a message that the stream's end cut short (first: its bytes): blocked
+// in either mode, since none of it was forwarded, and never a step towards a ban.
+func (s *Server) recordTruncated(c *conn, v *protocol.Violation, first []byte) {
+	s.m.violations.WithLabelValues(string(v.Rule), string(c.mode())).Inc()
+	c.decided(audit.VerdictTruncated, string(v.Rule))
+	_, known := c.g.Generation()
+	e := audit.ViolationEvent(v, known, c.src, c.dst, audit.ActionBlocked, c.mode(), first, c.g.Bytes())
+	e.Timestamp, e.ConnID = s.now(), c.id
+	s.writeAudit(e)
 }
 
 func (s *Server) refuse(src, dst netip.AddrPort, reason admission.Reason) {

@@ -40,7 +40,7 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 		c.vec = c.vecArr[:]
 		n, err = c.vec.WriteTo(c.up)
 	}
-	c.s.m.bytesC2S.Add(float64(n))
+	c.wroteStore(int(n))
 	if err != nil {
 		c.closeBoth()
 		return false
@@ -102,8 +102,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 	dst := originalDst(tc)
 	release, reason := s.admit(src.Addr())
 	if reason != "" {
-		s.refuse(src, dst, reason)
-		tc.Close()
+		s.refuseConn(tc, src, dst, reason)
 		s.accepting.Add(-1)
 		s.handlers.Done()
 		return
@@ -307,6 +306,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 		c.setDeadline()
 		bp, n, err := readPooled(rc)
 		if n > 0 {
+			c.readClient((*bp)[:n])
 			ok := c.process((*bp)[:n])
 			readBufs.Put(bp)
 			if !ok {
@@ -402,6 +402,7 @@ func (c *conn) endRead(err error) bool {
 		}
 		if c.g.Deadline().IsZero() {
 			c.s.log.Debug("idle timeout", "conn", c.id)
+			c.ended(endedByGuard)
 			c.closeBoth()
 			return false
 		}
@@ -409,6 +410,7 @@ func (c *conn) endRead(err error) bool {
 	case errors.Is(err, io.EOF):
 		// The client is done sending: pass the half-close on (a partial message is dropped,
 		// never forwarded) and let the store's last replies through for a while.
+		c.ended(endedByClient)
 		if !c.dialed || !c.awaitUp() {
 			c.closeBoth()
 			return false
@@ -420,6 +422,7 @@ func (c *conn) endRead(err error) bool {
 		c.mu.Unlock()
 		return false
 	default:
+		c.ended(endedByClient) // a reset, unless the guard closed it first
 		c.closeBoth()
 		return false
 	}
@@ -472,6 +475,7 @@ func (c *conn) pipeStoreToClient() {
 					continue
 				}
 			}
+			c.ended(endedByStore)
 			return
 		}
 	}

@@ -77,7 +77,7 @@ func (loopTransport) send(c *conn, a, b []byte) bool {
 		} else {
 			n, errno = writeFd(c.ufd, a, b)
 		}
-		c.s.m.bytesC2S.Add(float64(n))
+		c.wroteStore(n)
 		if errno != 0 && errno != unix.EAGAIN {
 			c.closeBoth()
 			return false
@@ -432,8 +432,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	dst := originalDstFd(fd, local)
 	release, reason := s.admit(src.Addr())
 	if reason != "" {
-		s.refuse(src, dst, reason) // the audit sink never waits (AuditSink)
-		unix.Close(fd)
+		s.refuseFd(fd, src, dst, reason) // closes fd; the audit sink never waits (AuditSink)
 		s.handlers.Done()
 		return
 	}
@@ -570,9 +569,15 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	case errno == unix.EAGAIN:
 		return
 	case errno == 0 && fromClient:
+		c.ended(endedByClient)
 		l.clientDone(c)
 		return
 	default: // the store's end of stream, or an error on either side
+		if fromClient {
+			c.ended(endedByClient)
+		} else {
+			c.ended(endedByStore)
+		}
 		if errno != 0 || !c.clientEnded {
 			side := "store"
 			if fromClient {
@@ -586,6 +591,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		return
 	}
 	if fromClient {
+		c.readClient(l.buf[:n])
 		l.settle(c, c.process(l.buf[:n]))
 		return
 	}

@@ -26,6 +26,8 @@ type metrics struct {
 	bytesS2C       prometheus.Counter
 	violations     *prometheus.CounterVec
 	bans           prometheus.Counter
+	scans          prometheus.Counter
+	peeks          *prometheus.CounterVec
 	bansActive     prometheus.GaugeFunc
 	dialFailures   prometheus.Counter
 	latency        prometheus.Histogram
@@ -101,6 +103,11 @@ func newMetrics(read readings) *metrics {
 	m.violations = prometheus.NewCounterVec(prometheus.CounterOpts(f("violations_total",
 		"Protocol violations, by rule and mode (enforce: blocked; monitor: would have been).")), []string{"rule", "mode"})
 	m.bans = prometheus.NewCounter(prometheus.CounterOpts(f("bans_total", "Sources banned for repeated violations.")))
+	m.scans = prometheus.NewCounter(prometheus.CounterOpts(f("scans_detected_total",
+		"Scan notices: a source crossed scan.threshold connections that sent nothing or only invalid bytes.")))
+	m.peeks = prometheus.NewCounterVec(prometheus.CounterOpts(f("banned_peeks_total",
+		"Connections of banned sources: first bytes read to name the probe (read), or closed at once (skipped: 256 being read).")),
+		[]string{"result"})
 	m.bansActive = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("bans_active", "Sources banned now.")), read.bansActive)
 	m.dialFailures = prometheus.NewCounter(prometheus.CounterOpts(f("upstream_dial_failures_total",
 		"Failed connections to the upstream store.")))
@@ -155,7 +162,7 @@ func newMetrics(read readings) *metrics {
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
-	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.bansActive,
+	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

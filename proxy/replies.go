@@ -31,6 +31,8 @@ const stallResync = 10 * time.Second
 type replies struct {
 	mu    sync.Mutex
 	track protocol.Replies
+	// fromStore, replied: the bytes the store sent and the replies it completed (flow records).
+	fromStore, replied uint64
 	// answered: a reply came (1-buffered), for a reader stalled at max-pending-replies.
 	answered chan struct{}
 	// The goroutine transport's replies the client has not taken yet, oldest first: pooled read
@@ -72,6 +74,8 @@ func (r *replies) Pending() int {
 func (r *replies) follow(p []byte) {
 	r.mu.Lock()
 	n := r.track.Feed(p)
+	r.fromStore += uint64(len(p))
+	r.replied += uint64(n)
 	r.mu.Unlock()
 	if n > 0 {
 		signal(r.answered)

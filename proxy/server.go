@@ -106,6 +106,11 @@ type Server struct {
 	now      func() time.Time
 	set      atomic.Pointer[settings]
 	gate     *admission.Gate
+	// scan counts the flows that make scans (flow.go); scanOpts are the options it was made with.
+	scanMu   sync.Mutex
+	scan     *audit.ScanDetector
+	scanOpts config.Scan
+	peeking  atomic.Int32 // banned connections being read (peek.go)
 	buf      *budget
 	m        *metrics
 	// slots counts the connections to the store against its caps (storelimit.go); limiter keeps
@@ -484,6 +489,7 @@ func (s *Server) sweepLoop(ctx context.Context) {
 		select {
 		case <-t.C:
 			s.gate.Sweep()
+			s.interimFlows()
 		case <-ctx.Done():
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -303,7 +304,7 @@ func checkValueLimit(t *testing.T, h *harness, s *storesim.Store, g protocol.Gen
 		}
 	}
 	evs := h.audit.events(t)
-	if len(evs) != 1 || evs[0]["event.reason"] != string(protocol.RuleValueTooLong) || evs[0]["storeguard.limit"] != float64(limit) {
+	if len(evs) != 1 || evs[0]["event.reason"] != string(protocol.RuleValueTooLong) || evs[0]["storeguard.limit"] != strconv.FormatUint(limit, 10) {
 		t.Fatalf("audit %v; want one value_too_long event at limit %d", evs, limit)
 	}
 }

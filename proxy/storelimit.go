@@ -270,6 +270,8 @@ func (c *conn) awaitStoreSlot() bool {
 // refuseStore counts and records a client closed for want of a store connection.
 func (s *Server) refuseStore(c *conn, reason admission.Reason) {
 	s.m.storeRefused.WithLabelValues(string(reason)).Inc()
+	c.decided(audit.VerdictRefused, string(reason))
+	c.ended(endedByGuard)
 	e := s.event(c.src, c.dst, audit.ActionDenied, string(reason))
 	e.ConnID = c.id
 	s.writeAudit(e)

@@ -1,0 +1,185 @@
+package proxy
+
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// Flow records (audit.Flow): every connection is accounted for at its end, and a long one every
+// audit.flow-interim while it lasts. Its bytes are counted where they move (readClient,
+// wroteStore, replies.follow); what it came to (verdict) where it was decided.
+
+// Who ended a connection (flowStats.endedBy).
+const (
+	endedByNone uint32 = iota
+	endedByClient
+	endedByStore
+	endedByGuard
+)
+
+var closedBy = [...]string{"", audit.ClosedByClient, audit.ClosedByStore, audit.ClosedByGuard}
+
+// flowStats is a connection's account for its flow record.
+type flowStats struct {
+	fromClient atomic.Uint64
+	toStore    atomic.Uint64
+	endedBy    atomic.Uint32 // the first to end the connection wins
+
+	mu      sync.Mutex // guards the rest
+	first   [audit.MaxFirstBytes]byte
+	firstN  int
+	verdict audit.Verdict // "" until a violation or a refusal decides one
+	reason  string
+	interim time.Time // the last interim record, or the start
+}
+
+// readClient counts p, read from the client, keeping the stream's first bytes.
+func (c *conn) readClient(p []byte) {
+	c.flow.fromClient.Add(uint64(len(p)))
+	if c.flow.firstN < len(c.flow.first) { // only this connection's reader writes firstN
+		c.flow.mu.Lock()
+		c.flow.firstN += copy(c.flow.first[c.flow.firstN:], p)
+		c.flow.mu.Unlock()
+	}
+}
+
+// wroteStore counts n bytes written to the store.
+func (c *conn) wroteStore(n int) {
+	c.s.m.bytesC2S.Add(float64(n))
+	c.flow.toStore.Add(uint64(n))
+}
+
+// ended records who ended the connection, unless someone did already.
+func (c *conn) ended(by uint32) { c.flow.endedBy.CompareAndSwap(endedByNone, by) }
+
+// decided records the verdict of a violation (blocked, would_block) or a refusal; the first stays.
+func (c *conn) decided(v audit.Verdict, reason string) {
+	c.flow.mu.Lock()
+	if c.flow.verdict == "" {
+		c.flow.verdict, c.flow.reason = v, reason
+	}
+	c.flow.mu.Unlock()
+}
+
+// flowRecord is c's flow as of now: final, or an interim record of a connection that lasts.
+func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
+	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now,
+		FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load(), Mode: c.mode()}
+	c.rep.mu.Lock()
+	f.FromStore, f.Replies = c.rep.fromStore, c.rep.replied
+	c.rep.mu.Unlock()
+	if g := c.seenGen.Load(); g > 0 {
+		f.Generation = protocol.Generation(g - 1).String()
+	}
+	c.flow.mu.Lock()
+	f.Verdict, f.Reason = c.flow.verdict, c.flow.reason
+	f.First = append([]byte(nil), c.flow.first[:c.flow.firstN]...)
+	c.flow.mu.Unlock()
+	if !interim {
+		// The guard's counts are its reader's: read once the connection has ended.
+		f.Ops = new(*c.g.Counts())
+		for _, n := range f.Ops {
+			f.Messages += n
+		}
+		f.ClosedBy = closedBy[c.flow.endedBy.Load()]
+	}
+	switch {
+	case interim:
+		f.Verdict = audit.VerdictOpen
+	case f.Verdict != "":
+	case f.FromClient == 0:
+		f.Verdict = audit.VerdictEmpty
+	default:
+		f.Verdict = audit.VerdictPassed
+	}
+	return f
+}
+
+func (c *conn) mode() audit.Mode {
+	if c.st.monitor {
+		return audit.ModeMonitor
+	}
+	return audit.ModeEnforce
+}
+
+// writeFlow writes f as configured (flows) and feeds the scan detector, writing its notice.
+func (s *Server) writeFlow(f *audit.Flow) {
+	cfg := &s.set.Load().cfg
+	switch {
+	case cfg.Flows == config.FlowsOff:
+	case cfg.Flows == config.FlowsSuspicious && (f.Verdict == audit.VerdictPassed || f.Verdict == audit.VerdictOpen):
+	default:
+		s.writeAudit(f.Event())
+	}
+	if f.Verdict == audit.VerdictOpen {
+		return
+	}
+	job := s.isTalker(f.Src.Addr())
+	s.scanMu.Lock()
+	if s.scan == nil || s.scanOpts != cfg.Scan {
+		s.scanOpts = cfg.Scan
+		s.scan = audit.NewScanDetector(audit.ScanOptions{Threshold: cfg.Scan.Threshold, Window: cfg.Scan.Window})
+	}
+	notice, ok := s.scan.Observe(f, job)
+	s.scanMu.Unlock()
+	if ok {
+		s.m.scans.Inc()
+		s.writeAudit(notice)
+		s.log.Warn("scan detected", "src", f.Src.Addr().String(), "connections", *notice.ScanConnections,
+			"probes", notice.ScanProbes)
+	}
+}
+
+// endFlow writes c's final flow record.
+func (c *conn) endFlow() {
+	f := c.flowRecord(c.s.now(), false)
+	c.s.writeFlow(&f)
+}
+
+// interimFlows writes an interim flow record of every connection open for audit.flow-interim
+// since its start or its last one; serve calls it every minute.
+func (s *Server) interimFlows() {
+	every := s.set.Load().cfg.Audit.FlowInterim
+	if every <= 0 {
+		return
+	}
+	now := s.now()
+	s.mu.Lock()
+	var due []*conn
+	for c := range s.conns {
+		c.flow.mu.Lock()
+		if c.flow.interim.IsZero() {
+			c.flow.interim = c.start
+		}
+		if now.Sub(c.flow.interim) >= every {
+			c.flow.interim = now
+			due = append(due, c)
+		}
+		c.flow.mu.Unlock()
+	}
+	s.mu.Unlock()
+	for _, c := range due {
+		f := c.flowRecord(now, true)
+		s.writeFlow(&f)
+	}
+}
+
+// refusedFlow writes the flow record of a connection refused at accept (reason: why), which began
+// at start, with first, what it sent before it was closed (ban.peek), if anything.
+// judged: the violation those bytes would have been, for the record.
+func (s *Server) refusedFlow(src, dst netip.AddrPort, reason string, start time.Time, first []byte,
+	judged *protocol.Violation) {
+	mode := audit.ModeEnforce
+	if s.set.Load().monitor {
+		mode = audit.ModeMonitor
+	}
+	f := audit.Flow{Src: src, Dst: dst, Start: start, End: s.now(), Verdict: audit.VerdictRefused,
+		Reason: reason, ClosedBy: audit.ClosedByGuard, FromClient: uint64(len(first)), First: first, Mode: mode, Judged: judged}
+	s.writeFlow(&f)
+}

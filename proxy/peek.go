@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// A banned source's connection is refused, yet its first bytes say what it came with: the probes
+// a scanner sends after its ban (nmap's TerminalServer, the #106294 ADD, comes 22nd) would
+// otherwise never be named. They are read for ban.peek, never forwarded (the store is not
+// connected), and judged by a decoder of their own for the flow record.
+
+// maxPeeks bounds the banned connections read at once; beyond it they are closed at once.
+const maxPeeks = 256
+
+// peekBytes is how much of a banned connection is read: enough to name a probe and to see the
+// lengths of a first message.
+const peekBytes = 64
+
+// refuseConn refuses tc, whose source admission turned away for reason, and accounts for it.
+func (s *Server) refuseConn(tc *net.TCPConn, src, dst netip.AddrPort, reason admission.Reason) {
+	start := s.now()
+	s.refuse(src, dst, reason)
+	if st := s.peekable(reason); st != nil {
+		s.peekThenClose(tc, src, dst, reason, start, st)
+		return
+	}
+	tc.Close()
+	s.refusedFlow(src, dst, string(reason), start, nil, nil)
+}
+
+// refuseFd is refuseConn for a socket an event loop accepted; it closes fd.
+func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reason) {
+	start := s.now()
+	s.refuse(src, dst, reason)
+	if st := s.peekable(reason); st != nil {
+		f := os.NewFile(uintptr(fd), "")
+		nc, err := net.FileConn(f) // a duplicate
+		f.Close()                  // fd itself
+		if tc, ok := nc.(*net.TCPConn); err == nil && ok {
+			s.peekThenClose(tc, src, dst, reason, start, st)
+			return
+		}
+		if nc != nil {
+			nc.Close()
+		}
+		s.peeking.Add(-1)
+	} else {
+		unix.Close(fd)
+	}
+	s.refusedFlow(src, dst, string(reason), start, nil, nil)
+}
+
+// peekable takes one of maxPeeks for a connection refused for reason, if it is to be read: a
+// banned source's, with ban.peek set. nil: close it at once.
+func (s *Server) peekable(reason admission.Reason) *settings {
+	st := s.set.Load()
+	if reason != admission.Banned || st.cfg.Ban.Peek <= 0 || s.draining.Load() {
+		return nil
+	}
+	if s.peeking.Add(1) > maxPeeks {
+		s.peeking.Add(-1)
+		s.m.peeks.WithLabelValues("skipped").Inc()
+		return nil
+	}
+	s.m.peeks.WithLabelValues("read").Inc()
+	return st
+}
+
+// peekThenClose reads tc's first bytes for ban.peek on a goroutine of its own, then closes it and
+// writes its flow record.
+func (s *Server) peekThenClose(tc *net.TCPConn, src, dst netip.AddrPort, reason admission.Reason, start time.Time,
+	st *settings) {
+	s.handlers.Add(1)
+	go func() {
+		defer s.handlers.Done()
+		defer s.peeking.Add(-1)
+		first := peek(tc, st.cfg.Ban.Peek)
+		tc.Close()
+		s.refusedFlow(src, dst, string(reason), start, first, s.judgeFirst(st, first))
+	}()
+}
+
+// peek reads up to peekBytes of what c sends within d.
+func peek(c *net.TCPConn, d time.Duration) []byte {
+	buf := make([]byte, peekBytes)
+	c.SetReadDeadline(time.Now().Add(d))
+	n := 0
+	for n < len(buf) {
+		m, err := c.Read(buf[n:])
+		n += m
+		if err != nil {
+			break
+		}
+	}
+	return buf[:n]
+}
+
+// judgeFirst is the violation, if any, that first would have been as a connection's first bytes,
+// decoded as the store reads them (auto: once its generation is known).
+func (s *Server) judgeFirst(st *settings, first []byte) *protocol.Violation {
+	if len(first) == 0 {
+		return nil
+	}
+	dc := st.dec
+	if dc.Gen.Auto {
+		info, known, _ := s.store.Load().get()
+		if !known {
+			return nil
+		}
+		dc = st.decoderFor(info)
+	}
+	d := protocol.NewDecoder(dc)
+	for p := first; len(p) > 0; {
+		n, _, err := d.Scan(p)
+		if err != nil {
+			v, _ := err.(*protocol.Violation)
+			return v
+		}
+		p = p[n:]
+	}
+	return nil
+}

@@ -255,7 +255,8 @@ func TestSampling(t *testing.T) {
 		{"first only", Options{SampleFirst: 3, SampleWindow: time.Minute}, ActionBlocked, 10, []uint64{1, 2, 3}},
 		{"first then one in four", Options{SampleFirst: 3, SampleEvery: 4, SampleWindow: time.Minute}, ActionWouldBlock, 20,
 			[]uint64{1, 2, 3, 7, 11, 15, 19}},
-		{"none first, one in five", Options{SampleEvery: 5, SampleWindow: time.Minute}, ActionDenied, 12, []uint64{5, 10}},
+		// The first event of each kind (action and reason) of a source in a window is always written.
+		{"none first, one in five", Options{SampleEvery: 5, SampleWindow: time.Minute}, ActionDenied, 12, []uint64{1, 5, 10}},
 		{"every one", Options{SampleFirst: 2, SampleEvery: 1, SampleWindow: time.Minute}, ActionBlocked, 5, []uint64{1, 2, 3, 4, 5}},
 		{"sampling off", Options{SampleFirst: 1}, ActionBlocked, 4, []uint64{1, 2, 3, 4}},
 		{"bans never sampled", Options{SampleFirst: 1, SampleWindow: time.Minute}, ActionBanned, 3, []uint64{1, 2, 3}},
@@ -493,6 +494,58 @@ func ExampleWriter() {
 	io.Copy(os.Stdout, &buf)
 	fmt.Println(w.Stats().Written)
 	// Output:
-	// {"@timestamp":"2025-03-01T12:00:00Z","event.id":"1","event.action":"blocked","event.reason":"value_too_long","storeguard.declared":0}
+	// {"@timestamp":"2025-03-01T12:00:00Z","ecs.version":"8.17.0","event.id":"1","event.action":"blocked","event.reason":"value_too_long","event.kind":"alert","event.category":["network","intrusion_detection"],"event.type":["connection","denied"],"event.outcome":"failure","event.severity":5,"event.module":"storeguard","event.dataset":"storeguard.audit","rule.name":"value_too_long","rule.category":"protocol","rule.ruleset":"storeguard","storeguard.declared":"0"}
 	// 1
+}
+
+// TestSamplingKeepsFirstOfEachKind: a flood of one rule does not hide the first event of another,
+// flows that passed are never sampled, and what is sampled away is summarised by kind within a
+// minute, not only at the window's end.
+func TestSamplingKeepsFirstOfEachKind(t *testing.T) {
+	var buf bytes.Buffer
+	clk := newClock()
+	w := New(&buf, Options{SampleFirst: 2, SampleWindow: 10 * time.Minute, Clock: clk.Now})
+	src := ip("192.0.2.9")
+	for range 30 {
+		w.Write(Event{Action: ActionBlocked, Reason: "unknown_opcode", SourceIP: src})
+	}
+	w.Write(Event{Action: ActionBlocked, Reason: "key_too_long", SourceIP: src, ConnID: 99})
+	for range 5 {
+		w.Write(Event{Action: ActionFlow, Verdict: VerdictPassed, SourceIP: src})
+		w.Write(Event{Action: ActionFlow, Verdict: VerdictEmpty, SourceIP: src})
+	}
+	clk.Advance(time.Minute)
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var keyTooLong, passed int
+	var summary *Event
+	for _, e := range decodeAll(t, buf.Bytes()) {
+		switch {
+		case e.Reason == "key_too_long":
+			keyTooLong++
+		case e.Action == ActionFlow && e.Verdict == VerdictPassed:
+			passed++
+		case e.Action == ActionSampledSummary:
+			summary = &e
+		}
+	}
+	if keyTooLong != 1 || passed != 5 {
+		t.Errorf("key_too_long written %d times, passed flows %d; want 1 and 5", keyTooLong, passed)
+	}
+	// Written: 2 unknown_opcode (the first and the second of the window), key_too_long (first of
+	// its kind), 5 passed flows, the first empty flow. Suppressed: 28 unknown_opcode, 4 empty flows.
+	if summary == nil || summary.Suppressed != 32 || summary.SuppressedBy["blocked/unknown_opcode"] != 28 ||
+		summary.SuppressedBy["flow/empty"] != 4 || !summary.Start.Equal(t0) {
+		t.Fatalf("interim summary %+v", summary)
+	}
+	w.Write(Event{Action: ActionBlocked, Reason: "unknown_opcode", SourceIP: src})
+	w.Close()
+	var total uint64
+	for _, e := range decodeAll(t, buf.Bytes()) {
+		total += e.Suppressed
+	}
+	if total != 33 {
+		t.Errorf("summaries say %d suppressed, want 33", total)
+	}
 }

@@ -67,6 +67,36 @@ func (c *conn) decided(v audit.Verdict, reason string) {
 	c.flow.mu.Unlock()
 }
 
+// flowCarry is a flow's account as an upgrade carries it to the new process.
+type flowCarry struct {
+	FromClient, ToStore, FromStore, Replied uint64
+	First                                   []byte
+	Verdict                                 audit.Verdict
+	Reason                                  string
+	Interim                                 time.Time
+}
+
+func (c *conn) flowCarry() flowCarry {
+	fc := flowCarry{FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load()}
+	c.rep.mu.Lock()
+	fc.FromStore, fc.Replied = c.rep.fromStore, c.rep.replied
+	c.rep.mu.Unlock()
+	c.flow.mu.Lock()
+	fc.First = append([]byte(nil), c.flow.first[:c.flow.firstN]...)
+	fc.Verdict, fc.Reason, fc.Interim = c.flow.verdict, c.flow.reason, c.flow.interim
+	c.flow.mu.Unlock()
+	return fc
+}
+
+// restoreFlow takes up the account a previous process kept (upgrade_linux.go).
+func (c *conn) restoreFlow(fc *flowCarry) {
+	c.flow.fromClient.Store(fc.FromClient)
+	c.flow.toStore.Store(fc.ToStore)
+	c.rep.fromStore, c.rep.replied = fc.FromStore, fc.Replied
+	c.flow.firstN = copy(c.flow.first[:], fc.First)
+	c.flow.verdict, c.flow.reason, c.flow.interim = fc.Verdict, fc.Reason, fc.Interim
+}
+
 // flowRecord is c's flow as of now: final, or an interim record of a connection that lasts.
 func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
 	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now,

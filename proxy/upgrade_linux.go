@@ -76,6 +76,7 @@ type connState struct {
 	Refeed     int // the message in progress and unjudged bytes: fed to the guard again
 	ToStore    int // judged, for the store
 	ToClient   int // the store's replies the client has not taken
+	Flow       flowCarry
 }
 
 // HandOver hands everything to the process at the other end of peer, which was started to take
@@ -220,7 +221,7 @@ func (c *conn) sendState(h *fdpass.Conn) error {
 	c.mu.Lock()
 	cs := connState{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs, HasUp: c.up != nil,
 		ReadEnded: c.readEnded, UpDeadline: c.upDeadline, Refeed: len(refeed), ToStore: len(toStore),
-		ToClient: len(toClient)}
+		ToClient: len(toClient), Flow: c.flowCarry()}
 	client, up := c.client, c.up
 	c.mu.Unlock()
 	var fds []int
@@ -424,6 +425,7 @@ func (s *Server) takeConn(h *fdpass.Conn, kind byte, body []byte, fds []int) (*a
 	}
 	c.g.Restore(cs.Guard, &st.pol)
 	c.g.Await(&c.rep)
+	c.restoreFlow(&cs.Flow)
 	ac.c = c
 	return ac, nil
 }

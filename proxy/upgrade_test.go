@@ -122,6 +122,24 @@ func testUpgradeKeepsEveryConnection(t *testing.T, m mode) {
 	if v := next.metric(`storeguard_handovers_total{result="ok"}`); v != "1" {
 		t.Errorf("handovers_total ok = %q, want 1", v)
 	}
+	// The flow records span both processes: the half connection's bytes from before and after.
+	half.Close()
+	var flow map[string]any
+	eventually(t, "the half connection's flow record", func() bool {
+		for _, f := range next.audit.flows(t) {
+			if f["source.port"] == float64(half.LocalAddr().(*net.TCPAddr).Port) {
+				flow = f
+			}
+		}
+		return flow != nil
+	})
+	if flow["source.bytes"] != float64(len(partial)) || flow["storeguard.store_bytes"] != float64(len(partial)) ||
+		flow["storeguard.messages"] != float64(3) || flow["storeguard.verdict"] != "passed" {
+		t.Errorf("flow %v; want %d bytes from the client and to the store, 3 messages (VALIDATE, PING, SET)", flow, len(partial))
+	}
+	if fs := h.audit.flows(t); len(fs) != 0 {
+		t.Errorf("the old process wrote flow records for connections it handed over: %v", fs)
+	}
 }
 
 // TestFailedUpgradeKeepsServing: when the new server cannot take over (here its new listen address

@@ -44,6 +44,10 @@ T('a ban fires once per instance, while new or active; clears after', [
     ('3m', 'StoreguardSourceBanned', [exp('StoreguardSourceBanned')]),
     ('16m', 'StoreguardSourceBanned', [exp('StoreguardSourceBanned')]),
     ('25m', 'StoreguardSourceBanned', [])])
+T('a scan notice fires for 10m after it; none before', [
+    S('storeguard_scans_detected_total', '0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'),
+], [('2m', 'StoreguardScanDetected', []), ('4m', 'StoreguardScanDetected', [exp('StoreguardScanDetected')]),
+    ('16m', 'StoreguardScanDetected', [])])
 T('upstream dial failures: pending for 2m, then critical', [
     S('storeguard_upstream_dial_failures_total', '0 1 2 3 4 5 6 7 8'),
     S('storeguard_connections_active', '3x8'),

@@ -22,8 +22,8 @@ const DefaultMaxSources = 65536
 // DefaultSummaryEvery is how often a suppressing source's interim sampled_summary is written.
 const DefaultSummaryEvery = time.Minute
 
-// maxKindsPerWindow bounds the action/reason kinds a window remembers (actions × rules is far less).
-const maxKindsPerWindow = 64
+// maxKindsPerWindow bounds the kinds (sampleKind) a window remembers.
+const maxKindsPerWindow = 256
 
 // ErrClosed is returned by Write after Close.
 var ErrClosed = errors.New("audit: writer closed")
@@ -229,12 +229,17 @@ func neverSampled(e *Event) bool {
 }
 
 // sampleKind is what an event is of, for sampling and sampled_summary's storeguard.suppressed_by:
-// "blocked/key_too_long", "flow/empty".
+// "blocked/key_too_long", "flow/empty", and the probe named, if any ("blocked/key_too_long/rdp_x224"),
+// so that every probe of a service scan is written once. Probe names are a fixed set (probename).
 func sampleKind(e *Event) string {
+	k := string(e.Action) + "/" + e.Reason
 	if e.Action == ActionFlow {
-		return string(e.Action) + "/" + string(e.Verdict)
+		k = string(e.Action) + "/" + string(e.Verdict)
 	}
-	return string(e.Action) + "/" + e.Reason
+	if e.Probe != "" {
+		k += "/" + e.Probe
+	}
+	return k
 }
 
 func (w *Writer) ended(win *window, now time.Time) bool {

@@ -88,13 +88,23 @@ func (s *Server) peekThenClose(tc *net.TCPConn, src, dst netip.AddrPort, reason 
 	}()
 }
 
+// peekRest is how long a banned connection is read for once its first bytes came.
+const peekRest = 100 * time.Millisecond
+
 // peek reads up to peekBytes of what c sends within d.
 func peek(c *net.TCPConn, d time.Duration) []byte {
 	buf := make([]byte, peekBytes)
-	c.SetReadDeadline(time.Now().Add(d))
+	end := time.Now().Add(d)
+	c.SetReadDeadline(end)
 	n := 0
 	for n < len(buf) {
 		m, err := c.Read(buf[n:])
+		if n == 0 && m > 0 {
+			// A probe comes in one write: wait a little for the rest of it, not for d.
+			if rest := time.Now().Add(peekRest); rest.Before(end) {
+				c.SetReadDeadline(rest)
+			}
+		}
 		n += m
 		if err != nil {
 			break

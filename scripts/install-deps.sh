@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
-# nftables, iproute2, python3-torch), Go modules, pytest, and the real-torch environments of
+# nftables, nmap, iproute2, python3-torch), Go modules, pytest, and the real-torch environments of
 # interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,7 @@ need=()
 command -v haproxy >/dev/null || need+=(haproxy)
 command -v tshark >/dev/null || need+=(tshark)
 command -v nft >/dev/null || need+=(nftables)
+command -v nmap >/dev/null || need+=(nmap)
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)

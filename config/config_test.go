@@ -72,7 +72,7 @@ func TestDefaults(t *testing.T) {
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second}},
 		{"scan", got.Scan, Scan{8, time.Minute}},
 		{"flows", got.Flows, FlowsAll},
-		{"audit", got.Audit, Audit{104857600, 5, 25, 1000, 10 * time.Minute, time.Hour}},
+		{"audit", got.Audit, Audit{104857600, 5, 100, 1000, 10 * time.Minute, time.Hour}},
 		{"log", got.Log, Log{slog.LevelInfo, LogJSON}},
 		{"replay", got.Replay, Replay{[]uint16{29500}}},
 	}

@@ -35,6 +35,7 @@ step "deployment kit"
 BIN="${TMPDIR:-/tmp}/storeguard-test"
 go build -o "$BIN" ./cmd/storeguard
 scripts/promtool-check.sh
+scripts/sigma-convert.sh
 STOREGUARD_BIN="$BIN" python3 configs/kubernetes/validate.py
 configs/systemd/verify.sh
 STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh

@@ -8,7 +8,7 @@ import (
 
 // ECSVersion is the version of the Elastic Common Schema the events follow; configs/elastic's
 // index template and the conformance test (ecs_test.go) are of the same version.
-const ECSVersion = "8.17.0"
+const ECSVersion = "9.4.0"
 
 // Observer says which storeguard wrote the events: the Writer fills observer.* (and host.*, when
 // Host is set: the traffic was seen on this host, as serve's is and replay's is not).
@@ -29,7 +29,10 @@ const (
 	SeverityCritical = 9 // monitor mode: a hostile message reached the store
 )
 
-// class is the ECS bookkeeping of one kind of event.
+// class is the ECS bookkeeping of one kind of event. outcome is from storeguard's side, as ECS has
+// it ("from the perspective of the entity that produced the event"): a probe it blocked or a
+// connection it refused is a success, as in ECS's own firewall example; and it is left out where
+// there is none to tell (ECS: not for metric events nor for event.type info).
 type class struct {
 	kind     string
 	category []string
@@ -44,20 +47,21 @@ var (
 )
 
 var classes = map[Action]class{
-	ActionBlocked:        {"alert", catIDS, []string{"connection", "denied"}, "failure", SeverityMedium},
+	ActionBlocked:        {"alert", catIDS, []string{"connection", "denied"}, "success", SeverityMedium},
 	ActionWouldBlock:     {"alert", catIDS, []string{"connection", "allowed"}, "success", SeverityCritical},
-	ActionDenied:         {"event", catNetwork, []string{"connection", "denied"}, "failure", SeverityLow},
+	ActionDenied:         {"event", catNetwork, []string{"connection", "denied"}, "success", SeverityLow},
 	ActionBanned:         {"alert", catIDS, []string{"denied"}, "success", SeverityHigh},
-	ActionSampledSummary: {"metric", catNetwork, []string{"info"}, "unknown", SeverityLow},
-	ActionDroppedSummary: {"metric", []string{"process"}, []string{"info"}, "unknown", SeverityLow},
+	ActionSampledSummary: {"metric", catNetwork, []string{"info"}, "", SeverityLow},
+	ActionDroppedSummary: {"metric", []string{"process"}, []string{"info"}, "", SeverityLow},
 	ActionHandover:       {"event", []string{"process"}, []string{"change"}, "success", SeverityInfo},
 	ActionFlow:           {"event", catNetwork, []string{"connection", "end"}, "success", SeverityInfo},
-	ActionScan:           {"alert", catIDS, []string{"info"}, "unknown", SeverityHigh},
+	ActionScan:           {"alert", catIDS, []string{"info"}, "", SeverityHigh},
 }
 
 var flowInterim = []string{"connection", "info"}
 
-// flowClass is the outcome and severity of a flow by its verdict.
+// flowClass is the outcome and severity of a flow by its verdict: failure only when the client's
+// stream broke off mid-message; open is unknown, the connection not being over.
 var flowClass = map[Verdict]struct {
 	outcome  string
 	severity int
@@ -66,8 +70,8 @@ var flowClass = map[Verdict]struct {
 	VerdictOpen:       {"unknown", SeverityInfo},
 	VerdictEmpty:      {"success", SeverityLow},
 	VerdictTruncated:  {"failure", SeverityLow},
-	VerdictRefused:    {"failure", SeverityLow},
-	VerdictBlocked:    {"failure", SeverityMedium},
+	VerdictRefused:    {"success", SeverityLow},
+	VerdictBlocked:    {"success", SeverityMedium},
 	VerdictWouldBlock: {"success", SeverityCritical},
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
-# nftables, nmap, iproute2, python3-torch), Go modules, pytest, and the real-torch environments of
+# nftables, nmap, iproute2, python3-torch), Go modules, pytest, sigma-cli with its Elasticsearch and Splunk
+# backends (a venv of scripts/sigma-convert.sh), and the real-torch environments of
 # interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +29,5 @@ go mod download
 python3 -c 'import pytest' 2>/dev/null || { log "pip install pytest"; python3 -m pip install -q pytest >&2; }
 python3 -c 'import kubernetes_validate, yaml' 2>/dev/null \
   || { log "pip install kubernetes-validate"; python3 -m pip install -q kubernetes-validate pyyaml >&2; }
+scripts/sigma-convert.sh --install-only
 scripts/torch-envs.sh >/dev/null

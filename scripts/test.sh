@@ -2,7 +2,8 @@
 # Runs every storeguard test, installing what the tests need first:
 #   unit and end-to-end Go tests with -race, each fuzz target for a bounded time, the deployment
 #   kit's checks, and the real-torch interop suite. Ends with pytest's summary line.
-# Env: FUZZTIME (default 15s per target), SKIP_INSTALL=1, SKIP_INTEROP=1 (for quick local runs).
+# Env: FUZZTIME (default 15s per target), SKIP_INSTALL=1, SKIP_INTEROP=1 (for quick local runs),
+#      SEARCH_LIVE=1 (also index every kind of audit event into a real OpenSearch on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZTIME=${FUZZTIME:-15s}
@@ -35,6 +36,8 @@ step "deployment kit"
 BIN="${TMPDIR:-/tmp}/storeguard-test"
 go build -o "$BIN" ./cmd/storeguard
 scripts/promtool-check.sh
+scripts/sigma-convert.sh
+if [ "${SEARCH_LIVE:-}" = 1 ]; then configs/elastic/opensearch-local.sh; fi
 STOREGUARD_BIN="$BIN" python3 configs/kubernetes/validate.py
 configs/systemd/verify.sh
 STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh

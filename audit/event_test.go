@@ -65,8 +65,8 @@ func TestEventJSON(t *testing.T) {
 				`"event.reason":"key_too_long","source.ip":"10.1.2.3","source.port":40000,` +
 				`"destination.ip":"10.0.0.1","destination.port":29500,"network.community_id":"1:x",` +
 				`"storeguard.conn_id":7,"storeguard.generation":"G3","storeguard.op":"SET","storeguard.field":"key",` +
-				`"storeguard.offset":0,"storeguard.message_index":0,"storeguard.declared":1099511627776,` +
-				`"storeguard.limit":8192,"storeguard.first_bytes":"00ab","storeguard.bytes_seen":9,"storeguard.mode":"enforce"}`,
+				`"storeguard.offset":0,"storeguard.message_index":0,"storeguard.declared":"1099511627776",` +
+				`"storeguard.limit":"8192","storeguard.first_bytes":"00ab","storeguard.bytes_seen":9,"storeguard.mode":"enforce"}`,
 		},
 		{
 			name: "absent fields omitted",
@@ -106,5 +106,20 @@ func TestEventIDsUnique(t *testing.T) {
 			t.Fatalf("duplicate id %q", id)
 		}
 		seen[id] = true
+	}
+}
+
+// TestBigUintReadsBoth: declared and limit are written as strings and read from strings or from
+// the numbers older logs have.
+func TestBigUintReadsBoth(t *testing.T) {
+	for _, in := range []string{`{"storeguard.declared":"9309061931890442240"}`, `{"storeguard.declared":9309061931890442240}`} {
+		var e Event
+		if err := json.Unmarshal([]byte(in), &e); err != nil || e.Declared == nil || *e.Declared != 9309061931890442240 {
+			t.Errorf("%s: %v, %v", in, e.Declared, err)
+		}
+	}
+	var e Event
+	if err := json.Unmarshal([]byte(`{"storeguard.declared":"-1"}`), &e); err == nil {
+		t.Error("a negative declared length was read")
 	}
 }

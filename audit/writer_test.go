@@ -494,7 +494,7 @@ func ExampleWriter() {
 	io.Copy(os.Stdout, &buf)
 	fmt.Println(w.Stats().Written)
 	// Output:
-	// {"@timestamp":"2025-03-01T12:00:00Z","ecs.version":"8.17.0","event.id":"1","event.action":"blocked","event.reason":"value_too_long","event.kind":"alert","event.category":["network","intrusion_detection"],"event.type":["connection","denied"],"event.outcome":"failure","event.severity":5,"event.module":"storeguard","event.dataset":"storeguard.audit","rule.name":"value_too_long","rule.category":"protocol","rule.ruleset":"storeguard","storeguard.declared":"0"}
+	// {"@timestamp":"2025-03-01T12:00:00Z","ecs.version":"9.4.0","event.id":"1","event.action":"blocked","event.reason":"value_too_long","event.kind":"alert","event.category":["network","intrusion_detection"],"event.type":["connection","denied"],"event.outcome":"success","event.severity":5,"event.module":"storeguard","event.dataset":"storeguard.audit","rule.name":"value_too_long","rule.category":"protocol","rule.ruleset":"storeguard","storeguard.declared":"0"}
 	// 1
 }
 

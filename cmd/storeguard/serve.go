@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/nbwriter"
 	"github.com/storeguard/storeguard/keeper"
@@ -68,7 +69,8 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	defer logSink.Close(sinkWait)
 	var aw *audit.Writer
 	aopts := audit.Options{MaxBytes: cfg.Audit.MaxBytes, MaxBackups: cfg.Audit.MaxBackups,
-		SampleFirst: cfg.Audit.SampleFirst, SampleEvery: cfg.Audit.SampleEvery, SampleWindow: cfg.Audit.SampleWindow}
+		SampleFirst: cfg.Audit.SampleFirst, SampleEvery: cfg.Audit.SampleEvery, SampleWindow: cfg.Audit.SampleWindow,
+		Observer: observer("proxy", true)}
 	if cfg.AuditLog != "" {
 		var err error
 		if aw, err = audit.Open(cfg.AuditLog, aopts); err != nil {
@@ -179,4 +181,11 @@ func newLogger(c config.Log, out io.Writer) (log *slog.Logger, sink *nbwriter.Wr
 		direct.Warn("log lines dropped while the log sink stalled", "dropped", n)
 	})
 	return slog.New(handler(sink)), sink
+}
+
+// observer is this storeguard as its audit events name it (observer.*, and host.* when the
+// traffic is this host's own).
+func observer(kind string, host bool) *audit.Observer {
+	name, _ := os.Hostname()
+	return &audit.Observer{Hostname: name, Type: kind, Version: version.String(), Host: host}
 }

@@ -13,9 +13,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/audit"
-	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/nbwriter"
+	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/proxy"
 )

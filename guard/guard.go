@@ -179,6 +179,18 @@ func (s *Stream) Expired(talker bool) Decision {
 	return s.fail(Decision{}, s.pol.Deadlines.Expire(&s.dec), nil)
 }
 
+// Ended is the stream's end (the client's FIN or RST, or the store's close) as the caller saw it:
+// a message in progress breaks RuleTruncatedMessage (declared: its bytes so far); otherwise, or
+// once a violation was decided, nothing. Nothing more is forwarded.
+func (s *Stream) Ended() Decision {
+	if !s.InMessage() || s.dec.Err() != nil {
+		return Decision{}
+	}
+	d := s.fail(Decision{}, s.dec.Expire(protocol.RuleTruncatedMessage), nil)
+	d.Send, d.Forward = false, 0
+	return d
+}
+
 // fail completes d with v, the offending message's first bytes being the held ones and then rest.
 func (s *Stream) fail(d Decision, v *protocol.Violation, rest []byte) Decision {
 	n := copy(s.first[:], s.head[:s.headN])

@@ -85,15 +85,15 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 			streams[j] = randomStream(rng, dec.Gen.Gen, cfg.Limits)
 		}
 		var outcomes [2][]outcome
-		var serveFlows [2][]*audit.Event // nil: that serve writes no flow records
+		var serveFlows [2]bool // that serve writes flow records
 		for m, s := range pairs[i] {
 			mark := s.audit.count()
 			for _, st := range streams {
 				outcomes[m] = append(outcomes[m], s.send(t, st, len(protocol.ValidPrefix(dec, st.data)) > 0))
 			}
-			serveFlows[m] = s.flows(t, mark, outcomes[m])
+			serveFlows[m] = s.collect(t, mark, outcomes[m])
 		}
-		flows := serveFlows[0] != nil && serveFlows[1] != nil
+		flows := serveFlows[0] && serveFlows[1]
 		judged, replayFlows := replayOf(t, cfg, streams, rng)
 		for j, st := range streams {
 			loops, goroutines := outcomes[0][j], outcomes[1][j]
@@ -124,7 +124,7 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 			checkReplayFlow(t, where, replayFlows[j], judged[j], st.data, len(want))
 			if flows {
 				for m := range pairs[i] {
-					compareFlows(t, where+pairs[i][m].mode, serveFlows[m][j], replayFlows[j])
+					compareFlows(t, where+pairs[i][m].mode, outcomes[m][j].flow, replayFlows[j])
 				}
 			}
 		}
@@ -423,16 +423,16 @@ type outcome struct {
 	port   uint16        // the client's port
 	stored []byte        // what the store received on its connection for it
 	events []audit.Event // the violation events it caused (blocked, would_block)
+	flow   *audit.Event  // its flow record, if serve writes them
 }
 
 // send sends st, write by write, ends the client's side, waits for the guard to close the
-// connection and returns what the store received for it and the audit events it caused. The guard
+// connection and returns what the store received for it (collect adds the audit events). The guard
 // connects to the store for a client's first valid message, on either path: a stream with one
 // (valid) must have had exactly one store connection, a stream without none. That connection was
 // established before the guard closed the client, so the store's Settle finds it.
 func (s *serve) send(t *testing.T, st clientStream, valid bool) outcome {
 	t.Helper()
-	mark := s.audit.count()
 	c, err := net.Dial("tcp", s.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -468,47 +468,49 @@ func (s *serve) send(t *testing.T, st clientStream, valid bool) outcome {
 		}
 	}
 	s.store.Forget()
-	for _, e := range s.audit.events(t, mark) {
-		// Flow records and scan notices come on their own (flows), a late one of the connection
-		// before among them.
-		if (e.Action == audit.ActionBlocked || e.Action == audit.ActionWouldBlock) && e.SourcePort == port {
-			o.events = append(o.events, e)
-		}
-	}
 	return o
 }
 
-// flows returns serve's flow record of each connection of sent, the audit log's lines from mark
-// on, in order; nil when serve writes no flow records. A record is written once the connection
-// has ended on both sides, which may be after the client saw its end: flows waits for it.
-func (s *serve) flows(t *testing.T, mark int, sent []outcome) []*audit.Event {
+// collect gives each connection of sent its audit events from the log's lines from mark on, by
+// the client's port: its violation events (blocked, would_block) and its flow record, and reports
+// whether serve writes flow records. A connection's record, and a truncated_message event before
+// it, are written once the connection has ended on both sides, which may be after the client saw
+// its end: collect waits for every record, once it has seen one.
+func (s *serve) collect(t *testing.T, mark int, sent []outcome) bool {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		byPort := map[uint16]*audit.Event{}
 		events := s.audit.events(t, mark)
+		flows := map[uint16]*audit.Event{}
 		for i := range events {
 			if e := &events[i]; e.Action == audit.ActionFlow && e.Verdict != audit.VerdictOpen {
-				byPort[e.SourcePort] = e
+				flows[e.SourcePort] = e
 			}
 		}
-		if len(byPort) == 0 {
-			return nil // by now a serve that writes them has written the first connections'
-		}
-		out := make([]*audit.Event, len(sent))
 		missing := 0
-		for j, o := range sent {
-			if out[j] = byPort[o.port]; out[j] == nil {
+		for _, o := range sent {
+			if flows[o.port] == nil {
 				missing++
 			}
 		}
-		if missing == 0 {
-			return out
-		}
-		if time.Now().After(deadline) {
+		switch {
+		case missing > 0 && len(flows) > 0 && time.Now().Before(deadline):
+			time.Sleep(5 * time.Millisecond)
+			continue
+		case missing > 0 && len(flows) > 0:
 			t.Fatalf("%s: %d of %d connections have no flow record after 10 s", s.mode, missing, len(sent))
 		}
-		time.Sleep(5 * time.Millisecond)
+		// By now a serve that writes flow records has written the first connections'.
+		for j := range sent {
+			o := &sent[j]
+			o.flow = flows[o.port]
+			for _, e := range events {
+				if (e.Action == audit.ActionBlocked || e.Action == audit.ActionWouldBlock) && e.SourcePort == o.port {
+					o.events = append(o.events, e)
+				}
+			}
+		}
+		return len(flows) > 0
 	}
 }
 
@@ -579,7 +581,11 @@ func verdictOfReplay(r replay.StreamResult) string {
 		return fmt.Sprintf("%s (%s)", r.Verdict, r.Reason)
 	}
 	v := r.Violation
-	return verdict("blocked", string(v.Rule), v.Offset, v.MessageIndex, v.Op, v.Field, v.Declared, v.Limit, r.Generation)
+	declared := v.Declared
+	if v.Field == "" {
+		declared = 0 // the bytes of a timed out or cut short message, which the event leaves out
+	}
+	return verdict("blocked", string(v.Rule), v.Offset, v.MessageIndex, v.Op, v.Field, declared, v.Limit, r.Generation)
 }
 
 func verdict(action, rule string, offset, index uint64, op, field string, declared, limit uint64, gen string) string {

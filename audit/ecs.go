@@ -73,6 +73,7 @@ var flowClass = map[Verdict]struct {
 	VerdictRefused:    {"success", SeverityLow},
 	VerdictBlocked:    {"success", SeverityMedium},
 	VerdictWouldBlock: {"success", SeverityCritical},
+	VerdictIncomplete: {"unknown", SeverityInfo},
 }
 
 // Classify fills e's ECS bookkeeping from its action, reason and verdict, and o: fields already
@@ -99,7 +100,9 @@ func Classify(e *Event, o *Observer) {
 			e.Severity = SeverityLow
 		}
 	}
-	if e.Reason != "" && e.RuleName == "" && e.Action != ActionHandover {
+	// An incomplete flow's reason is what the capture lacks, not a rule.
+	if e.Reason != "" && e.RuleName == "" && e.Action != ActionHandover &&
+		!(e.Action == ActionFlow && e.Verdict == VerdictIncomplete) {
 		e.RuleName, e.RuleCategory, e.RuleRuleset = e.Reason, ruleCategory(e.Action, e.Reason), "storeguard"
 	}
 	if (e.SourcePort != 0 || e.DestPort != 0) && e.Transport == "" {

@@ -18,6 +18,9 @@ const (
 	VerdictWouldBlock Verdict = "would_block" // monitor mode: a violation passed on
 	VerdictRefused    Verdict = "refused"     // refused by admission (event.reason: why); nothing read
 	VerdictOpen       Verdict = "open"        // an interim record: the connection lasts
+	// VerdictIncomplete: replay only, a stream the capture cannot judge (event.reason: midstream,
+	// gap or snaplen); serve sees every byte it judges.
+	VerdictIncomplete Verdict = "incomplete"
 )
 
 // Flow is one client connection's account, the model being Zeek's conn.log: serve keeps one per

@@ -12,6 +12,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sync"
@@ -31,7 +33,8 @@ import (
 // through serve forwarding on goroutines, and, as a capture, through replay. Per connection, both
 // serves must give the store the same bytes, exactly the whole valid messages before the first
 // violation, and write the same audit event; replay must judge the stream as serve did (pass, or
-// reject by the same rule at the same offset).
+// reject by the same rule at the same offset), and its flow record must account for the stream
+// as serve's does (verdict, reason, who closed it, bytes forwarded, messages by op).
 
 // diffCases are the configurations the traffic goes through: a pair of serves each, and replay.
 var diffCases = []struct {
@@ -82,12 +85,16 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 			streams[j] = randomStream(rng, dec.Gen.Gen, cfg.Limits)
 		}
 		var outcomes [2][]outcome
+		var serveFlows [2]bool // that serve writes flow records
 		for m, s := range pairs[i] {
+			mark := s.audit.count()
 			for _, st := range streams {
 				outcomes[m] = append(outcomes[m], s.send(t, st, len(protocol.ValidPrefix(dec, st.data)) > 0))
 			}
+			serveFlows[m] = s.collect(t, mark, outcomes[m])
 		}
-		judged := replayOf(t, cfg, streams, rng)
+		flows := serveFlows[0] && serveFlows[1]
+		judged, replayFlows := replayOf(t, cfg, streams, rng)
 		for j, st := range streams {
 			loops, goroutines := outcomes[0][j], outcomes[1][j]
 			where := fmt.Sprintf("%s, seed %d, connection %d (%s, %d bytes in writes %v)\n%x\n", cfg.Generation, seed, j,
@@ -107,11 +114,99 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 			if !reflect.DeepEqual(loops.events, goroutines.events) {
 				t.Fatalf("%saudit events differ:\nloops      %s\ngoroutines %s", where, jsonOf(loops.events), jsonOf(goroutines.events))
 			}
-			if s, r := verdictOfEvents(loops.events), verdictOfReplay(judged[j]); s != r {
+			s, r := verdictOfEvents(loops.events), verdictOfReplay(judged[j])
+			if v := judged[j].Violation; !flows && s == "pass" && v != nil && v.Rule == protocol.RuleTruncatedMessage {
+				r = s // a serve without flow records does not record truncated_message either
+			}
+			if s != r {
 				t.Fatalf("%sserve: %s\nreplay: %s", where, s, r)
 			}
+			checkReplayFlow(t, where, replayFlows[j], judged[j], st.data, len(want))
+			if flows {
+				for m := range pairs[i] {
+					compareFlows(t, where+pairs[i][m].mode, outcomes[m][j].flow, replayFlows[j])
+				}
+			}
+		}
+		if !flows {
+			t.Skip("serve writes no flow records yet")
 		}
 	})
+}
+
+// checkReplayFlow checks replay's flow record of one stream against the stream: the verdict its
+// result implies, the client's bytes (all of them unless the guard closed the stream at a
+// violation), the valid prefix's bytes forwarded, and messages by op as its result counts them.
+func checkReplayFlow(t *testing.T, where string, f *audit.Event, r replay.StreamResult, data []byte, valid int) {
+	t.Helper()
+	if f == nil {
+		t.Fatalf("%sreplay wrote no flow record", where)
+	}
+	want := audit.VerdictPassed
+	switch {
+	case r.Violation != nil && r.Violation.Rule == protocol.RuleTruncatedMessage:
+		want = audit.VerdictTruncated
+	case r.Violation != nil:
+		want = audit.VerdictBlocked
+	case len(data) == 0:
+		want = audit.VerdictEmpty
+	}
+	if f.Verdict != want || r.FlowVerdict != want {
+		t.Fatalf("%sreplay's flow verdict %q (result %q), want %q", where, f.Verdict, r.FlowVerdict, want)
+	}
+	seen := uint64(len(data))
+	if want == audit.VerdictBlocked {
+		seen = r.Bytes // up to the segment the violation was found in
+	}
+	if f.SourceBytes == nil || *f.SourceBytes != seen || f.StoreBytes == nil || *f.StoreBytes != uint64(valid) {
+		t.Fatalf("%sreplay's flow: source.bytes %s, store_bytes %s, want %d and %d", where, val(f.SourceBytes),
+			val(f.StoreBytes), seen, valid)
+	}
+	var n uint64
+	for _, c := range r.Messages {
+		n += c
+	}
+	if f.Messages == nil || *f.Messages != n || len(f.Ops) != len(r.Messages) {
+		t.Fatalf("%sreplay's flow: messages %s, ops %v, want %d, %v", where, val(f.Messages), f.Ops, n, r.Messages)
+	}
+}
+
+// compareFlows compares serve's flow record of a connection with replay's of the same stream, but
+// for what differs by design: times, ports, ids, what the store sent back (replay's capture has no
+// store), and the bytes read from a client the guard closed at a violation (serve's reads are cut
+// as the kernel delivered them, replay's as the capture's segments).
+func compareFlows(t *testing.T, where string, served, replayed *audit.Event) {
+	t.Helper()
+	if served == nil {
+		t.Fatalf("%s: serve wrote no flow record for the connection", where)
+	}
+	type account struct {
+		Verdict    audit.Verdict
+		Reason     string
+		ClosedBy   string
+		ToStore    string
+		Messages   string
+		Ops        map[string]uint64
+		FromClient string
+	}
+	of := func(e *audit.Event) account {
+		a := account{Verdict: e.Verdict, Reason: e.Reason, ClosedBy: e.ClosedBy, ToStore: val(e.StoreBytes),
+			Messages: val(e.Messages), Ops: e.Ops, FromClient: val(e.SourceBytes)}
+		if e.Verdict == audit.VerdictBlocked {
+			a.FromClient = ""
+		}
+		return a
+	}
+	if s, r := of(served), of(replayed); !reflect.DeepEqual(s, r) {
+		t.Fatalf("%s: flow records differ:\nserve  %+v\nreplay %+v", where, s, r)
+	}
+}
+
+func val(p *uint64) string {
+	if p == nil {
+		return "absent"
+	}
+	return fmt.Sprint(*p)
 }
 
 // diffStreams is how many client connections one fuzz input makes.
@@ -325,23 +420,25 @@ func startServe(tb testing.TB, cfg config.Config, mode string, eventLoops int) *
 
 // outcome is what a serve did with one client connection.
 type outcome struct {
+	port   uint16        // the client's port
 	stored []byte        // what the store received on its connection for it
-	events []audit.Event // the audit events it caused
+	events []audit.Event // the violation events it caused (blocked, would_block)
+	flow   *audit.Event  // its flow record, if serve writes them
 }
 
 // send sends st, write by write, ends the client's side, waits for the guard to close the
-// connection and returns what the store received for it and the audit events it caused. The guard
+// connection and returns what the store received for it (collect adds the audit events). The guard
 // connects to the store for a client's first valid message, on either path: a stream with one
 // (valid) must have had exactly one store connection, a stream without none. That connection was
 // established before the guard closed the client, so the store's Settle finds it.
 func (s *serve) send(t *testing.T, st clientStream, valid bool) outcome {
 	t.Helper()
-	mark := s.audit.count()
 	c, err := net.Dial("tcp", s.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	port := uint16(c.LocalAddr().(*net.TCPAddr).Port)
 	for i, w := range st.writes() {
 		if i > 0 {
 			time.Sleep(time.Millisecond) // most writes become reads of their own
@@ -364,15 +461,57 @@ func (s *serve) send(t *testing.T, st clientStream, valid bool) outcome {
 	if to-from != want {
 		t.Fatalf("%s: %d store connections for a client, want %d", s.mode, to-from, want)
 	}
-	var o outcome
+	o := outcome{port: port}
 	if valid {
 		if o.stored, err = s.store.Wait(from, 10*time.Second); err != nil {
 			t.Fatalf("%s: %v", s.mode, err)
 		}
 	}
 	s.store.Forget()
-	o.events = s.audit.events(t, mark)
 	return o
+}
+
+// collect gives each connection of sent its audit events from the log's lines from mark on, by
+// the client's port: its violation events (blocked, would_block) and its flow record, and reports
+// whether serve writes flow records. A connection's record, and a truncated_message event before
+// it, are written once the connection has ended on both sides, which may be after the client saw
+// its end: collect waits for every record, once it has seen one.
+func (s *serve) collect(t *testing.T, mark int, sent []outcome) bool {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		events := s.audit.events(t, mark)
+		flows := map[uint16]*audit.Event{}
+		for i := range events {
+			if e := &events[i]; e.Action == audit.ActionFlow && e.Verdict != audit.VerdictOpen {
+				flows[e.SourcePort] = e
+			}
+		}
+		missing := 0
+		for _, o := range sent {
+			if flows[o.port] == nil {
+				missing++
+			}
+		}
+		switch {
+		case missing > 0 && len(flows) > 0 && time.Now().Before(deadline):
+			time.Sleep(5 * time.Millisecond)
+			continue
+		case missing > 0 && len(flows) > 0:
+			t.Fatalf("%s: %d of %d connections have no flow record after 10 s", s.mode, missing, len(sent))
+		}
+		// By now a serve that writes flow records has written the first connections'.
+		for j := range sent {
+			o := &sent[j]
+			o.flow = flows[o.port]
+			for _, e := range events {
+				if (e.Action == audit.ActionBlocked || e.Action == audit.ActionWouldBlock) && e.SourcePort == o.port {
+					o.events = append(o.events, e)
+				}
+			}
+		}
+		return len(flows) > 0
+	}
 }
 
 func isTimeout(err error) bool {
@@ -442,7 +581,11 @@ func verdictOfReplay(r replay.StreamResult) string {
 		return fmt.Sprintf("%s (%s)", r.Verdict, r.Reason)
 	}
 	v := r.Violation
-	return verdict("blocked", string(v.Rule), v.Offset, v.MessageIndex, v.Op, v.Field, v.Declared, v.Limit, r.Generation)
+	declared := v.Declared
+	if v.Field == "" {
+		declared = 0 // the bytes of a timed out or cut short message, which the event leaves out
+	}
+	return verdict("blocked", string(v.Rule), v.Offset, v.MessageIndex, v.Op, v.Field, declared, v.Limit, r.Generation)
 }
 
 func verdict(action, rule string, offset, index uint64, op, field string, declared, limit uint64, gen string) string {
@@ -459,8 +602,8 @@ func jsonOf(v any) string {
 var diffServer = netip.MustParseAddrPort("10.0.0.1:29500")
 
 // replayOf writes a capture of the streams, one connection each after the other, every write a
-// burst of segments, and returns replay's result for each stream, in order.
-func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand.Rand) []replay.StreamResult {
+// burst of segments, and returns replay's result and flow record for each stream, in order.
+func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand.Rand) ([]replay.StreamResult, []*audit.Event) {
 	t.Helper()
 	var buf bytes.Buffer
 	w, err := gencap.NewWriter(&buf, gencap.Pcap, gencap.Ethernet)
@@ -483,7 +626,9 @@ func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand
 	}
 	must(t, w.Flush())
 	results := make([]replay.StreamResult, len(streams))
-	r, err := replay.New(cfg, replay.Options{Ports: []uint16{diffServer.Port()}, OnStream: func(res replay.StreamResult) error {
+	cfg.Audit.SampleWindow = 0 // every flow record
+	auditFile := filepath.Join(t.TempDir(), "audit.jsonl")
+	r, err := replay.New(cfg, replay.Options{Ports: []uint16{diffServer.Port()}, AuditFile: auditFile, OnStream: func(res replay.StreamResult) error {
 		i := int(res.Src.Port()) - 40000
 		if i < 0 || i >= len(results) || results[i].Verdict != "" {
 			return fmt.Errorf("a stream from %v: no such connection, or twice", res.Src)
@@ -499,7 +644,20 @@ func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand
 			t.Fatalf("replay gave no verdict on connection %d", i)
 		}
 	}
-	return results
+	flows := make([]*audit.Event, len(streams))
+	f, err := os.Open(auditFile)
+	must(t, err)
+	defer f.Close()
+	for e, err := range audit.Events(f) {
+		must(t, err)
+		if i := int(e.SourcePort) - 40000; e.Action == audit.ActionFlow && i >= 0 && i < len(flows) {
+			if flows[i] != nil {
+				t.Fatalf("replay wrote two flow records for connection %d", i)
+			}
+			flows[i] = &e
+		}
+	}
+	return results, flows
 }
 
 func must(t *testing.T, err error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/reassembly"
+	"github.com/storeguard/storeguard/audit"
 )
 
 // capture is the state of one capture file: its streams, the reassembler and the clock.
@@ -21,17 +22,20 @@ type capture struct {
 	pd   *packetDecoder
 	asm  *reassembly.Assembler // nil until assembler makes it
 
-	streams map[tuple]*stream // the current stream of each 4-tuple, decided ones lingering
-	live    list.List         // undecided streams, least recently active first
-	done    list.List         // decided streams lingering, least recently active first
-	timers  timerHeap         // undecided streams with a deadline
-	talkers map[netip.Addr]int
+	streams  map[tuple]*stream // the current stream of each 4-tuple, decided ones lingering
+	live     list.List         // undecided streams, least recently active first
+	trailing list.List         // decided streams whose flow goes on, least recently active first
+	done     list.List         // streams whose flow ended, lingering, least recently active first
+	timers   timerHeap         // undecided streams with a deadline
+	talkers  map[netip.Addr]int
 
 	now       time.Time // capture clock: the latest timestamp seen
 	started   bool
 	lastFlush time.Time
 	flushing  bool
 	decided   []*stream // decided, to report
+	flows     []*stream // flows ended, to record
+	ending    bool      // the capture ended: what lasts is open
 	unhook    []*stream // decided, to remove from the reassembler
 	ac        captureContext
 	madeUp    layers.TCP
@@ -77,8 +81,12 @@ func (c *capture) New(flow, _ gopacket.Flow, _ *layers.TCP, _ reassembly.Assembl
 // segment handles one TCP segment decoded into c.pd.
 func (c *capture) segment(ci gopacket.CaptureInfo) {
 	pd := c.pd
+	fromStore := false
 	if !c.r.isPort(pd.dst.Port()) {
-		return // the store's direction, or another service
+		if !c.r.isPort(pd.src.Port()) {
+			return // another service
+		}
+		fromStore = true
 	}
 	if ts := ci.Timestamp; ts.After(c.now) || !c.started {
 		c.now = ts
@@ -90,6 +98,10 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 	c.tick()
 
 	tcp := &pd.tcp
+	if fromStore {
+		c.storeSegment(tcp)
+		return
+	}
 	key := tuple{pd.src, pd.dst}
 	s := c.lookup(key)
 	switch {
@@ -112,21 +124,53 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 		s = c.newStream(key, false, 0)
 	}
 	s.last = c.now
-	if s.done {
+	switch {
+	case s.flowEnded:
 		c.done.MoveToBack(s.elem)
+		return
+	case s.done:
+		// Decided, but serve would still forward it (monitor mode) or replay cannot judge it (a
+		// gap): its bytes go on counting to its end.
+		c.trailing.MoveToBack(s.elem)
+		s.countClient(tcp)
+		if tcp.FIN || tcp.RST {
+			s.endFlow(audit.ClosedByClient, s.last)
+			c.settle(false)
+		}
 		return
 	}
 	c.live.MoveToBack(s.elem)
+	s.countClient(tcp)
 	switch {
 	case s.midstream:
 		s.bytes += uint64(len(tcp.Payload))
 		if tcp.FIN || tcp.RST {
-			s.decide(VerdictIncomplete, ReasonMidstream, s.last)
+			s.close(audit.ClosedByClient, s.last)
 		}
 	case pd.truncated:
 		s.truncated = true // drop it: the hole it leaves is reported as a gap
 	default:
 		c.feed(s, tcp, ci)
+	}
+	c.settle(false)
+}
+
+// storeSegment counts the store's bytes to a stream's client and ends the stream at the store's
+// FIN or RST: serve closes the client's connection when the store closes its own, so the guard
+// judges no byte after it, and a message in progress is cut short.
+func (c *capture) storeSegment(tcp *layers.TCP) {
+	s := c.lookup(tuple{c.pd.dst, c.pd.src})
+	if s == nil || s.flowEnded {
+		return // not a stream of the capture's, or over
+	}
+	s.countStore(tcp)
+	if !tcp.FIN && !tcp.RST {
+		return
+	}
+	if s.done {
+		s.endFlow(audit.ClosedByStore, c.now)
+	} else {
+		s.close(audit.ClosedByStore, c.now)
 	}
 	c.settle(false)
 }
@@ -247,6 +291,9 @@ func (c *capture) tick() {
 	for e := c.live.Front(); e != nil && e.Value.(*stream).last.Before(idle); e = c.live.Front() {
 		c.letGo(e.Value.(*stream))
 	}
+	for e := c.trailing.Front(); e != nil && e.Value.(*stream).last.Before(idle); e = c.trailing.Front() {
+		c.forget(e.Value.(*stream))
+	}
 	linger := c.now.Add(-doneLinger)
 	for e := c.done.Front(); e != nil && e.Value.(*stream).last.Before(linger); e = c.done.Front() {
 		c.forget(e.Value.(*stream))
@@ -267,14 +314,26 @@ func (c *capture) settle(sortByID bool) {
 		}
 	}
 	c.decided = c.decided[:0]
+	if sortByID && len(c.flows) > 1 {
+		slices.SortFunc(c.flows, func(a, b *stream) int { return cmp.Compare(a.id, b.id) })
+	}
+	for _, s := range c.flows {
+		// job: the source has a connection that completed a message open (a torch <= 2.0
+		// client's silent second connection is no probe); the detector remembers closed ones.
+		c.r.writeFlow(s, c.talkers[s.key.src.Addr()] > 0)
+	}
+	clear(c.flows)
+	c.flows = c.flows[:0]
 	for _, s := range c.unhook {
 		c.unhookStream(s)
 	}
 	c.unhook = c.unhook[:0]
 }
 
-// end judges the streams still open when the capture ends, oldest first.
+// end judges the streams still open when the capture ends, oldest first, and records their flows
+// as open at its last packet.
 func (c *capture) end() {
+	c.ending = true
 	open := make([]*stream, 0, c.live.Len())
 	for e := c.live.Front(); e != nil; e = e.Next() {
 		open = append(open, e.Value.(*stream))
@@ -283,8 +342,15 @@ func (c *capture) end() {
 	for _, s := range open {
 		s.observe()
 	}
+	open = open[:0]
+	for e := c.trailing.Front(); e != nil; e = e.Next() {
+		open = append(open, e.Value.(*stream))
+	}
+	for _, s := range open {
+		s.openFlow(c.now)
+	}
 	c.unhook = c.unhook[:0] // the reassembler goes with the capture
-	c.settle(false)
+	c.settle(true)
 }
 
 func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
@@ -321,8 +387,11 @@ func (c *capture) letGo(s *stream) {
 	c.forget(s)
 }
 
-// forget drops a decided stream's 4-tuple.
+// forget drops a decided stream's 4-tuple, ending its flow where its packets ended if it went on.
 func (c *capture) forget(s *stream) {
+	if s.done && !s.flowEnded {
+		s.endFlow("", s.last)
+	}
 	if c.streams[s.key] == s {
 		delete(c.streams, s.key)
 	}

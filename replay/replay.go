@@ -3,7 +3,13 @@
 // goes through the same protocol.Decoder, limits and message deadlines as a live connection.
 //
 // What replay can and cannot tell:
-//   - Only the client-to-server direction is decoded; the store's replies are ignored.
+//   - Only the client-to-server direction is decoded. The store's side is counted (bytes, by
+//     sequence number), never decoded, and its FIN or RST ends the stream as it ends serve's
+//     connection: serve closes the client when the store closes, so no later byte is judged.
+//   - A stream that ends (the client's or the store's FIN or RST) inside a message is
+//     truncated_message at the message's start: none of it reached the store. It is a blocked
+//     event in either mode, as serve records it; a stream the capture ends while a message is in
+//     progress is not (it lasts).
 //   - A stream whose SYN is not in the capture is reported incomplete (midstream): where its
 //     messages begin cannot be known, and replay does not guess.
 //   - Bytes missing from the capture (a lost segment, a segment cut by the snap length, an IP
@@ -19,6 +25,13 @@
 //     for torch 2.1 clients.
 //   - Admission policy (access lists, caps, bans) is serve's, not the decoder's: replay judges
 //     every stream.
+//
+// With an audit file, each stream also gets the flow record serve writes per connection
+// (audit.Flow, as config flows selects them), at the stream's end: its client's or store's FIN
+// or RST, the violation where serve would have closed it (enforce mode), or, for a stream still
+// open when the capture ends, the capture's last packet, with verdict open. Its bytes forwarded
+// are what serve would have forwarded: the whole valid messages before a violation, everything in
+// monitor mode. Every ended flow goes to a scan detector (scan.*), whose notice is written at once.
 //
 // Each file is a capture of its own: streams do not continue from one file into the next (merge
 // rotated parts with mergecap -a first).
@@ -104,6 +117,7 @@ type Replayer struct {
 	opts    Options
 	ports   [1024]uint64 // bit set of server ports
 	audit   *audit.Writer
+	scan    *audit.ScanDetector
 	action  audit.Action
 	sum     Summary
 	nextID  uint64
@@ -163,6 +177,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 			return nil, fmt.Errorf("audit: %w", err)
 		}
 		r.audit = w
+		r.scan = audit.NewScanDetector(audit.ScanOptions{Threshold: cfg.Scan.Threshold, Window: cfg.Scan.Window})
 	}
 	return r, nil
 }
@@ -198,6 +213,27 @@ func (r *Replayer) writeAudit(e audit.Event) {
 	}
 	if err := r.audit.Write(e); err != nil && r.emitErr == nil {
 		r.emitErr = fmt.Errorf("audit: %w", err)
+	}
+}
+
+// writeFlow writes s's flow record as cfg.Flows says and feeds it to the scan detector, writing
+// its notice at once. job: s's source has a connection open that completed a message.
+func (r *Replayer) writeFlow(s *stream, job bool) {
+	if r.audit == nil {
+		return
+	}
+	f := s.flowRecord()
+	switch {
+	case r.cfg.Flows == config.FlowsOff:
+	case r.cfg.Flows == config.FlowsSuspicious && (f.Verdict == audit.VerdictPassed || f.Verdict == audit.VerdictOpen):
+	default:
+		r.writeAudit(f.Event())
+	}
+	if f.Verdict == audit.VerdictOpen {
+		return // not over: the detector counts what ended
+	}
+	if notice, ok := r.scan.Observe(&f, job); ok {
+		r.writeAudit(notice)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -42,6 +43,12 @@ type StreamResult struct {
 	Bytes     uint64     `json:"bytes"`   // client bytes decoded (or, midstream, seen)
 	ID        uint64     `json:"conn_id"` // storeguard.conn_id of its audit events: streams numbered from 1 per run
 	File      string     `json:"file"`
+	// FlowVerdict is the verdict of the stream's flow record (storeguard.verdict): passed, empty,
+	// truncated (the stream ended inside a message: a reject by truncated_message), blocked,
+	// would_block, incomplete, or open when the capture ended before the stream did and no
+	// verdict was reached. A monitor-mode or incomplete stream that outlasts the capture keeps
+	// its verdict here; its record in the audit log is open.
+	FlowVerdict audit.Verdict `json:"flow_verdict"`
 }
 
 // Violation is the first rule a stream broke, as serve would have reported it.

@@ -43,6 +43,26 @@ type stream struct {
 	end       time.Time
 	violation *protocol.Violation
 	event     audit.Event
+
+	// Its flow record (audit.Flow), as serve would have kept it for the connection. The flow
+	// goes on after the verdict while serve would have kept the connection: in monitor mode, or
+	// after a gap.
+	fromClient  uint64 // client bytes, by sequence number: a retransmission counts once
+	cliNext     uint32 // sequence number after the client's furthest byte
+	cliKnown    bool
+	fromStore   uint64 // the store's bytes, counted as the client's
+	srvNext     uint32
+	srvKnown    bool
+	toStore     uint64 // what serve would have forwarded: whole valid messages
+	held        uint64 // what serve would hold of the message in progress
+	first       [audit.MaxFirstBytes]byte
+	firstN      int
+	flowVerdict audit.Verdict // as decided; open at the end of the capture
+	flowReason  string
+	flowEnded   bool
+	flowEnd     time.Time
+	closedBy    string
+	flowOpen    bool // the capture ended first
 }
 
 // Accept takes every segment: checksums are not checked, and the synthetic resets of
@@ -92,8 +112,44 @@ func (s *stream) deliver(p []byte, end bool) {
 		s.feed(p)
 	}
 	if end && !s.done {
-		s.observe()
+		s.close(audit.ClosedByClient, s.last)
 	}
+}
+
+// countClient counts a client segment's new bytes.
+func (s *stream) countClient(tcp *layers.TCP) {
+	s.fromClient += advance(&s.cliNext, &s.cliKnown, tcp)
+}
+
+// countStore counts a store segment's new bytes.
+func (s *stream) countStore(tcp *layers.TCP) {
+	if tcp.SYN {
+		s.srvNext, s.srvKnown = tcp.Seq+1, true
+	}
+	s.fromStore += advance(&s.srvNext, &s.srvKnown, tcp)
+}
+
+// advance moves next, the sequence number after the furthest byte of one direction, past tcp's
+// payload and returns by how much: bytes sent again, or before next, count once. A hole (bytes
+// the capture missed) counts as sent.
+func advance(next *uint32, known *bool, tcp *layers.TCP) uint64 {
+	if len(tcp.Payload) == 0 {
+		return 0
+	}
+	start := tcp.Seq
+	if tcp.SYN {
+		start++ // a SYN's data follows its sequence number
+	}
+	if !*known {
+		*next, *known = start, true
+	}
+	end := start + uint32(len(tcp.Payload))
+	d := int32(end - *next)
+	if d <= 0 {
+		return 0
+	}
+	*next = end
+	return uint64(d)
 }
 
 // ReassemblyComplete is the reassembler letting go of the stream: after unhookStream, or when
@@ -112,6 +168,16 @@ func (s *stream) feed(p []byte) {
 		return // the message in progress timed out before these bytes came
 	}
 	d := s.g.Feed(p, now)
+	if s.firstN < len(s.first) {
+		s.firstN += copy(s.first[s.firstN:], p)
+	}
+	if d.Send {
+		s.toStore += s.held + uint64(d.Forward)
+		s.held = 0
+	}
+	if d.Keep {
+		s.held += uint64(len(p) - d.Forward)
+	}
 	if d.Talked {
 		s.c.talkers[s.key.src.Addr()]++
 	}
@@ -161,8 +227,29 @@ func (s *stream) gapReason() string {
 	return ReasonGap
 }
 
-// observe judges a stream that will get no more bytes: closed, idle, evicted, or the capture
-// ended, at the capture clock's time.
+// close ends the stream at the FIN or RST of by (the client or the store), at: serve's connection
+// would end there, the client's side closing it or the store's. A message in progress is cut
+// short: truncated_message, at its start.
+func (s *stream) close(by string, at time.Time) {
+	switch {
+	case s.done:
+	case s.midstream:
+		s.decide(VerdictIncomplete, ReasonMidstream, at)
+	case s.holePending():
+		s.decide(VerdictIncomplete, s.gapReason(), at)
+	case s.expireDue(s.c.now, true):
+	default:
+		if d := s.g.Ended(); d.Violation != nil {
+			s.reject(d.Violation, d.First, at)
+		} else {
+			s.decide(VerdictPass, "", at)
+		}
+	}
+	s.endFlow(by, at)
+}
+
+// observe judges a stream that will get no more bytes while the capture cannot tell how it
+// ended: idle, evicted, its 4-tuple reused, or the capture ended, at the capture clock's time.
 func (s *stream) observe() {
 	switch {
 	case s.done:
@@ -179,13 +266,26 @@ func (s *stream) observe() {
 func (s *stream) reject(v *protocol.Violation, first []byte, at time.Time) {
 	_, known := s.g.Generation()
 	s.violation = v
-	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, s.c.r.action, audit.ModeReplay, first, s.g.Bytes())
+	action := s.c.r.action
+	if v.Rule == protocol.RuleTruncatedMessage {
+		action = audit.ActionBlocked // in either mode, as serve has it: nothing of it was forwarded
+	}
+	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, action, audit.ModeReplay, first, s.g.Bytes())
 	s.event.Timestamp, s.event.ConnID = at, s.id
 	end := at
 	if s.last.After(end) {
 		end = s.last
 	}
 	s.decide(VerdictReject, "", end)
+	if action == audit.ActionBlocked && v.Rule != protocol.RuleTruncatedMessage {
+		s.endFlow(audit.ClosedByGuard, end) // serve closes the connection at the violation
+	}
+}
+
+// passesAll reports whether serve would have passed every byte on from the violation on: monitor
+// mode, but for a message cut short, which never was.
+func (s *stream) passesAll() bool {
+	return s.violation != nil && s.c.r.action == audit.ActionWouldBlock && s.violation.Rule != protocol.RuleTruncatedMessage
 }
 
 // decide records the verdict and queues the stream for reporting.
@@ -195,11 +295,27 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 	}
 	c := s.c
 	s.done, s.verdict, s.reason, s.end = true, v, reason, end
+	switch {
+	case v == VerdictReject && s.violation.Rule == protocol.RuleTruncatedMessage:
+		s.flowVerdict, s.flowReason = audit.VerdictTruncated, string(s.violation.Rule)
+	case v == VerdictReject && s.passesAll():
+		s.flowVerdict, s.flowReason = audit.VerdictWouldBlock, string(s.violation.Rule)
+	case v == VerdictReject:
+		s.flowVerdict, s.flowReason = audit.VerdictBlocked, string(s.violation.Rule)
+	case v == VerdictIncomplete:
+		s.flowVerdict, s.flowReason = audit.VerdictIncomplete, reason
+	case c.ending:
+		s.flowVerdict = audit.VerdictOpen // the capture ends, the connection lasts
+	case s.fromClient == 0:
+		s.flowVerdict = audit.VerdictEmpty
+	default:
+		s.flowVerdict = audit.VerdictPassed
+	}
 	if s.timer >= 0 {
 		heap.Remove(&c.timers, s.timer)
 	}
 	c.live.Remove(s.elem)
-	s.elem = c.done.PushBack(s)
+	s.elem = c.trailing.PushBack(s)
 	if s.g.Talked() {
 		a := s.key.src.Addr()
 		if c.talkers[a]--; c.talkers[a] <= 0 {
@@ -208,6 +324,57 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 	}
 	c.decided = append(c.decided, s)
 	c.unhook = append(c.unhook, s)
+}
+
+// endFlow ends the stream's flow at, closed by by ("" when the capture cannot tell), and queues its
+// record. The stream must be decided.
+func (s *stream) endFlow(by string, at time.Time) {
+	if s.flowEnded {
+		return
+	}
+	c := s.c
+	s.flowEnded, s.flowEnd, s.closedBy = true, at, by
+	c.trailing.Remove(s.elem)
+	s.elem = c.done.PushBack(s)
+	c.flows = append(c.flows, s)
+}
+
+// openFlow ends the flow of a decided stream that the capture ended while it lasted.
+func (s *stream) openFlow(at time.Time) {
+	s.flowOpen = true
+	s.endFlow("", at)
+}
+
+// flowRecord is the stream's flow record, once its flow ended.
+func (s *stream) flowRecord() audit.Flow {
+	f := audit.Flow{ConnID: s.id, Src: s.key.src, Dst: s.key.dst, Start: s.start, End: s.flowEnd,
+		Verdict: s.flowVerdict, Reason: s.flowReason, ClosedBy: s.closedBy, Mode: audit.ModeReplay,
+		FromClient: s.fromClient, ToStore: s.toStore, FromStore: s.fromStore}
+	if s.passesAll() {
+		f.ToStore = f.FromClient
+	}
+	if s.flowOpen {
+		f.Verdict = audit.VerdictOpen
+		if s.violation == nil {
+			f.Reason = "" // what an incomplete stream lacked, which the record does not judge
+		}
+	}
+	if s.midstream {
+		return f // nothing decoded
+	}
+	ops := *s.g.Counts()
+	f.Ops = &ops
+	for _, n := range ops {
+		f.Messages += n
+	}
+	if g, ok := s.g.Generation(); ok {
+		f.Generation = g.String()
+	}
+	if f.Verdict != audit.VerdictIncomplete {
+		// An incomplete stream's first bytes may well be a job's keys and values.
+		f.First = s.first[:s.firstN]
+	}
+	return f
 }
 
 // schedule puts the stream's deadline, if any, in the capture's timer heap.
@@ -242,7 +409,8 @@ func (s *stream) result() StreamResult {
 		}
 	}
 	r := StreamResult{Src: s.key.src, Dst: s.key.dst, Generation: gen, Messages: msgs, Verdict: s.verdict,
-		Reason: s.reason, Start: s.start, End: s.end, Bytes: s.bytes + s.g.Bytes(), ID: s.id, File: s.c.file}
+		Reason: s.reason, Start: s.start, End: s.end, Bytes: s.bytes + s.g.Bytes(), ID: s.id, File: s.c.file,
+		FlowVerdict: s.flowVerdict}
 	if s.violation != nil {
 		r.Violation = newViolation(s.violation)
 	}

@@ -17,9 +17,13 @@ func newReplayCommand() *cobra.Command {
 		Long: "Reassembles the TCP streams to the store's port(s) in each capture and runs every\n" +
 			"client-to-server stream through serve's decoder, limits and message deadlines (on capture\n" +
 			"time). Prints one row per stream, or with --json one JSON object per line.\n\n" +
-			"Verdicts: pass, reject (serve would have blocked it), incomplete (midstream: the capture\n" +
-			"has no SYN; gap/snaplen: bytes are missing). With generation auto, a stream that does not\n" +
-			"start with VALIDATE is read as G0; use --generation 2.1 for torch 2.1 clients.\n\n" +
+			"Verdicts: pass, reject (serve would have blocked it; a stream that ended, by either side's\n" +
+			"FIN or RST, inside a message is reject by truncated_message), incomplete (midstream: the\n" +
+			"capture has no SYN; gap/snaplen: bytes are missing). --json adds each stream's flow\n" +
+			"verdict (passed, empty, truncated, blocked, would_block, incomplete, open); --audit gets\n" +
+			"serve's flow records (as --flows selects them) and scan notices too. With generation\n" +
+			"auto, a stream that does not start with VALIDATE is read as G0; use --generation 2.1 for\n" +
+			"torch 2.1 clients.\n\n" +
 			"Exit status: 0 no violation, 1 violations found, 2 error (results so far are printed).",
 		Args:         cobra.MinimumNArgs(1),
 		SilenceUsage: true,
@@ -31,6 +35,7 @@ func newReplayCommand() *cobra.Command {
 	fs.IntSlice("port", nil, "TCPStore server port (repeatable; default: config replay.ports, 29500)")
 	fs.Bool("json", false, "one JSON object per line per stream")
 	fs.String("audit", "", "write the audit events serve would have written (mode replay) to this file")
+	fs.String("flows", string(d.Flows), "flow records in the audit file: all | suspicious | off")
 	cmd.RunE = func(cmd *cobra.Command, files []string) error {
 		cfg, err := config.Load(loadOptions(fs))
 		if err != nil {

@@ -57,6 +57,8 @@ type Options struct {
 	// AuditFile receives the audit events serve would have written (mode replay), with capture
 	// timestamps, rotated and sampled per cfg.Audit. "" writes none.
 	AuditFile string
+	// Observer names the replaying storeguard in the audit events (observer.*); nil: none.
+	Observer *audit.Observer
 	// OnStream receives each stream's result as soon as it is decided. An error stops the replay.
 	OnStream func(StreamResult) error
 
@@ -172,7 +174,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 		a := cfg.Audit
 		w, err := audit.Open(opts.AuditFile, audit.Options{MaxBytes: a.MaxBytes, MaxBackups: a.MaxBackups,
 			SampleFirst: a.SampleFirst, SampleEvery: a.SampleEvery, SampleWindow: a.SampleWindow,
-			Clock: func() time.Time { return r.clock }})
+			Clock: func() time.Time { return r.clock }, Observer: opts.Observer})
 		if err != nil {
 			return nil, fmt.Errorf("audit: %w", err)
 		}

@@ -50,6 +50,7 @@ func newReplayCommand() *cobra.Command {
 			opts.Ports = append(opts.Ports, uint16(p))
 		}
 		opts.AuditFile, _ = fs.GetString("audit")
+		opts.Observer = observer("sensor", false) // the traffic is the capture's, not this host's
 		out := bufio.NewWriterSize(cmd.OutOrStdout(), 64<<10)
 		asJSON, _ := fs.GetBool("json")
 		if asJSON {

@@ -160,6 +160,7 @@ func everyKind(t *testing.T, obs *audit.Observer) []doc {
 		{audit.VerdictBlocked, string(protocol.RuleKeyTooLong), audit.ClosedByGuard, srcV4},
 		{audit.VerdictWouldBlock, string(protocol.RuleKeyTooLong), audit.ClosedByStore, srcLL},
 		{audit.VerdictRefused, "max_connections", audit.ClosedByGuard, srcScan},
+		{audit.VerdictIncomplete, "gap", audit.ClosedByClient, srcV4},
 	}
 	for i, f := range flows {
 		var ops [32]uint64

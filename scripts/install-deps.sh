@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
-# nftables, iproute2, python3-torch), Go modules, pytest, and the real-torch environments of
+# nftables, iproute2, python3-torch, chromium), Go modules, pytest, and the real-torch environments of
 # interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,7 @@ command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v chromium >/dev/null || need+=(chromium) # renders `storeguard audit --html` in a test
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
-# nftables, nmap, iproute2, python3-torch), Go modules, pytest, sigma-cli with its Elasticsearch and Splunk
+# nftables, nmap, iproute2, python3-torch, chromium), Go modules, pytest, sigma-cli with its Elasticsearch and Splunk
 # backends (a venv of scripts/sigma-convert.sh), and the real-torch environments of
 # interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips what is there.
 set -euo pipefail
@@ -15,6 +15,7 @@ command -v nmap >/dev/null || need+=(nmap)
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v chromium >/dev/null || need+=(chromium) # renders `storeguard audit --html` in a test
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"

@@ -2,26 +2,30 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/netip"
+	"os"
 	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/internal/progress"
 )
 
-// newAuditCommand returns `audit FILE...`, which summarizes audit logs.
+// newAuditCommand returns `audit FILE...`, which reports on audit logs: who, when, with what, and
+// whether anything hostile reached the store.
 func newAuditCommand() *cobra.Command {
 	var (
 		since, until, source string
 		f                    audit.Filter
-		format               string
+		format, html         string
 		top                  int
 		rotated              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "audit FILE...",
-		Short: "Summarize blocked probes from audit logs (plain or gzip)",
+		Short: "Report on audit logs (plain or gzip): sources, timeline, probes, rules, and whether anything got through",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			now := time.Now()
@@ -42,11 +46,22 @@ func newAuditCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := audit.Summarize(paths, f)
-			if err != nil {
-				return err
+			z := audit.NewSummarizer(f)
+			bar := progress.New(cmd.ErrOrStderr(), 0)
+			for i, path := range paths {
+				if err := readLog(z, bar, path, fmt.Sprintf("reading %s (%d of %d)", path, i+1, len(paths))); err != nil {
+					bar.Done()
+					return err
+				}
 			}
-			return s.Top(top).Write(cmd.OutOrStdout(), format)
+			bar.Done()
+			s := z.Summary().Top(top)
+			if html != "" {
+				if err := writeHTML(html, s); err != nil {
+					return err
+				}
+			}
+			return s.Write(cmd.OutOrStdout(), format)
 		},
 	}
 	fl := cmd.Flags()
@@ -55,9 +70,53 @@ func newAuditCommand() *cobra.Command {
 	fl.StringVar(&source, "source", "", "only sources in this CIDR (or this IP)")
 	fl.StringVar(&f.Rule, "rule", "", "only events with this rule id (event.reason)")
 	fl.StringVar(&format, "format", "table", "output format: table, json or csv")
-	fl.IntVar(&top, "top", 20, "sources listed, most events first (0 = all)")
+	fl.IntVar(&top, "top", 8, "sources listed, hostile first, then most events and connections (0 = all)")
 	fl.BoolVar(&rotated, "rotated", true, "also read each FILE's rotated backups (FILE.N, FILE.N.gz)")
+	fl.StringVar(&html, "html", "", "also write a self-contained HTML report to this file")
 	return cmd
+}
+
+// readLog adds the log at path to z, showing its progress on bar (on a terminal only).
+func readLog(z *audit.Summarizer, bar *progress.Printer, path, label string) error {
+	file, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	var size int64
+	if fi, err := file.Stat(); err == nil && fi.Mode().IsRegular() {
+		size = fi.Size()
+	}
+	bar.Start(label, size)
+	z.Read(path, linesRead{bar.Reader(file), z, bar})
+	return nil
+}
+
+// linesRead passes the lines z has read so far to bar before each read.
+type linesRead struct {
+	r   io.Reader
+	z   *audit.Summarizer
+	bar *progress.Printer
+}
+
+func (l linesRead) Read(b []byte) (int, error) {
+	l.bar.Items(int64(l.z.Lines()), "events")
+	return l.r.Read(b)
+}
+
+func writeHTML(path string, s audit.Summary) error {
+	out, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--html: %w", err)
+	}
+	if err := s.WriteHTML(out); err != nil {
+		out.Close()
+		return fmt.Errorf("--html: %w", err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("--html: %w", err)
+	}
+	return nil
 }
 
 // parseTime reads --since and --until: RFC3339, a date, or a duration before

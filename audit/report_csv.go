@@ -1,0 +1,108 @@
+package audit
+
+import (
+	"encoding/csv"
+	"encoding/hex"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// csvHeader: one long table, so that every section fits the same columns; a row leaves empty what
+// its section does not have. The first seven columns are those of earlier releases.
+var csvHeader = []string{"section", "key", "events", "suppressed", "estimated", "first_seen", "last_seen",
+	"connections", "store_bytes", "role", "reached", "field", "declared", "limit", "probe", "first_bytes", "detail"}
+
+type csvRow struct {
+	section, key                  string
+	events, suppressed, estimated string
+	first, last                   time.Time
+	connections, storeBytes       string
+	role, reached                 string
+	field, declared, limit        string
+	probe                         string
+	firstBytes                    []byte
+	detail                        string
+}
+
+func (r csvRow) record() []string {
+	return []string{r.section, r.key, r.events, r.suppressed, r.estimated, formatTime(r.first, ""), formatTime(r.last, ""),
+		r.connections, r.storeBytes, r.role, r.reached, r.field, r.declared, r.limit, r.probe, hex.EncodeToString(r.firstBytes), r.detail}
+}
+
+func u(n uint64) string { return strconv.FormatUint(n, 10) }
+
+func big(n *BigUint) string {
+	if n == nil {
+		return ""
+	}
+	return u(uint64(*n))
+}
+
+func ipKey(ip netip.Addr) string {
+	if !ip.IsValid() {
+		return ""
+	}
+	return ip.String()
+}
+
+func (s Summary) writeCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	cw.Write(csvHeader)
+	put := func(r csvRow) { cw.Write(r.record()) }
+	put(csvRow{section: "total", events: u(s.Events), suppressed: u(s.Suppressed), estimated: u(s.Estimated),
+		first: s.FirstSeen, last: s.LastSeen, connections: u(s.Connections), storeBytes: u(s.Reached.StoreBytes),
+		reached: s.Reached.Verdict})
+	put(csvRow{section: "malformed", events: strconv.Itoa(s.Malformed)})
+	for _, f := range s.Reached.Findings {
+		put(csvRow{section: "finding", key: ipKey(f.IP), connections: u(f.Connections), storeBytes: u(f.StoreBytes),
+			reached: f.Verdict, detail: f.Text})
+	}
+	for _, c := range s.ByAction {
+		put(csvRow{section: "action", key: c.Key, events: u(c.Events)})
+	}
+	for _, v := range s.ByVerdict {
+		put(csvRow{section: "verdict", key: v.Key, suppressed: u(v.Suppressed), estimated: u(v.Estimated), connections: u(v.Connections)})
+	}
+	for _, r := range s.ByRule {
+		put(csvRow{section: "rule", key: r.Key, events: u(r.Events), suppressed: u(r.Suppressed), estimated: u(r.Estimated),
+			first: r.First.Time, field: r.Field, declared: big(r.Declared), limit: big(r.Limit), probe: r.First.Probe,
+			firstBytes: r.First.FirstBytes, detail: "sources " + strconv.Itoa(r.Sources) + "; would_block " + u(r.WouldBlock)})
+	}
+	for _, d := range s.Denials {
+		put(csvRow{section: "denial", key: d.Key, events: u(d.Events), suppressed: u(d.Suppressed),
+			estimated: u(d.Events + d.Suppressed), connections: u(d.Connections), detail: "sources " + strconv.Itoa(d.Sources)})
+	}
+	for _, b := range s.Bans {
+		put(csvRow{section: "ban", key: b.Key, events: u(b.Events), detail: "sources " + strconv.Itoa(b.Sources)})
+	}
+	for _, p := range s.Probes {
+		put(csvRow{section: "probe", key: p.Key, events: u(p.Events), connections: u(p.Connections), first: p.First.Time,
+			probe: p.Key, firstBytes: p.First.FirstBytes, detail: "sources " + strconv.Itoa(p.Sources)})
+	}
+	for _, sec := range []struct {
+		name string
+		cs   []Count
+	}{{"op", s.Ops}, {"hostile_op", s.HostileOps}, {"field", s.Fields}} {
+		for _, c := range sec.cs {
+			put(csvRow{section: sec.name, key: c.Key, events: u(c.Events)})
+		}
+	}
+	for _, sc := range s.Scans {
+		put(csvRow{section: "scan", key: ipKey(sc.IP), first: sc.Start, last: sc.Time, connections: u(sc.Connections),
+			probe: strings.Join(sc.Probes, " "), detail: verdictsText(sc.Verdicts)})
+	}
+	for _, h := range s.PerHour {
+		put(csvRow{section: "hour", key: h.Hour.Format(time.RFC3339), events: u(h.Events)})
+	}
+	for _, src := range s.Sources {
+		put(csvRow{section: "source", key: formatIP(src.IP), events: u(src.Exact), suppressed: u(src.Suppressed),
+			estimated: u(src.Estimated), first: src.FirstSeen, last: src.LastSeen,
+			connections: u(src.Connections + src.ConnectionsSuppressed), storeBytes: u(src.StoreBytes),
+			role: src.Role, reached: src.Reached, probe: strings.Join(src.Probes, " "), detail: verdictsText(src.ByVerdict)})
+	}
+	cw.Flush()
+	return cw.Error()
+}

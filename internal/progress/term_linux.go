@@ -1,0 +1,8 @@
+package progress
+
+import "golang.org/x/sys/unix"
+
+func isTerminal(fd uintptr) bool {
+	_, err := unix.IoctlGetTermios(int(fd), unix.TCGETS)
+	return err == nil
+}

@@ -2,11 +2,14 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/progress"
 	"github.com/storeguard/storeguard/replay"
 )
 
@@ -62,7 +65,7 @@ func newReplayCommand() *cobra.Command {
 			}
 			opts.OnStream = tw.Write
 		}
-		sum, err := replay.Replay(cmd.Context(), cfg, files, opts)
+		sum, err := replayFiles(cmd, cfg, files, opts)
 		if !asJSON {
 			fmt.Fprintln(out, sum)
 		}
@@ -78,4 +81,36 @@ func newReplayCommand() *cobra.Command {
 		return nil
 	}
 	return cmd
+}
+
+// replayFiles replays files in order, as replay.Replay does, showing each one's progress on a
+// terminal (stderr).
+func replayFiles(cmd *cobra.Command, cfg config.Config, files []string, opts replay.Options) (replay.Summary, error) {
+	r, err := replay.New(cfg, opts)
+	if err != nil {
+		return replay.Summary{}, err
+	}
+	bar := progress.New(cmd.ErrOrStderr(), 0)
+	var readErr error
+	for i, name := range files {
+		if readErr = replayFile(cmd.Context(), r, bar, name, fmt.Sprintf("replaying %s (%d of %d)", name, i+1, len(files))); readErr != nil {
+			break
+		}
+	}
+	bar.Done()
+	return r.Summary(), errors.Join(readErr, r.Close())
+}
+
+func replayFile(ctx context.Context, r *replay.Replayer, bar *progress.Printer, name, label string) error {
+	f, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var size int64
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+		size = fi.Size()
+	}
+	bar.Start(label, size)
+	return r.ReadCapture(ctx, name, bar.Reader(f))
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
-# nftables, iproute2, python3-torch), Go modules, pytest, and the real-torch environments of
-# interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips what is there.
+# nftables, iproute2, python3-torch; nmap, masscan, redis-tools, openssh-client, curl, openssl,
+# wget for probename/testdata/capture-all.sh), Go modules, pytest, and the real-torch
+# environments of interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips
+# what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "install-deps: $*" >&2; }
@@ -14,6 +16,14 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+# The scanners and clients whose first bytes probename names (probename/testdata/capture-all.sh).
+command -v nmap >/dev/null || need+=(nmap)
+command -v masscan >/dev/null || need+=(masscan)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v ssh >/dev/null || need+=(openssh-client)
+command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
+command -v wget >/dev/null || need+=(wget)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
-# nftables, nmap, iproute2, python3-torch, chromium), Go modules, pytest, sigma-cli with its Elasticsearch and Splunk
-# backends (a venv of scripts/sigma-convert.sh), and the real-torch environments of
-# interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips what is there.
+# nftables, nmap, iproute2, python3-torch, chromium; masscan, redis-tools, openssh-client, curl,
+# openssl, wget for probename/testdata/capture-all.sh), Go modules, pytest, sigma-cli with its
+# Elasticsearch and Splunk backends (a venv of scripts/sigma-convert.sh), and the real-torch
+# environments of interop/torch-versions.txt (scripts/torch-envs.sh). Safe to run again: it skips
+# what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "install-deps: $*" >&2; }
@@ -17,6 +19,13 @@ command -v prlimit >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v chromium >/dev/null || need+=(chromium) # renders `storeguard audit --html` in a test
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+# The scanners and clients whose first bytes probename names (probename/testdata/capture-all.sh).
+command -v masscan >/dev/null || need+=(masscan)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v ssh >/dev/null || need+=(openssh-client)
+command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
+command -v wget >/dev/null || need+=(wget)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

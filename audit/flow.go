@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/storeguard/storeguard/probename"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -96,5 +97,5 @@ func (f *Flow) Event() Event {
 	return e
 }
 
-// probeName names the probe of a stream's first bytes (probename.Name).
-var probeName = func([]byte) string { return "" }
+// probeName names the probe of a stream's first bytes.
+var probeName = probename.Name

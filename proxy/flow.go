@@ -25,6 +25,10 @@ const (
 
 var closedBy = [...]string{"", audit.ClosedByClient, audit.ClosedByStore, audit.ClosedByGuard}
 
+// maxScanSources bounds the sources whose suspicious connections are counted at once (about
+// 0.5 KiB each); beyond it the oldest window is dropped.
+const maxScanSources = 16384
+
 // flowStats is a connection's account for its flow record.
 type flowStats struct {
 	fromClient atomic.Uint64
@@ -154,7 +158,8 @@ func (s *Server) writeFlow(f *audit.Flow) {
 	s.scanMu.Lock()
 	if s.scan == nil || s.scanOpts != cfg.Scan {
 		s.scanOpts = cfg.Scan
-		s.scan = audit.NewScanDetector(audit.ScanOptions{Threshold: cfg.Scan.Threshold, Window: cfg.Scan.Window})
+		s.scan = audit.NewScanDetector(audit.ScanOptions{Threshold: cfg.Scan.Threshold, Window: cfg.Scan.Window,
+			MaxSources: maxScanSources})
 	}
 	notice, ok := s.scan.Observe(f, job)
 	s.scanMu.Unlock()

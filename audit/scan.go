@@ -75,6 +75,9 @@ func (d *ScanDetector) Observe(f *Flow, job bool) (Event, bool) {
 	d.expire(now)
 	if f.Messages > 0 {
 		job = true
+		if _, ok := d.jobs[src]; !ok && len(d.jobs) >= d.opts.MaxSources {
+			clear(d.jobs) // forgetting a job source makes its silent connections count again: no more
+		}
 		d.jobs[src] = now
 	} else if t, ok := d.jobs[src]; ok {
 		if now.Sub(t) < d.opts.Window {
@@ -90,9 +93,6 @@ func (d *ScanDetector) Observe(f *Flow, job bool) (Event, bool) {
 	if w == nil {
 		if len(d.sources) >= d.opts.MaxSources {
 			d.drop(d.byStart.Front().Value.(*scanWindow))
-		}
-		if len(d.jobs) >= d.opts.MaxSources {
-			clear(d.jobs)
 		}
 		w = &scanWindow{src: src, start: now, verdicts: make(map[string]uint64)}
 		w.elem = d.byStart.PushBack(w)

@@ -80,4 +80,12 @@ func TestScanDetectorBounded(t *testing.T) {
 	if len(d.sources) > 4 || d.byStart.Len() > 4 {
 		t.Fatalf("%d sources tracked, %d in order, want at most 4", len(d.sources), d.byStart.Len())
 	}
+	for i := range 100 {
+		f := scanFlow(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}).String(), VerdictPassed, t0, nil)
+		f.Messages = 1
+		d.Observe(f, false)
+	}
+	if len(d.jobs) > 4 {
+		t.Fatalf("%d job sources remembered, want at most 4", len(d.jobs))
+	}
 }

@@ -216,3 +216,35 @@ func testScanNotice(t *testing.T, m mode) {
 	}
 }
 
+
+func TestInterimFlows(t *testing.T) { run(t, testInterimFlows) }
+
+// testInterimFlows: a connection that lasts gets interim records (verdict open, no end) with its
+// bytes so far, and its final record at the end.
+func testInterimFlows(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) {
+		c.Generation = "1.13"
+		c.Audit.FlowInterim = time.Millisecond
+	})
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	c := h.dial()
+	c.Write(get)
+	eventually(t, "the message at the store", func() bool { return len(h.store.Received(0)) == len(get) })
+	time.Sleep(5 * time.Millisecond)
+	h.srv.interimFlows() // as the sweep does every 5 s
+	open := h.flowsOf("flow", 1)[0]
+	if open["storeguard.verdict"] != "open" || open["event.end"] != nil || num(open, "source.bytes") != float64(len(get)) ||
+		num(open, "storeguard.store_bytes") != float64(len(get)) {
+		t.Fatalf("interim record %v", open)
+	}
+	if typ, _ := open["event.type"].([]any); len(typ) != 2 || typ[1] != "info" {
+		t.Errorf("interim record's event.type %v", open["event.type"])
+	}
+	c.Write(get)
+	eventually(t, "the second message", func() bool { return len(h.store.Received(0)) == 2*len(get) })
+	c.Close()
+	flows := h.flowsOf("flow", 2)
+	if last := flows[1]; last["storeguard.verdict"] != "passed" || num(last, "source.bytes") != float64(2*len(get)) {
+		t.Fatalf("final record %v", last)
+	}
+}

@@ -215,4 +215,3 @@ func testScanNotice(t *testing.T, m mode) {
 		t.Errorf("scans metric %s", v)
 	}
 }
-

@@ -12,4 +12,6 @@ const (
 	PeekBytes = 64
 	// PeekRest is how long it is read for once its first bytes came: a probe comes in one write.
 	PeekRest = 100 * time.Millisecond
+	// MaxPeeks bounds the banned connections read at once; beyond it they are closed at once.
+	MaxPeeks = 256
 )

@@ -16,9 +16,6 @@ import (
 // ban.peek, never forwarded (the store is not connected), and judged by a decoder of their own for
 // the flow record.
 
-// maxPeeks bounds the banned connections read at once; beyond it they are closed at once.
-const maxPeeks = 256
-
 // refuseConn refuses tc, whose source admission turned away for reason, and accounts for it.
 func (s *Server) refuseConn(tc *net.TCPConn, src, dst netip.AddrPort, reason admission.Reason) {
 	start := s.now()
@@ -53,14 +50,14 @@ func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reas
 	s.refusedFlow(src, dst, string(reason), start, nil, nil)
 }
 
-// peekable takes one of maxPeeks for a connection refused for reason, if it is to be read: a
+// peekable takes one of admission.MaxPeeks for a connection refused for reason, if it is to be read: a
 // banned source's, with ban.peek set. nil: close it at once.
 func (s *Server) peekable(reason admission.Reason) *settings {
 	st := s.set.Load()
 	if reason != admission.Banned || st.cfg.Ban.Peek <= 0 || s.draining.Load() {
 		return nil
 	}
-	if s.peeking.Add(1) > maxPeeks {
+	if s.peeking.Add(1) > admission.MaxPeeks {
 		s.peeking.Add(-1)
 		s.m.peeks.WithLabelValues("skipped").Inc()
 		return nil

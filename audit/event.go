@@ -211,6 +211,16 @@ func CommunityID(srcIP netip.Addr, srcPort uint16, dstIP netip.Addr, dstPort uin
 	return "1:" + base64.StdEncoding.EncodeToString(sum[:])
 }
 
+// AdmissionEvent is the event of admission's decision on the flow src → dst (denied, banned), as
+// serve and replay both record it: reason is the refusal's, or the rule behind a ban.
+func AdmissionEvent(src, dst netip.AddrPort, action Action, reason string) Event {
+	return Event{
+		Action: action, Reason: reason,
+		SourceIP: src.Addr(), SourcePort: src.Port(), DestIP: dst.Addr(), DestPort: dst.Port(),
+		CommunityID: CommunityID(src.Addr(), src.Port(), dst.Addr(), dst.Port()),
+	}
+}
+
 // ViolationEvent is the event of a protocol violation on the flow src → dst, as serve and replay
 // both record it. first holds the offending message's first bytes; seen, the stream's bytes so far.
 func ViolationEvent(v *protocol.Violation, generationKnown bool, src, dst netip.AddrPort, action Action, mode Mode,

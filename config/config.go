@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -253,6 +254,17 @@ func levelName(l slog.Level) (string, bool) {
 // Deadlines returns serve's per-stream time limits (timeouts.message, timeouts.first-message).
 func (c Config) Deadlines() protocol.Deadlines {
 	return protocol.Deadlines{Message: c.Timeouts.Message, FirstMessage: c.Timeouts.FirstMessage}
+}
+
+// Admission returns the admission policy of c (access.*, caps.*, ban.*), as serve and replay
+// give it to admission.Gate.
+func (c Config) Admission() admission.Config {
+	return admission.Config{
+		Allow: c.Access.Allow, Deny: c.Access.Deny,
+		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
+		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
+		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration, BanExempt: c.Ban.Exempt,
+	}
 }
 
 // Decoder returns the protocol decoder settings of c: generation, backend and limits. LegacyGen is

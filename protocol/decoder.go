@@ -448,3 +448,19 @@ func ValidPrefix(cfg Config, data []byte) []byte {
 	}
 	return data[:end]
 }
+
+// FirstViolation is the violation, if any, that data breaks as a stream's first bytes: what a
+// banned source's connection, read but never decoded live, came with. A message that data leaves
+// incomplete is none.
+func FirstViolation(cfg Config, data []byte) *Violation {
+	d := NewDecoder(cfg)
+	for p := 0; p < len(data); {
+		n, _, err := d.Scan(data[p:])
+		p += n
+		if err != nil {
+			v, _ := err.(*Violation)
+			return v
+		}
+	}
+	return nil
+}

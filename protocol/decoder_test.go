@@ -571,3 +571,30 @@ func TestValidPrefix(t *testing.T) {
 		}
 	}
 }
+
+func TestFirstViolation(t *testing.T) {
+	get := []byte{0x02, 1, 0, 0, 0, 0, 0, 0, 0, 'k'} // GET "k"
+	probe := []byte{0x03, 0x00, 0x00, 0x0b, 0x06, 0xe0, 0x00, 0x00, 0x00, 0x00, 0x00}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		data []byte
+		rule Rule // "" for none
+	}{
+		{"nothing", exact(G0), nil, ""},
+		{"a valid message", exact(G0), get, ""},
+		{"a message cut short", exact(G0), get[:4], ""},
+		{"then an unknown opcode", exact(G0), append(append([]byte{}, get...), 0xff), RuleUnknownOpcode},
+		{"nmap TerminalServer as G0", exact(G0), probe, RuleKeyTooLong},
+		{"nmap TerminalServer, auto reading it as G0", auto(G0), probe, RuleKeyTooLong},
+		{"nmap TerminalServer in G2", exact(G2), probe, RuleValidateMissing},
+	} {
+		v := FirstViolation(tc.cfg, tc.data)
+		switch {
+		case tc.rule == "" && v != nil:
+			t.Errorf("%s: %v, want none", tc.name, v)
+		case tc.rule != "" && (v == nil || v.Rule != tc.rule):
+			t.Errorf("%s: %v, want %s", tc.name, v, tc.rule)
+		}
+	}
+}

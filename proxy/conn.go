@@ -445,11 +445,9 @@ func (s *Server) refuse(src, dst netip.AddrPort, reason admission.Reason) {
 }
 
 func (s *Server) event(src, dst netip.AddrPort, action audit.Action, reason string) audit.Event {
-	return audit.Event{
-		Timestamp: s.now(), Action: action, Reason: reason,
-		SourceIP: src.Addr(), SourcePort: src.Port(), DestIP: dst.Addr(), DestPort: dst.Port(),
-		CommunityID: audit.CommunityID(src.Addr(), src.Port(), dst.Addr(), dst.Port()),
-	}
+	e := audit.AdmissionEvent(src, dst, action, reason)
+	e.Timestamp = s.now()
+	return e
 }
 
 func (s *Server) writeAudit(e audit.Event) {

@@ -216,7 +216,6 @@ func testScanNotice(t *testing.T, m mode) {
 	}
 }
 
-
 func TestInterimFlows(t *testing.T) { run(t, testInterimFlows) }
 
 // testInterimFlows: a connection that lasts gets interim records (verdict open, no end) with its

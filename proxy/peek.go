@@ -12,17 +12,9 @@ import (
 	"github.com/storeguard/storeguard/protocol"
 )
 
-// A banned source's connection is refused, yet its first bytes say what it came with: the probes
-// a scanner sends after its ban (nmap's TerminalServer, the #106294 ADD, comes 22nd) would
-// otherwise never be named. They are read for ban.peek, never forwarded (the store is not
-// connected), and judged by a decoder of their own for the flow record.
-
-// maxPeeks bounds the banned connections read at once; beyond it they are closed at once.
-const maxPeeks = 256
-
-// peekBytes is how much of a banned connection is read: enough to name a probe and to see the
-// lengths of a first message.
-const peekBytes = 64
+// A banned source's connection is refused, but its first bytes (admission.PeekBytes) are read for
+// ban.peek, never forwarded (the store is not connected), and judged by a decoder of their own for
+// the flow record.
 
 // refuseConn refuses tc, whose source admission turned away for reason, and accounts for it.
 func (s *Server) refuseConn(tc *net.TCPConn, src, dst netip.AddrPort, reason admission.Reason) {
@@ -58,14 +50,14 @@ func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reas
 	s.refusedFlow(src, dst, string(reason), start, nil, nil)
 }
 
-// peekable takes one of maxPeeks for a connection refused for reason, if it is to be read: a
+// peekable takes one of admission.MaxPeeks for a connection refused for reason, if it is to be read: a
 // banned source's, with ban.peek set. nil: close it at once.
 func (s *Server) peekable(reason admission.Reason) *settings {
 	st := s.set.Load()
 	if reason != admission.Banned || st.cfg.Ban.Peek <= 0 || s.draining.Load() {
 		return nil
 	}
-	if s.peeking.Add(1) > maxPeeks {
+	if s.peeking.Add(1) > admission.MaxPeeks {
 		s.peeking.Add(-1)
 		s.m.peeks.WithLabelValues("skipped").Inc()
 		return nil
@@ -88,12 +80,9 @@ func (s *Server) peekThenClose(tc *net.TCPConn, src, dst netip.AddrPort, reason 
 	}()
 }
 
-// peekRest is how long a banned connection is read for once its first bytes came.
-const peekRest = 100 * time.Millisecond
-
-// peek reads up to peekBytes of what c sends within d.
+// peek reads up to admission.PeekBytes of what c sends within d.
 func peek(c *net.TCPConn, d time.Duration) []byte {
-	buf := make([]byte, peekBytes)
+	buf := make([]byte, admission.PeekBytes)
 	end := time.Now().Add(d)
 	c.SetReadDeadline(end)
 	n := 0
@@ -101,7 +90,7 @@ func peek(c *net.TCPConn, d time.Duration) []byte {
 		m, err := c.Read(buf[n:])
 		if n == 0 && m > 0 {
 			// A probe comes in one write: wait a little for the rest of it, not for d.
-			if rest := time.Now().Add(peekRest); rest.Before(end) {
+			if rest := time.Now().Add(admission.PeekRest); rest.Before(end) {
 				c.SetReadDeadline(rest)
 			}
 		}
@@ -127,14 +116,5 @@ func (s *Server) judgeFirst(st *settings, first []byte) *protocol.Violation {
 		}
 		dc = st.decoderFor(info)
 	}
-	d := protocol.NewDecoder(dc)
-	for p := first; len(p) > 0; {
-		n, _, err := d.Scan(p)
-		if err != nil {
-			v, _ := err.(*protocol.Violation)
-			return v
-		}
-		p = p[n:]
-	}
-	return nil
+	return protocol.FirstViolation(dc, first)
 }

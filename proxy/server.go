@@ -54,16 +54,6 @@ func newSettings(c config.Config, onMessage func(*protocol.Message)) (*settings,
 	return st, nil
 }
 
-func (st *settings) gate() admission.Config {
-	c := st.cfg
-	return admission.Config{
-		Allow: c.Access.Allow, Deny: c.Access.Deny,
-		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
-		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
-		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration, BanExempt: c.Ban.Exempt,
-	}
-}
-
 var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.MaxConnections,
 	admission.SourceConnections, admission.SourceRate, admission.SourceTable, refuseDraining}
 
@@ -175,7 +165,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.set.Store(st)
-	s.gate = admission.New(st.gate(), s.now)
+	s.gate = admission.New(cfg.Admission(), s.now)
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.slots = admission.NewStoreSlots(fallbackStoreConnections, cfg.Caps.PerSourceStoreConnections)
 	if !cfg.Caps.MaxStoreConnections.Auto {
@@ -467,7 +457,7 @@ func (s *Server) reload(cfg config.Config) error {
 	if !sameAddr(cfg.Listen, old.Listen, s.ln) || !sameAddr(cfg.MetricsListen, old.MetricsListen, s.metricsLn) {
 		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")
 	}
-	s.gate.Update(st.gate())
+	s.gate.Update(cfg.Admission())
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.limitHeap(cfg)
 	s.set.Store(st)

@@ -53,8 +53,8 @@ func diffConfig(i int) config.Config {
 	c := config.Default()
 	c.Generation, c.Backend = diffCases[i].generation, diffCases[i].backend
 	c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxKeys, c.Limits.MaxMessageBytes = 1<<10, 1<<14, 64, 1<<16
-	// Admission is serve's alone (replay judges every stream): no bans or rate caps for a test
-	// that breaks rules from one source all the time.
+	// No bans or rate caps: the serves live through every fuzz input, and one source breaks the
+	// rules all the time (a ban would outlast the input). TestServeAndReplayAgreeOnBans has bans.
 	c.Ban.Violations, c.Caps.PerSourceRate = 0, 0
 	return c
 }
@@ -94,7 +94,7 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 			serveFlows[m] = s.collect(t, mark, outcomes[m])
 		}
 		flows := serveFlows[0] && serveFlows[1]
-		judged, replayFlows := replayOf(t, cfg, streams, rng)
+		judged, replayFlows, _ := replayOf(t, cfg, streams, rng)
 		for j, st := range streams {
 			loops, goroutines := outcomes[0][j], outcomes[1][j]
 			where := fmt.Sprintf("%s, seed %d, connection %d (%s, %d bytes in writes %v)\n%x\n", cfg.Generation, seed, j,
@@ -602,8 +602,10 @@ func jsonOf(v any) string {
 var diffServer = netip.MustParseAddrPort("10.0.0.1:29500")
 
 // replayOf writes a capture of the streams, one connection each after the other, every write a
-// burst of segments, and returns replay's result and flow record for each stream, in order.
-func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand.Rand) ([]replay.StreamResult, []*audit.Event) {
+// burst of segments, and returns replay's result and flow record for each stream, in order, and
+// all its audit events.
+func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand.Rand) ([]replay.StreamResult, []*audit.Event,
+	[]audit.Event) {
 	t.Helper()
 	var buf bytes.Buffer
 	w, err := gencap.NewWriter(&buf, gencap.Pcap, gencap.Ethernet)
@@ -648,8 +650,10 @@ func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand
 	f, err := os.Open(auditFile)
 	must(t, err)
 	defer f.Close()
+	var events []audit.Event
 	for e, err := range audit.Events(f) {
 		must(t, err)
+		events = append(events, e)
 		if i := int(e.SourcePort) - 40000; e.Action == audit.ActionFlow && i >= 0 && i < len(flows) {
 			if flows[i] != nil {
 				t.Fatalf("replay wrote two flow records for connection %d", i)
@@ -657,7 +661,7 @@ func replayOf(t *testing.T, cfg config.Config, streams []clientStream, rng *rand
 			flows[i] = &e
 		}
 	}
-	return results, flows
+	return results, flows, events
 }
 
 func must(t *testing.T, err error) {
@@ -704,4 +708,107 @@ func (l *lines) events(t *testing.T, from int) []audit.Event {
 		out = append(out, e)
 	}
 	return out
+}
+
+// TestServeAndReplayAgreeOnBans: a source breaks the rules 5 times, is banned, and comes back with
+// the TerminalServer probe, more than a peek of garbage, a valid SET and nothing. Through either
+// serve (a fresh one each: a ban outlasts the test) and, as a capture, through replay: the same
+// connections blocked by the same rule, the ban at the same connection, the same ones refused
+// (denied events, reason banned) with the same flow records, first bytes and judgement. serve's
+// clients are on loopback, so ban.exempt is emptied for both.
+func TestServeAndReplayAgreeOnBans(t *testing.T) {
+	cfg := config.Default()
+	cfg.Generation, cfg.Ban.Exempt = "1.13", nil
+	set, err := protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("rank0/addr"),
+		Value: []byte("10.0.0.2:41000")})
+	must(t, err)
+	probe := []byte{0x03, 0x00, 0x00, 0x0b, 0x06, 0xe0, 0x00, 0x00, 0x00, 0x00, 0x00}
+	var streams []clientStream
+	for range 5 {
+		streams = append(streams, clientStream{data: probe, what: "TerminalServer"})
+	}
+	streams = append(streams, clientStream{data: probe, what: "TerminalServer, banned"},
+		clientStream{data: bytes.Repeat([]byte{0xff}, 100), cuts: []int{30}, what: "garbage, banned"},
+		clientStream{data: set, what: "a SET, banned"}, clientStream{what: "nothing, banned"})
+
+	judged, replayFlows, replayEvents := replayOf(t, cfg, streams, rand.New(rand.NewPCG(1, 2)))
+	admissionOf := func(events []audit.Event, index func(uint16) int) map[int]string {
+		m := map[int]string{}
+		for _, e := range events {
+			if i := index(e.SourcePort); (e.Action == audit.ActionBanned || e.Action == audit.ActionDenied) && i >= 0 {
+				m[i] += fmt.Sprintf("%s %s;", e.Action, e.Reason)
+			}
+		}
+		return m
+	}
+	replayed := admissionOf(replayEvents, func(p uint16) int { return int(p) - 40000 })
+	want := map[int]string{4: "banned key_too_long;", 5: "denied banned;", 6: "denied banned;", 7: "denied banned;",
+		8: "denied banned;"}
+	if !reflect.DeepEqual(replayed, want) {
+		t.Errorf("replay's banned and denied events by connection %v, want %v", replayed, want)
+	}
+
+	for _, m := range []struct {
+		mode  string
+		loops int
+	}{{"loops", 2}, {"goroutines", -1}} {
+		t.Run(m.mode, func(t *testing.T) {
+			s := startServe(t, cfg, m.mode, m.loops)
+			mark := s.audit.count()
+			var sent []outcome
+			for _, st := range streams {
+				sent = append(sent, s.send(t, st, false)) // none reaches the store: invalid, or refused
+			}
+			if !s.collect(t, mark, sent) {
+				t.Fatal("serve wrote no flow records")
+			}
+			ports := map[uint16]int{}
+			for j, o := range sent {
+				ports[o.port] = j
+			}
+			served := admissionOf(s.audit.events(t, mark), func(p uint16) int {
+				if j, ok := ports[p]; ok {
+					return j
+				}
+				return -1
+			})
+			if !reflect.DeepEqual(served, replayed) {
+				t.Errorf("banned and denied events by connection: serve %v, replay %v", served, replayed)
+			}
+			for j, st := range streams {
+				where := fmt.Sprintf("%s, connection %d (%s)", m.mode, j, st.what)
+				normalize(sent[j].events)
+				if sv, rv := verdictOfEvents(sent[j].events), verdictOfReplay(judged[j]); j < 5 && sv != rv {
+					t.Errorf("%s: serve %s, replay %s", where, sv, rv)
+				}
+				if j >= 5 && (len(sent[j].events) > 0 || judged[j].Verdict != replay.VerdictRefused) {
+					t.Errorf("%s: serve's events %+v, replay's verdict %s: want refused by both", where, sent[j].events,
+						judged[j].Verdict)
+				}
+				compareFlows(t, where, sent[j].flow, replayFlows[j])
+				sf, rf := sent[j].flow, replayFlows[j]
+				type judgement struct {
+					First                string
+					Probe, Op, Field     string
+					Declared, FromClient string
+				}
+				of := func(e *audit.Event) judgement {
+					var d string
+					if e.Declared != nil {
+						d = fmt.Sprint(uint64(*e.Declared))
+					}
+					return judgement{First: fmt.Sprintf("%x", []byte(e.FirstBytes)), Probe: e.Probe, Op: e.Op, Field: e.Field,
+						Declared: d, FromClient: val(e.SourceBytes)}
+				}
+				if peeked := []string{"11", "64", fmt.Sprint(len(set)), "0"}; j >= 5 &&
+					(sf.Verdict != audit.VerdictRefused || val(sf.SourceBytes) != peeked[j-5]) {
+					t.Errorf("%s: serve's flow %s with source.bytes %s, want refused, %s", where, sf.Verdict,
+						val(sf.SourceBytes), peeked[j-5])
+				}
+				if j >= 5 && of(sf) != of(rf) {
+					t.Errorf("%s: refused flows differ:\nserve  %+v\nreplay %+v", where, of(sf), of(rf))
+				}
+			}
+		})
+	}
 }

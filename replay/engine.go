@@ -12,6 +12,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/reassembly"
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 )
 
@@ -28,6 +29,9 @@ type capture struct {
 	done     list.List         // streams whose flow ended, lingering, least recently active first
 	timers   timerHeap         // undecided streams with a deadline
 	talkers  map[netip.Addr]int
+	gate     *admission.Gate // serve's admission, on capture time; made at the first packet
+	gateAt   time.Time       // the gate's clock: the time of what it is asked or told
+	peeking  int             // refused streams being read for ban.peek, at most admission.MaxPeeks
 
 	now       time.Time // capture clock: the latest timestamp seen
 	started   bool
@@ -92,7 +96,8 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 		c.now = ts
 	}
 	if !c.started {
-		c.started, c.lastFlush = true, c.now
+		c.started, c.lastFlush, c.gateAt = true, c.now, c.now
+		c.gate = admission.New(c.r.adm, func() time.Time { return c.gateAt })
 	}
 	c.r.clock = c.now
 	c.tick()
@@ -127,6 +132,7 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 	switch {
 	case s.flowEnded:
 		c.done.MoveToBack(s.elem)
+		c.settle(false) // a stream refused at this SYN
 		return
 	case s.done:
 		// Decided, but serve would still forward it (monitor mode) or replay cannot judge it (a
@@ -280,6 +286,8 @@ func (c *capture) tick() {
 		return
 	}
 	c.lastFlush = c.now
+	c.gateAt = c.now
+	c.gate.Sweep() // as serve's sweepLoop: ended bans and idle sources go
 	o := c.r.opts
 	c.flushing = true
 	idle := c.now.Add(-o.IdleClose)
@@ -311,6 +319,11 @@ func (c *capture) settle(sortByID bool) {
 		c.r.emit(s.result())
 		if s.violation != nil {
 			c.r.writeAudit(s.event)
+		}
+		if s.banned {
+			b := audit.AdmissionEvent(s.key.src, s.key.dst, audit.ActionBanned, string(s.violation.Rule))
+			b.Timestamp, b.ConnID, b.Mode = s.event.Timestamp, s.id, audit.ModeReplay
+			c.r.writeAudit(b)
 		}
 	}
 	c.decided = c.decided[:0]
@@ -374,9 +387,47 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 	c.recent = s
 	s.elem = c.live.PushBack(s)
 	if syn {
+		c.admit(s)
 		s.schedule()
 	}
 	return s
+}
+
+// admit asks the gate, as serve does at accept, whether s's connection would have been admitted.
+// A refused one gets serve's denied event, and is read for ban.peek (banned) or ends here.
+func (c *capture) admit(s *stream) {
+	c.gateAt = c.now
+	release, reason := c.gate.Admit(s.key.src.Addr())
+	if reason == "" {
+		s.release = release
+		return
+	}
+	s.refused = reason
+	e := audit.AdmissionEvent(s.key.src, s.key.dst, audit.ActionDenied, string(reason))
+	e.Timestamp, e.Mode = c.now, audit.ModeReplay
+	c.r.writeAudit(e)
+	if peek := c.r.cfg.Ban.Peek; reason == admission.Banned && peek > 0 && c.peeking < admission.MaxPeeks {
+		c.peeking++
+		s.peek, s.peekEnd = make([]byte, 0, admission.PeekBytes), c.now.Add(peek)
+		return
+	}
+	s.endPeek(c.now)
+}
+
+// violation tells the gate of s's violation at, as serve's recordViolation does, and reports
+// whether it banned s's source. A source with another stream open that completed a valid message
+// is serving a job (behind NAT a scanner and a job share the address): its violations do not count.
+func (c *capture) violation(s *stream, at time.Time) bool {
+	a := s.key.src.Addr()
+	others := c.talkers[a]
+	if s.g.Talked() {
+		others-- // s's own valid messages are no evidence
+	}
+	if others > 0 {
+		return false
+	}
+	c.gateAt = at
+	return c.gate.Violation(a)
 }
 
 // letGo judges a stream that is idle (or the least recently active one over MaxStreams) and

@@ -23,8 +23,18 @@
 //   - With generation auto, a stream that does not begin with VALIDATE is read as G0: serve asks
 //     the store whether it speaks G0 or G1, which a capture cannot. Pass --generation 2.1 (G1)
 //     for torch 2.1 clients.
-//   - Admission policy (access lists, caps, bans) is serve's, not the decoder's: replay judges
-//     every stream.
+//   - Admission is serve's too: an admission.Gate on capture time, one per capture, with the
+//     configuration's access lists, caps and bans, is asked at each stream's SYN and told of each
+//     violation (enforce mode, not truncated_message) unless the source has another stream open
+//     that completed a valid message. A stream it refuses is not decoded: verdict refused, with
+//     the reason, a denied event at its SYN and a refused flow closed by the guard. One refused
+//     as banned is read as serve reads it for ban.peek: its first bytes (at most
+//     admission.PeekBytes, until admission.PeekRest after the first came, ban.peek after the SYN,
+//     or its end) go in the flow record, judged by a decoder of their own; any other ends at its
+//     SYN with none. The ban itself is a banned event after the violation that started it. Caps
+//     count a stream from its SYN to its flow's end: a capture that lost a FIN holds the slot
+//     until the stream goes idle, as no live connection would. Streams without a SYN in the
+//     capture were admitted before it.
 //
 // With an audit file, each stream also gets the flow record serve writes per connection
 // (audit.Flow, as config flows selects them), at the stream's end: its client's or store's FIN
@@ -43,6 +53,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/guard"
@@ -116,6 +127,7 @@ type Replayer struct {
 	cfg     config.Config
 	dec     protocol.Config
 	pol     guard.Policy // every stream's, as serve's: a capture is judged as serve would have
+	adm     admission.Config
 	opts    Options
 	ports   [1024]uint64 // bit set of server ports
 	audit   *audit.Writer
@@ -153,7 +165,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 	// Monitor stays off: a stream's judgement ends at its first violation in either mode; the mode
 	// only names the action.
 	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen}, opts: opts,
-		action: audit.ActionBlocked}
+		adm: cfg.Admission(), action: audit.ActionBlocked}
 	if cfg.Mode == config.ModeMonitor {
 		r.action = audit.ActionWouldBlock
 	}

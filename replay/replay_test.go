@@ -337,6 +337,9 @@ var goldenCases = []goldenCase{
 		must(t, conns[2].Send(ms(11), probe106294, 1448))
 		must(t, conns[0].Send(ms(12), probe106294, 1448)) // judged as a new, midstream, stream
 	}},
+	// A source banned at its 5th violation: its next connections are refused, their first bytes
+	// read for ban.peek and judged (bans_test.go has the details).
+	{name: "banned_scan", audit: true, cfg: g0, build: scanThenBanned(scanner)},
 	{name: "truncated_file", build: func(t testing.TB, w *gencap.Writer) {
 		session(t, w, client(0), server, ms(0), traffic(t, protocol.G3))
 		c := w.Conn(client(1), server, 1000, 5000)
@@ -398,7 +401,7 @@ func run(t testing.TB, tc goldenCase, data []byte) ([]StreamResult, error, []map
 	err = r.ReadCapture(context.Background(), tc.name+".cap", bytes.NewReader(data))
 	must(t, r.Close())
 	sum := r.Summary()
-	if sum.Streams != len(got) || sum.Pass+sum.Reject+sum.Incomplete != sum.Streams {
+	if sum.Streams != len(got) || sum.Pass+sum.Reject+sum.Incomplete+sum.Refused != sum.Streams {
 		t.Errorf("summary %+v does not add up to %d results", sum, len(got))
 	}
 	var events []map[string]any
@@ -507,6 +510,8 @@ func TestVerdicts(t *testing.T) {
 		"truncated_file":                       {verdicts: []string{"pass", "pass"}, err: "truncated_file.cap: packet 24 at byte offset"},
 		"garbage_file":                         {err: "garbage_file.cap: file header: not a pcap or pcapng capture"},
 		"corrupt_record":                       {verdicts: []string{"pass"}, err: "corrupt_record.cap: packet 3 at byte offset"},
+		"banned_scan": {verdicts: []string{probe, probe, probe, probe, probe, "refused:banned", "refused:banned",
+			"refused:banned", "refused:banned"}},
 	}
 	for _, tc := range goldenCases {
 		w, ok := wants[tc.name]
@@ -585,6 +590,9 @@ func TestTableOutput(t *testing.T) {
 		c := w.Conn(client(5), server, 1000, 5000)
 		c.CSeq++
 		must(t, c.Send(ms(50), traffic(t, protocol.G3), 1448))
+		for i := range 6 { // banned at the 5th, the 6th refused, its first bytes judged
+			session(t, w, from(scanner, i), server, sec(1+i), probe106294)
+		}
 	}}
 	results, err, _ := run(t, tc, buildCapture(t, tc))
 	must(t, err)

@@ -18,6 +18,10 @@ const (
 	VerdictPass       Verdict = "pass"       // decoded to its end (or to the end of the capture) without a violation
 	VerdictReject     Verdict = "reject"     // serve would have blocked it (or logged would_block in monitor mode)
 	VerdictIncomplete Verdict = "incomplete" // could not be decoded: see Reason
+	// VerdictRefused: serve's admission would have refused the connection at accept (Reason: banned,
+	// denied, not_allowed, max_connections, source_connections, source_rate, source_table_full):
+	// never decoded; a banned source's first bytes are judged (Judged).
+	VerdictRefused Verdict = "refused"
 )
 
 // Reasons of an incomplete verdict.
@@ -34,18 +38,22 @@ type StreamResult struct {
 	Generation string            `json:"generation"` // G0..G6, or "unknown" before auto detection could tell
 	Messages   map[string]uint64 `json:"messages"`   // complete messages by op
 	Verdict    Verdict           `json:"verdict"`
-	Reason     string            `json:"reason,omitempty"` // for incomplete
+	Reason     string            `json:"reason,omitempty"` // for incomplete and refused
 	Start      time.Time         `json:"start"`            // capture time of the stream's first packet
 	// End is the capture time the verdict was reached: the violation, the gap, the stream's close,
-	// or its last packet when the capture ended first.
+	// or its last packet when the capture ended first; for refused, when serve closed the
+	// connection: at its SYN, or, for a banned source, once ban.peek read its first bytes.
 	End       time.Time  `json:"end"`
 	Violation *Violation `json:"violation,omitempty"`
-	Bytes     uint64     `json:"bytes"`   // client bytes decoded (or, midstream, seen)
-	ID        uint64     `json:"conn_id"` // storeguard.conn_id of its audit events: streams numbered from 1 per run
-	File      string     `json:"file"`
+	// Judged is, for a stream refused as banned, the rule its first bytes (those serve reads for
+	// ban.peek) would have broken: what the source came back with. Never a reject.
+	Judged *Violation `json:"judged,omitempty"`
+	Bytes  uint64     `json:"bytes"`   // client bytes decoded (or, midstream, seen; refused, read for ban.peek)
+	ID     uint64     `json:"conn_id"` // storeguard.conn_id of its audit events: streams numbered from 1 per run
+	File   string     `json:"file"`
 	// FlowVerdict is the verdict of the stream's flow record (storeguard.verdict): passed, empty,
 	// truncated (the stream ended inside a message: a reject by truncated_message), blocked,
-	// would_block, incomplete, or open when the capture ended before the stream did and no
+	// would_block, incomplete, refused, or open when the capture ended before the stream did and no
 	// verdict was reached. A monitor-mode or incomplete stream that outlasts the capture keeps
 	// its verdict here; its record in the audit log is open.
 	FlowVerdict audit.Verdict `json:"flow_verdict"`
@@ -80,6 +88,7 @@ type Summary struct {
 	Pass       int
 	Reject     int
 	Incomplete int
+	Refused    int
 }
 
 func (s *Summary) add(r *StreamResult) {
@@ -91,12 +100,14 @@ func (s *Summary) add(r *StreamResult) {
 		s.Reject++
 	case VerdictIncomplete:
 		s.Incomplete++
+	case VerdictRefused:
+		s.Refused++
 	}
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("%d streams in %d files (%d packets): %d pass, %d reject, %d incomplete",
-		s.Streams, s.Files, s.Packets, s.Pass, s.Reject, s.Incomplete)
+	return fmt.Sprintf("%d streams in %d files (%d packets): %d pass, %d reject, %d incomplete, %d refused",
+		s.Streams, s.Files, s.Packets, s.Pass, s.Reject, s.Incomplete, s.Refused)
 }
 
 // JSONWriter writes one JSON object per line per stream.
@@ -155,6 +166,8 @@ func detail(r StreamResult) string {
 			}
 		}
 		return s + ")"
+	case r.Judged != nil:
+		return r.Reason + "; its first bytes: " + detail(StreamResult{Violation: r.Judged})
 	case r.Reason != "":
 		return r.Reason
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/reassembly"
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
@@ -43,6 +44,14 @@ type stream struct {
 	end       time.Time
 	violation *protocol.Violation
 	event     audit.Event
+	banned    bool // its violation banned its source: a banned event follows its own
+
+	// Admission, asked at its SYN (capture.admit); a stream without one was admitted before.
+	release func()           // gives its admission back at its flow's end
+	refused admission.Reason // why serve would have refused it; "" admitted
+	peek    []byte           // a banned source's first bytes, read for ban.peek, at most admission.PeekBytes
+	peekEnd time.Time        // when reading them stops
+	judged  *protocol.Violation
 
 	// Its flow record (audit.Flow), as serve would have kept it for the connection. The flow
 	// goes on after the verdict while serve would have kept the connection: in monitor mode, or
@@ -95,6 +104,10 @@ func (s *stream) ReassembledSG(sg reassembly.ScatterGather, _ reassembly.Assembl
 		// The reassembler gave up waiting for a hole (or its page limits forced it on): the
 		// framing after it cannot be trusted.
 		s.next += uint32(max(skip, 0) + n)
+		if s.refused != "" {
+			s.endPeek(s.last) // what came before the hole is what can be told
+			return
+		}
 		s.decide(VerdictIncomplete, s.gapReason(), s.last)
 		return
 	}
@@ -165,7 +178,11 @@ func (s *stream) ReassemblyComplete(reassembly.AssemblerContext) bool {
 func (s *stream) feed(p []byte) {
 	now := s.c.now
 	if s.expireDue(now, true) {
-		return // the message in progress timed out before these bytes came
+		return // the message in progress timed out (or a refused stream's reading ended) before these bytes came
+	}
+	if s.refused != "" {
+		s.readPeek(p, now)
+		return
 	}
 	d := s.g.Feed(p, now)
 	if s.firstN < len(s.first) {
@@ -188,10 +205,40 @@ func (s *stream) feed(p []byte) {
 	s.schedule()
 }
 
+// readPeek reads p, the next bytes of a banned source's stream, at now, as serve's peek reads
+// them: up to admission.PeekBytes, and once the first came only admission.PeekRest more.
+func (s *stream) readPeek(p []byte, now time.Time) {
+	if len(s.peek) == 0 {
+		if rest := now.Add(admission.PeekRest); rest.Before(s.peekEnd) {
+			s.peekEnd = rest
+		}
+	}
+	s.peek = append(s.peek, p[:min(len(p), cap(s.peek)-len(s.peek))]...)
+	if len(s.peek) == cap(s.peek) {
+		s.endPeek(now)
+		return
+	}
+	s.schedule()
+}
+
+// endPeek ends a refused stream where serve closes the connection, at: its flow record holds what
+// was read for ban.peek and the rule those bytes would have broken, as a stream's first bytes.
+func (s *stream) endPeek(at time.Time) {
+	if s.peek != nil {
+		s.c.peeking--
+		s.judged = protocol.FirstViolation(s.c.r.dec, s.peek)
+	}
+	s.decide(VerdictRefused, string(s.refused), at)
+	s.endFlow(audit.ClosedByGuard, at)
+}
+
 // deadline is when serve's read deadline would fire in the stream's state; zero for none.
 func (s *stream) deadline() time.Time {
-	if s.done || s.midstream {
+	switch {
+	case s.done || s.midstream:
 		return time.Time{}
+	case s.refused != "":
+		return s.peekEnd
 	}
 	return s.g.Deadline()
 }
@@ -207,7 +254,13 @@ func (s *stream) expireDue(now time.Time, delivering bool) bool {
 		return false // s.due is s.deadline() while the stream is in the timer heap
 	}
 	d := s.deadline()
-	if d.IsZero() || now.Before(d) || (!delivering && s.holePending()) {
+	switch {
+	case d.IsZero() || now.Before(d):
+		return false
+	case s.refused != "":
+		s.endPeek(d) // serve stops reading then, whether bytes wait behind a hole or not
+		return true
+	case !delivering && s.holePending():
 		return false
 	}
 	if e := s.g.Expired(s.c.talkers[s.key.src.Addr()] > 0); e.Violation != nil {
@@ -233,6 +286,10 @@ func (s *stream) gapReason() string {
 func (s *stream) close(by string, at time.Time) {
 	switch {
 	case s.done:
+	case s.refused != "":
+		if !s.expireDue(s.c.now, true) {
+			s.endPeek(at)
+		}
 	case s.midstream:
 		s.decide(VerdictIncomplete, ReasonMidstream, at)
 	case s.holePending():
@@ -253,6 +310,10 @@ func (s *stream) close(by string, at time.Time) {
 func (s *stream) observe() {
 	switch {
 	case s.done:
+	case s.refused != "":
+		if !s.expireDue(s.c.now, true) {
+			s.endPeek(s.last)
+		}
 	case s.midstream:
 		s.decide(VerdictIncomplete, ReasonMidstream, s.last)
 	case s.holePending():
@@ -272,6 +333,10 @@ func (s *stream) reject(v *protocol.Violation, first []byte, at time.Time) {
 	}
 	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, action, audit.ModeReplay, first, s.g.Bytes())
 	s.event.Timestamp, s.event.ConnID = at, s.id
+	if action == audit.ActionBlocked && v.Rule != protocol.RuleTruncatedMessage {
+		// enforce mode: a step towards a ban, as serve has it; a message cut short never is
+		s.banned = s.c.violation(s, at)
+	}
 	end := at
 	if s.last.After(end) {
 		end = s.last
@@ -296,6 +361,8 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 	c := s.c
 	s.done, s.verdict, s.reason, s.end = true, v, reason, end
 	switch {
+	case v == VerdictRefused:
+		s.flowVerdict, s.flowReason = audit.VerdictRefused, reason
 	case v == VerdictReject && s.violation.Rule == protocol.RuleTruncatedMessage:
 		s.flowVerdict, s.flowReason = audit.VerdictTruncated, string(s.violation.Rule)
 	case v == VerdictReject && s.passesAll():
@@ -334,6 +401,10 @@ func (s *stream) endFlow(by string, at time.Time) {
 	}
 	c := s.c
 	s.flowEnded, s.flowEnd, s.closedBy = true, at, by
+	if s.release != nil {
+		s.release() // serve's connection ends here
+		s.release = nil
+	}
 	c.trailing.Remove(s.elem)
 	s.elem = c.done.PushBack(s)
 	c.flows = append(c.flows, s)
@@ -347,6 +418,12 @@ func (s *stream) openFlow(at time.Time) {
 
 // flowRecord is the stream's flow record, once its flow ended.
 func (s *stream) flowRecord() audit.Flow {
+	if s.refused != "" {
+		// as serve's refusedFlow: no conn id, no store, nothing decoded
+		return audit.Flow{Src: s.key.src, Dst: s.key.dst, Start: s.start, End: s.flowEnd, Verdict: s.flowVerdict,
+			Reason: s.flowReason, ClosedBy: s.closedBy, Mode: audit.ModeReplay, FromClient: uint64(len(s.peek)),
+			First: s.peek, Judged: s.judged}
+	}
 	f := audit.Flow{ConnID: s.id, Src: s.key.src, Dst: s.key.dst, Start: s.start, End: s.flowEnd,
 		Verdict: s.flowVerdict, Reason: s.flowReason, ClosedBy: s.closedBy, Mode: audit.ModeReplay,
 		FromClient: s.fromClient, ToStore: s.toStore, FromStore: s.fromStore}
@@ -413,6 +490,12 @@ func (s *stream) result() StreamResult {
 		FlowVerdict: s.flowVerdict}
 	if s.violation != nil {
 		r.Violation = newViolation(s.violation)
+	}
+	if s.refused != "" {
+		r.Bytes = uint64(len(s.peek))
+		if s.judged != nil {
+			r.Judged = newViolation(s.judged)
+		}
 	}
 	return r
 }

@@ -22,18 +22,25 @@ func newReplayCommand() *cobra.Command {
 			"time). Prints one row per stream, or with --json one JSON object per line.\n\n" +
 			"Verdicts: pass, reject (serve would have blocked it; a stream that ended, by either side's\n" +
 			"FIN or RST, inside a message is reject by truncated_message), incomplete (midstream: the\n" +
-			"capture has no SYN; gap/snaplen: bytes are missing). --json adds each stream's flow\n" +
-			"verdict (passed, empty, truncated, blocked, would_block, incomplete, open); --audit gets\n" +
-			"serve's flow records (as --flows selects them) and scan notices too. With generation\n" +
-			"auto, a stream that does not start with VALIDATE is read as G0; use --generation 2.1 for\n" +
-			"torch 2.1 clients.\n\n" +
+			"capture has no SYN; gap/snaplen: bytes are missing), refused (serve's admission, run on\n" +
+			"capture time with the config's access, caps and ban settings, would have refused it at\n" +
+			"its SYN; the reason: banned, denied, not_allowed, max_connections, source_connections,\n" +
+			"source_rate, source_table_full). A source is banned as serve bans it: ban.violations\n" +
+			"violations (enforce mode, not truncated_message) within ban.window, unless it is in\n" +
+			"ban.exempt or has another stream open that completed a valid message. A refused stream is\n" +
+			"not decoded; a banned source's first bytes (up to 64, read for ban.peek) are judged as\n" +
+			"serve's refused flow judges them (--json: judged). --json adds each stream's flow verdict\n" +
+			"(passed, empty, truncated, blocked, would_block, incomplete, refused, open); --audit gets\n" +
+			"serve's flow records (as --flows selects them), denied and banned events and scan notices\n" +
+			"too. With generation auto, a stream that does not start with VALIDATE is read as G0; use\n" +
+			"--generation 2.1 for torch 2.1 clients.\n\n" +
 			"Exit status: 0 no violation, 1 violations found, 2 error (results so far are printed).",
 		Args:         cobra.MinimumNArgs(1),
 		SilenceUsage: true,
 	}
 	d := config.Default()
 	fs := cmd.Flags()
-	fs.String("config", "", "YAML config file (also $STOREGUARD_CONFIG): limits, timeouts, mode, audit, replay.ports")
+	fs.String("config", "", "YAML config file (also $STOREGUARD_CONFIG): limits, timeouts, mode, access, caps, ban, audit, replay.ports")
 	fs.String("generation", d.Generation, "store generation: auto | G0..G6 | torch release MAJOR.MINOR")
 	fs.IntSlice("port", nil, "TCPStore server port (repeatable; default: config replay.ports, 29500)")
 	fs.Bool("json", false, "one JSON object per line per stream")

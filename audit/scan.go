@@ -64,7 +64,7 @@ func Suspicious(v Verdict) bool {
 // Observe counts f, which ended at f.End (or is an interim record), and returns the notice when
 // it makes its source cross the threshold. job: the source serves a job (it had a connection
 // that completed a valid message) — its empty connections are a job's (torch ≤ 2.0 opens a
-// silent one per client) and do not count; a flow that carried valid messages marks its source
+// silent one per client), and so are its refused ones (a cap reached by a big job), and do not count; a flow that carried valid messages marks its source
 // so for a window too.
 func (d *ScanDetector) Observe(f *Flow, job bool) (Event, bool) {
 	if d.opts.Threshold <= 0 {
@@ -86,7 +86,7 @@ func (d *ScanDetector) Observe(f *Flow, job bool) (Event, bool) {
 			delete(d.jobs, src)
 		}
 	}
-	if !Suspicious(f.Verdict) || job && f.Verdict == VerdictEmpty {
+	if !Suspicious(f.Verdict) || job && (f.Verdict == VerdictEmpty || f.Verdict == VerdictRefused) {
 		return Event{}, false
 	}
 	w := d.sources[src]

@@ -61,11 +61,11 @@ func Suspicious(v Verdict) bool {
 	return false
 }
 
-// Observe counts f, which ended at f.End (or is an interim record), and returns the notice when
-// it makes its source cross the threshold. job: the source serves a job (it had a connection
-// that completed a valid message) — its empty connections are a job's (torch ≤ 2.0 opens a
-// silent one per client), and so are its refused ones (a cap reached by a big job), and do not count; a flow that carried valid messages marks its source
-// so for a window too.
+// Observe counts f, which ended at f.End, and returns the notice when it makes its source cross
+// the threshold. job: the source serves a job (it had a connection that completed a valid
+// message). A job's empty connections do not count (torch ≤ 2.0 opens a silent one per client),
+// nor do its refused ones (a cap reached by a big job); a flow that carried valid messages marks
+// its source a job's for a window too.
 func (d *ScanDetector) Observe(f *Flow, job bool) (Event, bool) {
 	if d.opts.Threshold <= 0 {
 		return Event{}, false

@@ -46,7 +46,8 @@ type StreamResult struct {
 	Start      time.Time         `json:"start"`            // capture time of the stream's first packet
 	// End is the capture time the verdict was reached: the violation, the gap, the stream's close,
 	// or its last packet when the capture ended first; for refused, when serve closed the
-	// connection: at its SYN, or, for a banned source, once ban.peek read its first bytes.
+	// connection: at its accept (the handshake's last ACK), or, for a banned source, once ban.peek
+	// read its first bytes; for half_open, its RST or last packet.
 	End       time.Time  `json:"end"`
 	Violation *Violation `json:"violation,omitempty"`
 	// Judged is, for a stream refused as banned, the rule its first bytes (those serve reads for

@@ -135,7 +135,7 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 	switch {
 	case s.flowEnded:
 		c.done.MoveToBack(s.elem)
-		c.settle(false) // a stream refused at this SYN
+		c.settle(false) // a stream over: refused at its accept, or half open
 		return
 	case s.done:
 		// Decided, but serve would still forward it (monitor mode) or replay cannot judge it (a

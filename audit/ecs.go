@@ -61,7 +61,8 @@ var classes = map[Action]class{
 var flowInterim = []string{"connection", "info"}
 
 // flowClass is the outcome and severity of a flow by its verdict: failure only when the client's
-// stream broke off mid-message; open is unknown, the connection not being over.
+// stream broke off mid-message or never got past the handshake (half_open: the attempt failed,
+// whoever reset it); open is unknown, the connection not being over.
 var flowClass = map[Verdict]struct {
 	outcome  string
 	severity int
@@ -74,6 +75,7 @@ var flowClass = map[Verdict]struct {
 	VerdictBlocked:    {"success", SeverityMedium},
 	VerdictWouldBlock: {"success", SeverityCritical},
 	VerdictIncomplete: {"unknown", SeverityInfo},
+	VerdictHalfOpen:   {"failure", SeverityLow},
 }
 
 // Classify fills e's ECS bookkeeping from its action, reason and verdict, and o: fields already

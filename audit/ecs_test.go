@@ -161,6 +161,7 @@ func everyKind(t *testing.T, obs *audit.Observer) []doc {
 		{audit.VerdictWouldBlock, string(protocol.RuleKeyTooLong), audit.ClosedByStore, srcLL},
 		{audit.VerdictRefused, "max_connections", audit.ClosedByGuard, srcScan},
 		{audit.VerdictIncomplete, "gap", audit.ClosedByClient, srcV4},
+		{audit.VerdictHalfOpen, "", audit.ClosedByClient, srcScan},
 	}
 	for i, f := range flows {
 		var ops [32]uint64
@@ -168,8 +169,12 @@ func everyKind(t *testing.T, obs *audit.Observer) []doc {
 		fl := audit.Flow{ConnID: uint64(100 + i), Src: f.src, Dst: dstV4, Start: now.Add(-90 * time.Second), End: now,
 			Verdict: f.verdict, Reason: f.reason, ClosedBy: f.closedBy, Generation: "G3", Mode: audit.ModeEnforce,
 			FromClient: 1 << 20, ToStore: 1 << 20, FromStore: 4096, Messages: 13, Replies: 13, Ops: &ops, First: probe}
-		if f.verdict == audit.VerdictWouldBlock {
+		switch f.verdict {
+		case audit.VerdictWouldBlock:
 			fl.Mode = audit.ModeMonitor
+		case audit.VerdictHalfOpen: // replay's, of a SYN scan: nothing sent, nothing decoded
+			fl = audit.Flow{ConnID: fl.ConnID, Src: f.src, Dst: dstV4, Start: now.Add(-time.Millisecond), End: now,
+				Verdict: f.verdict, ClosedBy: f.closedBy, Mode: audit.ModeReplay}
 		}
 		write("flow/"+string(f.verdict), fl.Event())
 	}
@@ -318,7 +323,7 @@ func TestOutcomeIsStoreguards(t *testing.T) {
 	want := map[string]string{
 		"blocked": "success", "would_block": "success", "denied": "success", "banned": "success",
 		"flow/passed": "success", "flow/empty": "success", "flow/blocked": "success", "flow/would_block": "success",
-		"flow/refused": "success", "flow/truncated": "failure", "flow/open": "unknown",
+		"flow/refused": "success", "flow/truncated": "failure", "flow/open": "unknown", "flow/half_open": "failure",
 		"handover/upgrade": "success", "scan_detected": "", "sampled_summary (Close)": "", "dropped_summary (Queue)": "",
 	}
 	for _, d := range everyKind(t, nil) {

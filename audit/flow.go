@@ -22,6 +22,9 @@ const (
 	// VerdictIncomplete: replay only, a stream the capture cannot judge (event.reason: midstream,
 	// gap or snaplen); serve sees every byte it judges.
 	VerdictIncomplete Verdict = "incomplete"
+	// VerdictHalfOpen: replay only: the handshake never completed (a SYN scan, or a refused
+	// port); serve, in user space, never sees these.
+	VerdictHalfOpen Verdict = "half_open"
 )
 
 // Flow is one client connection's account, the model being Zeek's conn.log: serve keeps one per

@@ -8,9 +8,10 @@ import (
 )
 
 // Scan notices: a source whose connections send nothing or only invalid bytes (flows empty,
-// truncated, blocked, would_block or refused) is scanning, the way Zeek's scan policy counts
-// failed connections. One notice (ActionScan) as soon as a source crosses the threshold within a
-// window, then none until the window ends; serve and replay feed it every flow record.
+// truncated, blocked, would_block, refused, or, in replay, half_open: a SYN scan) is scanning,
+// the way Zeek's scan policy counts failed connections. One notice (ActionScan) as soon as a
+// source crosses the threshold within a window, then none until the window ends; serve and
+// replay feed it every flow record.
 
 // ScanOptions configure a ScanDetector. Threshold 0 turns detection off.
 type ScanOptions struct {
@@ -55,7 +56,7 @@ func NewScanDetector(o ScanOptions) *ScanDetector {
 // Suspicious reports whether a flow with verdict v counts towards a scan.
 func Suspicious(v Verdict) bool {
 	switch v {
-	case VerdictEmpty, VerdictTruncated, VerdictBlocked, VerdictWouldBlock, VerdictRefused:
+	case VerdictEmpty, VerdictTruncated, VerdictBlocked, VerdictWouldBlock, VerdictRefused, VerdictHalfOpen:
 		return true
 	}
 	return false

@@ -102,8 +102,8 @@ func TestBanAfterViolations(t *testing.T) {
 	for i, d := range denied {
 		src := from(scanner, 5+i)
 		if d.SourceIP != src.Addr() || d.SourcePort != src.Port() || d.Reason != "banned" || d.ConnID != 0 ||
-			!d.Timestamp.Equal(sec(5+i)) {
-			t.Errorf("denied event %d: %+v, want %v's, at its SYN", i, d, src)
+			!d.Timestamp.Equal(sec(5+i).Add(100*time.Microsecond)) {
+			t.Errorf("denied event %d: %+v, want %v's, at its handshake's last ACK", i, d, src)
 		}
 	}
 
@@ -141,8 +141,9 @@ func TestBanAfterViolations(t *testing.T) {
 }
 
 // TestBanPeekEnds: a banned source's connection is read as serve reads it: until
-// admission.PeekBytes came, admission.PeekRest after its first bytes, ban.peek after its SYN, or its
-// end, whichever comes first; not at all with ban.peek 0. What it sends later is not counted.
+// admission.PeekBytes came, admission.PeekRest after its first bytes, ban.peek after its accept (the
+// handshake's last ACK), or its end, whichever comes first; not at all with ban.peek 0 (closed at
+// its accept). What it sends later is not counted.
 func TestBanPeekEnds(t *testing.T) {
 	garbage := bytes.Repeat([]byte{0xfe}, 40)
 	for _, tc := range []struct {
@@ -151,28 +152,29 @@ func TestBanPeekEnds(t *testing.T) {
 		send   func(t testing.TB, c *gencap.Conn, syn time.Time) // then the capture goes on for 10 s
 		end    time.Duration                                     // after the SYN
 		client uint64
+		accept bool // end is after the accept, 100 µs after the SYN
 	}{
-		{"nothing, open", 2 * time.Second, func(testing.TB, *gencap.Conn, time.Time) {}, 2 * time.Second, 0},
+		{"nothing, open", 2 * time.Second, func(testing.TB, *gencap.Conn, time.Time) {}, 2 * time.Second, 0, true},
 		{"bytes, open", 2 * time.Second, func(t testing.TB, c *gencap.Conn, syn time.Time) {
 			must(t, c.Send(syn.Add(500*time.Millisecond), garbage, 1448))
 			must(t, c.Send(syn.Add(550*time.Millisecond), garbage, 1448)) // within PeekRest: read, up to 64
 			must(t, c.Send(syn.Add(700*time.Millisecond), garbage, 1448))
-		}, 550 * time.Millisecond, 64},
+		}, 550 * time.Millisecond, 64, false},
 		{"bytes within PeekRest", 2 * time.Second, func(t testing.TB, c *gencap.Conn, syn time.Time) {
 			must(t, c.Send(syn.Add(500*time.Millisecond), garbage[:10], 1448))
 			must(t, c.Send(syn.Add(590*time.Millisecond), garbage[:10], 1448))
 			must(t, c.Send(syn.Add(610*time.Millisecond), garbage[:10], 1448)) // after PeekRest
-		}, 600 * time.Millisecond, 20},
+		}, 600 * time.Millisecond, 20, false},
 		{"bytes after ban.peek", 2 * time.Second, func(t testing.TB, c *gencap.Conn, syn time.Time) {
 			must(t, c.Send(syn.Add(3*time.Second), garbage, 1448))
-		}, 2 * time.Second, 0},
+		}, 2 * time.Second, 0, true},
 		{"bytes, then a reset", 2 * time.Second, func(t testing.TB, c *gencap.Conn, syn time.Time) {
 			must(t, c.Send(syn.Add(10*time.Millisecond), garbage[:10], 1448))
 			reset(t, c, syn.Add(20*time.Millisecond), false)
-		}, 20 * time.Millisecond, 10},
+		}, 20 * time.Millisecond, 10, false},
 		{"ban.peek 0", 0, func(t testing.TB, c *gencap.Conn, syn time.Time) {
 			must(t, c.Send(syn.Add(time.Millisecond), garbage, 1448))
-		}, 0, 0},
+		}, 0, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			syn := sec(10)
@@ -196,8 +198,12 @@ func TestBanPeekEnds(t *testing.T) {
 			if tc.client > 0 {
 				first = garbage[:min(tc.client, audit.MaxFirstBytes)]
 			}
+			end := syn.Add(tc.end)
+			if tc.accept {
+				end = end.Add(100 * time.Microsecond)
+			}
 			checkFlow(t, flows[i], flowWant{verdict: audit.VerdictRefused, reason: "banned", closedBy: audit.ClosedByGuard,
-				fromClient: tc.client, first: first, start: syn, end: syn.Add(tc.end)})
+				fromClient: tc.client, first: first, start: syn, end: end})
 			if n := len(ofAction(events, audit.ActionBlocked)); n != 5 {
 				t.Errorf("%d blocked events, want 5: a banned source's bytes are not judged as a stream", n)
 			}
@@ -298,9 +304,9 @@ func TestBanExpires(t *testing.T) {
 	}
 }
 
-// TestAdmissionRefusals: access lists and caps refuse a stream at its SYN as serve refuses the
-// connection at accept: a denied event with the reason, a refused flow with no bytes that ends at
-// the SYN, no judgement of what it sends.
+// TestAdmissionRefusals: access lists and caps refuse a stream as serve refuses the
+// connection at accept (the handshake's last ACK): a denied event with the reason, a refused flow
+// with no bytes that ends there, no judgement of what it sends.
 func TestAdmissionRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -331,8 +337,9 @@ func TestAdmissionRefusals(t *testing.T) {
 					denied = append(denied, e)
 				}
 			}
-			if len(denied) != 1 || denied[0].Reason != tc.reason || !denied[0].Timestamp.Equal(ms(10)) {
-				t.Fatalf("denied events %+v, want one, reason %s, at the SYN", denied, tc.reason)
+			accept := ms(10).Add(100 * time.Microsecond) // the handshake's last ACK
+			if len(denied) != 1 || denied[0].Reason != tc.reason || !denied[0].Timestamp.Equal(accept) {
+				t.Fatalf("denied events %+v, want one, reason %s, at the accept", denied, tc.reason)
 			}
 			for _, r := range results {
 				if r.Src == from(scanner, 1) && (r.Verdict != VerdictRefused || r.Reason != tc.reason || r.Judged != nil) {
@@ -345,7 +352,7 @@ func TestAdmissionRefusals(t *testing.T) {
 			for _, f := range ofAction(events, audit.ActionFlow) {
 				if f.SourcePort == from(scanner, 1).Port() {
 					checkFlow(t, f, flowWant{verdict: audit.VerdictRefused, reason: tc.reason, closedBy: audit.ClosedByGuard,
-						start: ms(10), end: ms(10)})
+						start: ms(10), end: accept})
 				}
 			}
 		})
@@ -353,7 +360,7 @@ func TestAdmissionRefusals(t *testing.T) {
 }
 
 // TestBanPeeksAtOnce: as serve, replay reads at most admission.MaxPeeks banned connections at once;
-// one more is closed at its SYN, unread.
+// one more is closed at its accept, unread.
 func TestBanPeeksAtOnce(t *testing.T) {
 	n := admission.MaxPeeks + 1
 	_, events := flowRun(t, g0, func(t testing.TB, w *gencap.Writer) {
@@ -379,7 +386,8 @@ func TestBanPeeksAtOnce(t *testing.T) {
 		switch {
 		case val(f.SourceBytes) == "11" && !f.Timestamp.Before(fin) && f.Timestamp.Before(fin.Add(time.Millisecond)):
 			read++
-		case val(f.SourceBytes) == "0" && f.SourcePort == uint16(50000+n-1) && f.Timestamp.Equal(f.Start):
+		case val(f.SourceBytes) == "0" && f.SourcePort == uint16(50000+n-1) &&
+			f.Timestamp.Equal(sec(10).Add(time.Duration(n-1+100)*time.Microsecond)): // its accept
 			unread++
 		default:
 			t.Errorf("refused flow from port %d: %s bytes, %v to %v", f.SourcePort, val(f.SourceBytes), f.Start, f.Timestamp)

@@ -122,6 +122,9 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 		if s == nil {
 			s = c.newStream(key, true, tcp.Seq)
 		}
+		if s.halfOpen && len(tcp.Payload) > 0 && !tcp.RST {
+			c.admit(s) // a SYN with data (TCP Fast Open): the kernel hands it to accept at once
+		}
 	case s == nil:
 		if len(tcp.Payload) == 0 {
 			return // an ACK or FIN of a connection begun before the capture: nothing to judge
@@ -132,7 +135,7 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 	switch {
 	case s.flowEnded:
 		c.done.MoveToBack(s.elem)
-		c.settle(false) // a stream refused at this SYN
+		c.settle(false) // a stream over: refused at its accept, or half open
 		return
 	case s.done:
 		// Decided, but serve would still forward it (monitor mode) or replay cannot judge it (a
@@ -146,6 +149,16 @@ func (c *capture) segment(ci gopacket.CaptureInfo) {
 		return
 	}
 	c.live.MoveToBack(s.elem)
+	if s.halfOpen && !tcp.SYN {
+		if tcp.RST {
+			s.close(audit.ClosedByClient, s.last) // a SYN scan: the handshake never completed
+			c.settle(false)
+			return
+		}
+		if tcp.ACK {
+			c.admit(s) // the handshake's last ACK (or data): where serve's accept returns
+		}
+	}
 	s.countClient(tcp)
 	switch {
 	case s.midstream:
@@ -375,7 +388,7 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 	s.flow = gopacket.NewFlow(endpointStream, id[:], nil)
 	s.g.Reset(c.r.dec, &c.r.pol, c.now)
 	if syn {
-		s.isn, s.next, s.seen = isn, isn+1, isn+1
+		s.isn, s.next, s.seen, s.halfOpen = isn, isn+1, isn+1, true
 	} else {
 		s.midstream = true
 	}
@@ -386,16 +399,17 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 	c.streams[key] = s
 	c.recent = s
 	s.elem = c.live.PushBack(s)
-	if syn {
-		c.admit(s)
-		s.schedule()
-	}
 	return s
 }
 
-// admit asks the gate, as serve does at accept, whether s's connection would have been admitted.
-// A refused one gets serve's denied event, and is read for ban.peek (banned) or ends here.
+// admit asks the gate, as serve does at accept, whether s's connection would have been admitted,
+// once its handshake completed: a connection the kernel never completes (a SYN scan, a closed
+// port) never reaches accept. A refused one gets serve's denied event, and is read for ban.peek
+// (banned) or ends here. An admitted one's deadlines run from here, as serve's from accept.
 func (c *capture) admit(s *stream) {
+	s.halfOpen = false
+	s.g.Reset(c.r.dec, &c.r.pol, c.now)
+	defer s.schedule()
 	c.gateAt = c.now
 	release, reason := c.gate.Admit(s.key.src.Addr())
 	if reason == "" {

@@ -524,13 +524,14 @@ func TestScanSparesAJob(t *testing.T) {
 	}
 }
 
-// TestFlowsConfig: flows suspicious leaves out passed (and open) flows, off every flow record; scan
-// notices are written either way.
+// TestFlowsConfig: flows suspicious leaves out passed (and open) flows, keeping half_open ones (a
+// SYN scan's), off every flow record; scan notices are written either way.
 func TestFlowsConfig(t *testing.T) {
 	build := func(t testing.TB, w *gencap.Writer) {
 		session(t, w, client(1), server, ms(0), traffic(t, protocol.G3))     // passed
 		session(t, w, client(2), server, ms(10), probe106294)                // blocked
 		connectAndClose(t, w, client(0).Addr(), 8, ms(20), time.Millisecond) // empty, a scan
+		halfOpen(t, w, client(4), ms(50), clientRST)                         // half_open
 		c := w.Conn(client(3), server, 1000, 5000)
 		must(t, c.Open(ms(100)))
 		must(t, c.Send(ms(101), traffic(t, protocol.G3), 1448)) // open
@@ -539,8 +540,10 @@ func TestFlowsConfig(t *testing.T) {
 		flows config.Flows
 		want  []audit.Verdict
 	}{
-		{config.FlowsAll, []audit.Verdict{"passed", "blocked", "empty", "empty", "empty", "empty", "empty", "empty", "empty", "empty", "open"}},
-		{config.FlowsSuspicious, []audit.Verdict{"blocked", "empty", "empty", "empty", "empty", "empty", "empty", "empty", "empty"}},
+		{config.FlowsAll, []audit.Verdict{"passed", "blocked", "empty", "empty", "empty", "empty", "empty", "empty", "empty", "empty",
+			"half_open", "open"}},
+		{config.FlowsSuspicious, []audit.Verdict{"blocked", "empty", "empty", "empty", "empty", "empty", "empty", "empty", "empty",
+			"half_open"}},
 		{config.FlowsOff, nil},
 	} {
 		t.Run(string(tc.flows), func(t *testing.T) {

@@ -12,6 +12,11 @@
 //     progress is not (it lasts).
 //   - A stream whose SYN is not in the capture is reported incomplete (midstream): where its
 //     messages begin cannot be known, and replay does not guess.
+//   - A stream whose handshake never completes (the client's RST after the SYN-ACK, as nmap's SYN
+//     scan sends; the store's RST, a closed port; or no ACK before it goes idle or the capture
+//     ends) is half_open: serve, in user space, never sees it, as accept never returns it. It is
+//     not admitted, holds no connection slot and gets no admission event; its flow record
+//     (verdict half_open, closed by whoever reset it) counts towards a scan.
 //   - Bytes missing from the capture (a lost segment, a segment cut by the snap length, an IP
 //     fragment) stop decoding there: incomplete (gap), unless a violation came first.
 //   - Deadlines run on capture time. A message in progress that gets no completing bytes within
@@ -24,15 +29,18 @@
 //     the store whether it speaks G0 or G1, which a capture cannot. Pass --generation 2.1 (G1)
 //     for torch 2.1 clients.
 //   - Admission is serve's too: an admission.Gate on capture time, one per capture, with the
-//     configuration's access lists, caps and bans, is asked at each stream's SYN and told of each
+//     configuration's access lists, caps and bans, is asked for each stream where serve's accept
+//     would return it, at the client's first segment after its SYN that carries ACK (the
+//     handshake's last, or data; the store's SYN-ACK need not be in the capture), and told of each
 //     violation (enforce mode, not truncated_message) unless the source has another stream open
 //     that completed a valid message. A stream it refuses is not decoded: verdict refused, with
-//     the reason, a denied event at its SYN and a refused flow closed by the guard. One refused
+//     the reason, a denied event at its accept and a refused flow closed by the guard. One refused
 //     as banned is read as serve reads it for ban.peek: its first bytes (at most
-//     admission.PeekBytes, until admission.PeekRest after the first came, ban.peek after the SYN,
-//     or its end) go in the flow record, judged by a decoder of their own; any other ends at its
-//     SYN with none. The ban itself is a banned event after the violation that started it. Caps
-//     count a stream from its SYN to its flow's end: a capture that lost a FIN holds the slot
+//     admission.PeekBytes, until admission.PeekRest after the first came, ban.peek after the
+//     accept, or its end) go in the flow record, judged by a decoder of their own; any other ends
+//     at its accept with none. The ban itself is a banned event after the violation that started
+//     it. Message deadlines, as serve's, run from the accept. Caps count a stream from its accept
+//     to its flow's end: a capture that lost a FIN holds the slot
 //     until the stream goes idle, as no live connection would. Streams without a SYN in the
 //     capture were admitted before it.
 //

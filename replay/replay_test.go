@@ -401,7 +401,7 @@ func run(t testing.TB, tc goldenCase, data []byte) ([]StreamResult, error, []map
 	err = r.ReadCapture(context.Background(), tc.name+".cap", bytes.NewReader(data))
 	must(t, r.Close())
 	sum := r.Summary()
-	if sum.Streams != len(got) || sum.Pass+sum.Reject+sum.Incomplete+sum.Refused != sum.Streams {
+	if sum.Streams != len(got) || sum.Pass+sum.Reject+sum.Incomplete+sum.Refused+sum.HalfOpen != sum.Streams {
 		t.Errorf("summary %+v does not add up to %d results", sum, len(got))
 	}
 	var events []map[string]any
@@ -509,7 +509,7 @@ func TestVerdicts(t *testing.T) {
 		"max_streams":                          {verdicts: []string{"pass", probe, probe, "incomplete:midstream"}},
 		"truncated_file":                       {verdicts: []string{"pass", "pass"}, err: "truncated_file.cap: packet 24 at byte offset"},
 		"garbage_file":                         {err: "garbage_file.cap: file header: not a pcap or pcapng capture"},
-		"corrupt_record":                       {verdicts: []string{"pass"}, err: "corrupt_record.cap: packet 3 at byte offset"},
+		"corrupt_record":                       {verdicts: []string{"half_open"}, err: "corrupt_record.cap: packet 3 at byte offset"},
 		"banned_scan": {verdicts: []string{probe, probe, probe, probe, probe, "refused:banned", "refused:banned",
 			"refused:banned", "refused:banned"}},
 	}

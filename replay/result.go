@@ -22,6 +22,10 @@ const (
 	// denied, not_allowed, max_connections, source_connections, source_rate, source_table_full):
 	// never decoded; a banned source's first bytes are judged (Judged).
 	VerdictRefused Verdict = "refused"
+	// VerdictHalfOpen: the handshake never completed (the client's or the store's RST, or nothing
+	// after the SYN): a SYN scan or a closed port. Serve's accept never returns such a connection,
+	// so admission is not asked and nothing is judged.
+	VerdictHalfOpen Verdict = "half_open"
 )
 
 // Reasons of an incomplete verdict.
@@ -42,7 +46,8 @@ type StreamResult struct {
 	Start      time.Time         `json:"start"`            // capture time of the stream's first packet
 	// End is the capture time the verdict was reached: the violation, the gap, the stream's close,
 	// or its last packet when the capture ended first; for refused, when serve closed the
-	// connection: at its SYN, or, for a banned source, once ban.peek read its first bytes.
+	// connection: at its accept (the handshake's last ACK), or, for a banned source, once ban.peek
+	// read its first bytes; for half_open, its RST or last packet.
 	End       time.Time  `json:"end"`
 	Violation *Violation `json:"violation,omitempty"`
 	// Judged is, for a stream refused as banned, the rule its first bytes (those serve reads for
@@ -53,9 +58,10 @@ type StreamResult struct {
 	File   string     `json:"file"`
 	// FlowVerdict is the verdict of the stream's flow record (storeguard.verdict): passed, empty,
 	// truncated (the stream ended inside a message: a reject by truncated_message), blocked,
-	// would_block, incomplete, refused, or open when the capture ended before the stream did and no
-	// verdict was reached. A monitor-mode or incomplete stream that outlasts the capture keeps
-	// its verdict here; its record in the audit log is open.
+	// would_block, incomplete, refused, half_open (the handshake never completed), or open when
+	// the capture ended before the stream did and no verdict was reached. A monitor-mode or
+	// incomplete stream that outlasts the capture keeps its verdict here; its record in the audit
+	// log is open.
 	FlowVerdict audit.Verdict `json:"flow_verdict"`
 }
 
@@ -89,6 +95,7 @@ type Summary struct {
 	Reject     int
 	Incomplete int
 	Refused    int
+	HalfOpen   int
 }
 
 func (s *Summary) add(r *StreamResult) {
@@ -102,12 +109,18 @@ func (s *Summary) add(r *StreamResult) {
 		s.Incomplete++
 	case VerdictRefused:
 		s.Refused++
+	case VerdictHalfOpen:
+		s.HalfOpen++
 	}
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("%d streams in %d files (%d packets): %d pass, %d reject, %d incomplete, %d refused",
+	out := fmt.Sprintf("%d streams in %d files (%d packets): %d pass, %d reject, %d incomplete, %d refused",
 		s.Streams, s.Files, s.Packets, s.Pass, s.Reject, s.Incomplete, s.Refused)
+	if s.HalfOpen > 0 {
+		out += fmt.Sprintf(", %d half_open", s.HalfOpen)
+	}
+	return out
 }
 
 // JSONWriter writes one JSON object per line per stream.

@@ -25,6 +25,7 @@ type stream struct {
 	elem  *list.Element
 
 	midstream bool   // no SYN: not decoded
+	halfOpen  bool   // its SYN came, its handshake has not completed: not admitted, not judged
 	isn       uint32 // initial sequence number
 	next      uint32 // sequence number of the next byte to decode
 	seen      uint32 // end of the furthest byte seen; beyond next while a hole waits to be filled
@@ -46,7 +47,8 @@ type stream struct {
 	event     audit.Event
 	banned    bool // its violation banned its source: a banned event follows its own
 
-	// Admission, asked at its SYN (capture.admit); a stream without one was admitted before.
+	// Admission, asked once its handshake completed (capture.admit); a stream without a SYN was
+	// admitted before the capture.
 	release func()           // gives its admission back at its flow's end
 	refused admission.Reason // why serve would have refused it; "" admitted
 	peek    []byte           // a banned source's first bytes, read for ban.peek, at most admission.PeekBytes
@@ -235,7 +237,7 @@ func (s *stream) endPeek(at time.Time) {
 // deadline is when serve's read deadline would fire in the stream's state; zero for none.
 func (s *stream) deadline() time.Time {
 	switch {
-	case s.done || s.midstream:
+	case s.done || s.midstream || s.halfOpen:
 		return time.Time{}
 	case s.refused != "":
 		return s.peekEnd
@@ -286,6 +288,8 @@ func (s *stream) gapReason() string {
 func (s *stream) close(by string, at time.Time) {
 	switch {
 	case s.done:
+	case s.halfOpen:
+		s.decide(VerdictHalfOpen, "", at)
 	case s.refused != "":
 		if !s.expireDue(s.c.now, true) {
 			s.endPeek(at)
@@ -310,6 +314,10 @@ func (s *stream) close(by string, at time.Time) {
 func (s *stream) observe() {
 	switch {
 	case s.done:
+	case s.halfOpen:
+		// never accepted: its flow ends at its last packet, the capture's end no exception
+		s.decide(VerdictHalfOpen, "", s.last)
+		s.endFlow("", s.last)
 	case s.refused != "":
 		if !s.expireDue(s.c.now, true) {
 			s.endPeek(s.last)
@@ -363,6 +371,8 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 	switch {
 	case v == VerdictRefused:
 		s.flowVerdict, s.flowReason = audit.VerdictRefused, reason
+	case v == VerdictHalfOpen:
+		s.flowVerdict = audit.VerdictHalfOpen
 	case v == VerdictReject && s.violation.Rule == protocol.RuleTruncatedMessage:
 		s.flowVerdict, s.flowReason = audit.VerdictTruncated, string(s.violation.Rule)
 	case v == VerdictReject && s.passesAll():

@@ -350,6 +350,17 @@ func (s Summary) writeProbes(w io.Writer, c clock) {
 			c.format(p.First.Time), hexText(p.First.FirstBytes)})
 	}
 	writeCells(w, rows)
+	for _, p := range s.Probes[:min(len(s.Probes), tableProbes)] {
+		if note, ok := probeNotes[p.Key]; ok {
+			writeWrapped(w, "  ", p.Key+": "+note)
+		}
+	}
+}
+
+// probeNotes say what a probe does to a torch store, for the probes that did harm.
+var probeNotes = map[string]string{
+	"rdp_x224": "nmap's TerminalServer probe; to a torch <= 2.1 store it is an ADD of a 962 GB key, " +
+		"the allocation of PyTorch #106294",
 }
 
 // writeRefusals lists admission's refusals and bans: not rules, so apart from them.

@@ -83,12 +83,7 @@ func readLog(z *audit.Summarizer, bar *progress.Printer, path, label string) err
 		return err
 	}
 	defer file.Close()
-	var size int64
-	if fi, err := file.Stat(); err == nil && fi.Mode().IsRegular() {
-		size = fi.Size()
-	}
-	bar.Start(label, size)
-	z.Read(path, linesRead{bar.Reader(file), z, bar})
+	z.Read(path, linesRead{bar.StartFile(label, file), z, bar})
 	return nil
 }
 

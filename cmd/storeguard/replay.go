@@ -117,10 +117,5 @@ func replayFile(ctx context.Context, r *replay.Replayer, bar *progress.Printer, 
 		return err
 	}
 	defer f.Close()
-	var size int64
-	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
-		size = fi.Size()
-	}
-	bar.Start(label, size)
-	return r.ReadCapture(ctx, name, bar.Reader(f))
+	return r.ReadCapture(ctx, name, bar.StartFile(label, f))
 }

@@ -6,6 +6,7 @@ package progress
 import (
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -65,6 +66,17 @@ func (p *Printer) Items(n int64, noun string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.items, p.noun = n, noun
+}
+
+// StartFile begins the part of the read that is f (label as for Start; its size when f is a
+// regular file) and returns f counted.
+func (p *Printer) StartFile(label string, f *os.File) io.Reader {
+	var size int64
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+		size = fi.Size()
+	}
+	p.Start(label, size)
+	return p.Reader(f)
 }
 
 // Reader counts the bytes read from r.

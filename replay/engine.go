@@ -392,8 +392,14 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 	} else {
 		s.midstream = true
 	}
-	if c.live.Len() >= c.r.opts.MaxStreams {
-		c.letGo(c.live.Front().Value.(*stream))
+	// MaxStreams bounds the streams whose flow goes on: undecided ones, and decided ones still
+	// counted (trailing); the least recently active trailing one ends first.
+	if c.live.Len()+c.trailing.Len() >= c.r.opts.MaxStreams {
+		if c.trailing.Len() > 0 {
+			c.forget(c.trailing.Front().Value.(*stream))
+		} else {
+			c.letGo(c.live.Front().Value.(*stream))
+		}
 		c.settle(false)
 	}
 	c.streams[key] = s

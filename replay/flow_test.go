@@ -38,6 +38,12 @@ func flowRun(t *testing.T, mod func(*config.Config), build scenario) ([]StreamRe
 	must(t, err)
 	must(t, r.ReadCapture(context.Background(), "flows.cap", &buf))
 	must(t, r.Close())
+	return got, readEvents(t, path)
+}
+
+// readEvents reads every event of the audit log at path.
+func readEvents(t *testing.T, path string) []audit.Event {
+	t.Helper()
 	f, err := os.Open(path)
 	must(t, err)
 	defer f.Close()
@@ -46,7 +52,7 @@ func flowRun(t *testing.T, mod func(*config.Config), build scenario) ([]StreamRe
 		must(t, err)
 		events = append(events, e)
 	}
-	return got, events
+	return events
 }
 
 // ofAction returns the events of action a.
@@ -562,5 +568,43 @@ func TestFlowsConfig(t *testing.T) {
 				t.Errorf("%d blocked events, want 1", len(n))
 			}
 		})
+	}
+}
+
+// TestTrailingStreamsBounded: streams decided in monitor mode go on counting to their end, and
+// Options.MaxStreams bounds them too: the least recently active ends first.
+func TestTrailingStreamsBounded(t *testing.T) {
+	cfg := config.Default()
+	cfg.Audit.SampleWindow, cfg.Mode, cfg.Generation = 0, config.ModeMonitor, "1.13"
+	var buf bytes.Buffer
+	w, err := gencap.NewWriter(&buf, gencap.Pcap, gencap.Ethernet)
+	must(t, err)
+	probe := []byte{3, 0, 0, 0x0b, 6, 0xe0, 0, 0, 0, 0, 0}
+	for i := range 5 {
+		c := w.Conn(client(i), server, 1000, 5000)
+		must(t, c.Open(ms(10*i)))
+		must(t, c.Send(ms(10*i+1), probe, 1448))
+	}
+	must(t, w.Flush())
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	r, err := New(cfg, Options{AuditFile: path, MaxStreams: 2})
+	must(t, err)
+	must(t, r.ReadCapture(context.Background(), "trailing.cap", &buf))
+	must(t, r.Close())
+	flows := ofAction(readEvents(t, path), audit.ActionFlow)
+	if len(flows) != 5 {
+		t.Fatalf("%d flow records, want 5", len(flows))
+	}
+	var ended, open int
+	for _, f := range flows {
+		switch f.Verdict {
+		case audit.VerdictWouldBlock:
+			ended++
+		case audit.VerdictOpen:
+			open++
+		}
+	}
+	if ended != 3 || open != 2 {
+		t.Errorf("%d flows ended early and %d open at the capture's end, want 3 and 2", ended, open)
 	}
 }

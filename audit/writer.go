@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 )
@@ -22,8 +23,9 @@ const DefaultMaxSources = 65536
 // DefaultSummaryEvery is how often a suppressing source's interim sampled_summary is written.
 const DefaultSummaryEvery = time.Minute
 
-// maxKindsPerWindow bounds the kinds (sampleKind) a window remembers.
-const maxKindsPerWindow = 256
+// maxKindsPerWindow bounds the kinds (sampleKind) a window remembers, as 4-byte hashes: a
+// source's window holds at most 256 B of them, whatever a scan varies.
+const maxKindsPerWindow = 64
 
 // ErrClosed is returned by Write after Close.
 var ErrClosed = errors.New("audit: writer closed")
@@ -91,8 +93,8 @@ type window struct {
 	seen       uint64
 	suppressed uint64            // since the last sampled_summary
 	by         map[string]uint64 // suppressed by kind, since the last sampled_summary
-	kinds      map[string]struct{}
-	summarized time.Time // the last sampled_summary, or start
+	kinds      []uint32          // hashes of the kinds seen (sampleKind), at most maxKindsPerWindow
+	summarized time.Time         // the last sampled_summary, or start
 	elem       *list.Element
 }
 
@@ -196,12 +198,8 @@ func (w *Writer) admit(e Event, now time.Time) (bool, error) {
 	}
 	win.seen++
 	kind := sampleKind(&e)
-	_, had := win.kinds[kind]
-	if !had && len(win.kinds) < maxKindsPerWindow {
-		if win.kinds == nil {
-			win.kinds = make(map[string]struct{})
-		}
-		win.kinds[kind] = struct{}{}
+	if h := kindHash(kind); !slices.Contains(win.kinds, h) && len(win.kinds) < maxKindsPerWindow {
+		win.kinds = append(win.kinds, h)
 		return true, err
 	}
 	first, every := uint64(w.opts.SampleFirst), uint64(w.opts.SampleEvery)
@@ -240,6 +238,15 @@ func sampleKind(e *Event) string {
 		k += "/" + e.Probe
 	}
 	return k
+}
+
+// kindHash is the 32-bit FNV-1a hash of a kind: two kinds that collide share their first event.
+func kindHash(kind string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(kind); i++ {
+		h = (h ^ uint32(kind[i])) * 16777619
+	}
+	return h
 }
 
 func (w *Writer) ended(win *window, now time.Time) bool {

@@ -210,6 +210,9 @@ func (w *Writer) admit(e Event, now time.Time) (bool, error) {
 	if win.by == nil {
 		win.by = make(map[string]uint64)
 	}
+	if _, ok := win.by[kind]; !ok && len(win.by) >= maxKindsPerWindow {
+		kind = "other" // the counts stay exact, the kinds bounded
+	}
 	win.by[kind]++
 	w.stats.Suppressed++
 	return false, err

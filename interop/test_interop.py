@@ -71,8 +71,11 @@ def binary():
 
 # --- processes -----------------------------------------------------------------------------------
 
+_handed_out = set()  # ports free_port returned: never twice in one run
+
+
 def free_port():
-    """A port nothing listens on, below the kernel's ephemeral range: a port the kernel handed out
+    """A port nothing listens on, and not handed out before, below the kernel's ephemeral range: a port the kernel handed out
     (bind to 0) can meanwhile become another connection's local port (tests that open thousands of
     connections use them up), and the store's listen then fails with EADDRINUSE."""
     try:
@@ -81,11 +84,14 @@ def free_port():
         low = 32768
     for _ in range(200):
         port = random.randrange(max(1024, low - 12000), low)
+        if port in _handed_out:
+            continue  # free now, but another caller's, whose listener may not be up yet
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/storeguard/storeguard/probename"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -238,7 +239,7 @@ func ViolationEvent(v *protocol.Violation, generationKnown bool, src, dst netip.
 		FirstBytes: append(HexBytes(nil), first[:min(len(first), MaxFirstBytes)]...),
 	}
 	if v.Index == 0 {
-		e.Probe = probeName(e.FirstBytes) // a probe is a stream's first message
+		e.Probe = probename.Name(e.FirstBytes) // a probe is a stream's first message
 	}
 	if v.Field != protocol.FieldNone {
 		e.Field = v.Field.String()

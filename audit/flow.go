@@ -95,10 +95,7 @@ func (f *Flow) Event() Event {
 	}
 	if f.Verdict != VerdictPassed && f.Verdict != VerdictOpen && len(f.First) > 0 {
 		e.FirstBytes = append(HexBytes(nil), f.First[:min(len(f.First), MaxFirstBytes)]...)
-		e.Probe = probeName(e.FirstBytes)
+		e.Probe = probename.Name(e.FirstBytes)
 	}
 	return e
 }
-
-// probeName names the probe of a stream's first bytes.
-var probeName = probename.Name

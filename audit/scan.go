@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/storeguard/storeguard/probename"
 )
 
 // Scan notices: a source whose connections send nothing or only invalid bytes (flows empty,
@@ -105,7 +107,7 @@ func (d *ScanDetector) Observe(f *Flow, job bool) (Event, bool) {
 		w.ports = append(w.ports, p)
 	}
 	if len(f.First) > 0 {
-		if p := probeName(f.First[:min(len(f.First), MaxFirstBytes)]); p != "" && !slices.Contains(w.probes, p) &&
+		if p := probename.Name(f.First[:min(len(f.First), MaxFirstBytes)]); p != "" && !slices.Contains(w.probes, p) &&
 			len(w.probes) < maxScanProbes {
 			w.probes = append(w.probes, p)
 		}

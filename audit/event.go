@@ -116,6 +116,10 @@ type Event struct {
 	Limit        *BigUint `json:"storeguard.limit,omitempty"`
 	FirstBytes   HexBytes `json:"storeguard.first_bytes,omitempty"`
 	Probe        string   `json:"storeguard.probe,omitempty"` // probename.Name of the first bytes
+	// Policy rules (protocol.IsPolicyRule): the key, escaped (protocol.ShowKey), and what broke
+	// the rule (the global a pickle imports, the policy file's rule).
+	Key    string `json:"storeguard.key,omitempty"`
+	Detail string `json:"storeguard.detail,omitempty"`
 	BytesSeen    *uint64  `json:"storeguard.bytes_seen,omitempty"`
 	Mode         Mode     `json:"storeguard.mode,omitempty"`
 	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"` // only on sampled_summary and dropped_summary
@@ -238,8 +242,16 @@ func ViolationEvent(v *protocol.Violation, generationKnown bool, src, dst netip.
 		Offset: new(v.Offset), MessageIndex: new(v.Index), BytesSeen: new(seen),
 		FirstBytes: append(HexBytes(nil), first[:min(len(first), MaxFirstBytes)]...),
 	}
-	if v.Index == 0 {
+	if v.Index == 0 && !protocol.IsPolicyRule(v.Rule) {
 		e.Probe = probename.Name(e.FirstBytes) // a probe is a stream's first message
+	}
+	e.Key, e.Detail = v.Key, v.Detail
+	if protocol.IsPolicyRule(v.Rule) {
+		if v.Field != protocol.FieldNone {
+			e.Field = v.Field.String()
+			e.Declared = new(BigUint(v.Declared)) // the value's length
+		}
+		return e
 	}
 	if v.Field != protocol.FieldNone {
 		e.Field = v.Field.String()

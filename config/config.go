@@ -12,9 +12,11 @@ import (
 	"log/slog"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -40,6 +42,7 @@ type Config struct {
 	Access   Access   `mapstructure:"access"`
 	Caps     Caps     `mapstructure:"caps"`
 	Ban      Ban      `mapstructure:"ban"`
+	Policy   Policy   `mapstructure:"policy"`
 	Scan     Scan     `mapstructure:"scan"`
 	Audit    Audit    `mapstructure:"audit"`
 	Log      Log      `mapstructure:"log"`
@@ -233,6 +236,7 @@ func Default() Config {
 	c.Access.Deny = append([]netip.Prefix(nil), c.Access.Deny...)
 	c.Ban.Exempt = append([]netip.Prefix(nil), c.Ban.Exempt...)
 	c.Replay.Ports = append([]uint16(nil), c.Replay.Ports...)
+	c.Policy.DenyGlobals = append([]string(nil), c.Policy.DenyGlobals...)
 	return c
 }
 
@@ -249,6 +253,46 @@ func levelName(l slog.Level) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// Policy configures the policy stage (policy.*): the default rules' modes, more globals to deny,
+// and a policy file, read by Rules (Load checks it, and a reload reads it again).
+type Policy struct {
+	RendezvousState string   `mapstructure:"rendezvous-state"`
+	PickleGlobals   string   `mapstructure:"pickle-globals"`
+	DenyGlobals     []string `mapstructure:"deny-globals"`
+	File            string   `mapstructure:"file"`
+}
+
+// Rules compiles the policy stage of c, reading its policy file: nil when every rule is off and no
+// file is given.
+func (c Config) Rules() (*policy.Policy, error) {
+	pc := policy.Defaults()
+	var err error
+	if pc.RendezvousState, err = policy.ParseMode(c.Policy.RendezvousState); err != nil {
+		return nil, &FieldError{Key: "policy.rendezvous-state", Msg: err.Error()}
+	}
+	if pc.PickleGlobals, err = policy.ParseMode(c.Policy.PickleGlobals); err != nil {
+		return nil, &FieldError{Key: "policy.pickle-globals", Msg: err.Error()}
+	}
+	pc.DenyGlobals = c.Policy.DenyGlobals
+	if c.Policy.File != "" {
+		if pc.Rules, err = policy.LoadFile(c.Policy.File); err != nil {
+			return nil, &FieldError{Key: "policy.file", Msg: err.Error()}
+		}
+	}
+	if pc.RendezvousState == policy.Off && pc.PickleGlobals == policy.Off && len(pc.Rules) == 0 {
+		return nil, nil
+	}
+	p, err := policy.New(pc)
+	if err != nil {
+		key := "policy.deny-globals"
+		if strings.HasPrefix(err.Error(), "rules[") {
+			key = "policy.file"
+		}
+		return nil, &FieldError{Key: key, Msg: err.Error()}
+	}
+	return p, nil
 }
 
 // Deadlines returns serve's per-stream time limits (timeouts.message, timeouts.first-message).

@@ -100,6 +100,7 @@ func Load(opts Options) (Config, error) {
 
 	c, decodeErrs := decode(v)
 	errs = append(errs, decodeErrs...)
+
 	failed := map[string]bool{}
 	for _, err := range decodeErrs {
 		if fe, ok := err.(*FieldError); ok {

@@ -132,6 +132,14 @@ func (c Config) validate() []error {
 		}
 	}
 
+	oneOf(&v, "policy.rendezvous-state", c.Policy.RendezvousState, "enforce", "monitor", "off")
+	oneOf(&v, "policy.pickle-globals", c.Policy.PickleGlobals, "enforce", "monitor", "off")
+	if v.ok("policy.rendezvous-state", "policy.pickle-globals") {
+		if _, err := c.Rules(); err != nil {
+			v.errs = append(v.errs, err)
+		}
+	}
+
 	a := c.Audit
 	v.between("audit.max-bytes", a.MaxBytes, 1, maxBudgetBytes)
 	v.between("audit.max-backups", int64(a.MaxBackups), 0, 10000)

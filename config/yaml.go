@@ -105,6 +105,13 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		}
 		return num(int64(a.N))
 	}
+	strs := func(ss []string) []*yaml.Node {
+		items := make([]*yaml.Node, len(ss))
+		for i, s := range ss {
+			items[i] = str(s)
+		}
+		return items
+	}
 	ports := make([]*yaml.Node, len(c.Replay.Ports))
 	for i, p := range c.Replay.Ports {
 		ports[i] = num(int64(p))
@@ -154,6 +161,10 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"ban.duration":                      dur(c.Ban.Duration),
 		"ban.exempt":                        prefixes(c.Ban.Exempt),
 		"ban.peek":                          dur(c.Ban.Peek),
+		"policy.rendezvous-state":           str(c.Policy.RendezvousState),
+		"policy.pickle-globals":             str(c.Policy.PickleGlobals),
+		"policy.deny-globals":               list(strs(c.Policy.DenyGlobals)),
+		"policy.file":                       str(c.Policy.File),
 		"scan.threshold":                    num(int64(c.Scan.Threshold)),
 		"scan.window":                       dur(c.Scan.Window),
 		"audit.max-bytes":                   num(c.Audit.MaxBytes),

@@ -11,9 +11,11 @@
 package guard
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -31,6 +33,24 @@ type Policy struct {
 	// MaxAwaited is how many requests may await their replies before the stream stalls at the
 	// next message boundary, 0 for no bound (limits.max-pending-replies; needs Await).
 	MaxAwaited int
+	// Rules, if set, judge each complete message before any byte of it is sent (package policy):
+	// a rule broken in enforce mode is the stream's violation like a decoder's; one in monitor mode
+	// (or any, with Monitor) is a Decision.Warnings entry and the message is sent.
+	Rules *policy.Policy
+}
+
+// Holder is what a caller that holds the bytes of the message in progress (serve, against its
+// buffer budget) shows the guard, so that the policy can read a message that arrived in several
+// feeds without a second copy. Without one, a stream with Rules keeps its own copy.
+type Holder interface {
+	// Held returns the bytes of the message in progress held from earlier feeds (Stream.Held of them).
+	Held() []byte
+}
+
+// Warning is a rule broken by a message that was sent all the same (a monitored rule).
+type Warning struct {
+	Violation *protocol.Violation
+	First     []byte // the message's first bytes, at most audit.MaxFirstBytes
 }
 
 // Awaiting counts a stream's requests that await their replies. serve keeps one per connection,
@@ -60,6 +80,9 @@ type Decision struct {
 	// Rest: the stream stalled at a message boundary, MaxAwaited requests awaiting replies; the
 	// last Rest bytes of p were not judged, to be fed again once a reply came (Stalled).
 	Rest int
+	// Warnings: messages of p that broke a rule in monitor mode, and are sent; valid until the
+	// next call.
+	Warnings []Warning
 }
 
 // Stream is the judgement of one stream. The zero value is not ready: call Reset.
@@ -80,6 +103,12 @@ type Stream struct {
 	// resumed: when the message in progress began, for a stream restored mid-message (Restore),
 	// whose held bytes are fed again
 	resumed time.Time
+
+	src    netip.Addr // the client's address, for the policy's per-source rules
+	holder Holder     // who holds the message in progress, if not the stream (own)
+	own    []byte     // the message in progress, kept for the policy when no holder does
+	ruled  bool       // a policy rule ended the stream
+	warns  []Warning
 }
 
 // Reset readies s for a new stream begun at start, decoded as dc, under pol.
@@ -87,6 +116,12 @@ func (s *Stream) Reset(dc protocol.Config, pol *Policy, start time.Time) {
 	*s = Stream{pol: pol, start: start}
 	s.dec.Reset(dc)
 }
+
+// From tells s the address of the client whose stream it judges, for the policy's rules by source.
+func (s *Stream) From(src netip.Addr) { s.src = src }
+
+// Hold tells s that h holds the bytes of its message in progress (see Holder).
+func (s *Stream) Hold(h Holder) { s.holder = h }
 
 // Await has s count its requests awaiting replies in a, and stall at pol.MaxAwaited of them.
 func (s *Stream) Await(a Awaiting) { s.aw = a }
@@ -103,7 +138,9 @@ func (s *Stream) Feed(p []byte, now time.Time) Decision {
 		return Decision{Send: true, Forward: len(p)}
 	}
 	var d Decision
-	fwd := 0 // p[:fwd] ends with a complete message
+	s.warns = s.warns[:0]
+	base := s.dec.Offset() // the stream offset of p[0]
+	fwd := 0               // p[:fwd] ends with a complete message
 	for i := 0; i < len(p); {
 		if s.Stalled() {
 			d.Rest, p = len(p)-i, p[:i]
@@ -117,6 +154,12 @@ func (s *Stream) Feed(p []byte, now time.Time) Decision {
 			return s.fail(d, err.(*protocol.Violation), p[fwd:])
 		}
 		if msg != nil {
+			if v := s.judge(msg, p, i, base); v != nil {
+				s.bytes += uint64(len(p))
+				s.ruled, s.own = true, nil
+				d.Send, d.Forward = fwd > 0, fwd
+				return s.fail(d, v, p[fwd:])
+			}
 			fwd, s.headN = i, 0
 			if s.aw != nil {
 				s.aw.Expect(msg)
@@ -135,6 +178,15 @@ func (s *Stream) Feed(p []byte, now time.Time) Decision {
 	s.bytes += uint64(len(p))
 	s.resumed = time.Time{}
 	d.Send, d.Forward = fwd > 0, fwd
+	d.Warnings = s.warns
+	if s.keepsOwn() {
+		if fwd > 0 {
+			s.own = s.own[:0]
+		}
+		if s.dec.InMessage() {
+			s.own = append(s.own, p[fwd:]...)
+		}
+	}
 	if tail := p[fwd:]; len(tail) > 0 && s.dec.InMessage() {
 		if s.dec.PartialBytes() == uint64(len(tail)) {
 			s.msgStart = now // the message in progress began in p
@@ -148,10 +200,59 @@ func (s *Stream) Feed(p []byte, now time.Time) Decision {
 	return d
 }
 
+// keepsOwn reports whether the stream keeps its own copy of the message in progress.
+func (s *Stream) keepsOwn() bool { return s.pol.Rules != nil && s.holder == nil }
+
+// judge applies the policy to msg, complete at p[:end], p starting at stream offset base. It
+// returns the violation of a rule broken in enforce mode; monitored ones go to s.warns.
+func (s *Stream) judge(msg *protocol.Message, p []byte, end int, base uint64) *protocol.Violation {
+	if s.pol.Rules == nil || !s.pol.Rules.Wants(msg.Op) {
+		return nil
+	}
+	var b protocol.Split
+	if msg.Offset >= base {
+		b.B = p[msg.Offset-base : end]
+	} else {
+		held := s.own
+		if s.holder != nil {
+			held = s.holder.Held()
+		}
+		if uint64(len(held)) != base-msg.Offset {
+			// The bytes the policy must read are not there: a caller's bug. Nothing unjudged passes.
+			return s.ruleViolation(msg, policy.Finding{Rule: protocol.RulePolicyDenied,
+				Detail: "the message's held bytes were not available to the policy"})
+		}
+		b.A, b.B = held, p[:end]
+	}
+	f, broke := s.pol.Rules.Check(policy.Message{Msg: msg, Bytes: b, Src: s.src}, func(f policy.Finding) {
+		s.warn(msg, b, f)
+	})
+	if !broke {
+		return nil
+	}
+	if s.pol.Monitor {
+		s.warn(msg, b, f)
+		return nil
+	}
+	return s.ruleViolation(msg, f)
+}
+
+func (s *Stream) warn(msg *protocol.Message, b protocol.Split, f policy.Finding) {
+	first := b.AppendTo(nil, 0, min(b.Len(), audit.MaxFirstBytes))
+	s.warns = append(s.warns, Warning{Violation: s.ruleViolation(msg, f), First: first})
+}
+
+// ruleViolation is f, broken by msg, as a violation.
+func (s *Stream) ruleViolation(msg *protocol.Message, f policy.Finding) *protocol.Violation {
+	return &protocol.Violation{Rule: f.Rule, Field: f.Field.Kind, Offset: msg.Offset + f.Field.Off, Index: msg.Index,
+		MsgOffset: msg.Offset, Op: msg.Op, Wire: msg.Wire, Generation: msg.Generation, Declared: f.Field.Len,
+		Key: f.Key, Detail: f.Detail}
+}
+
 // Deadline is when the stream's next deadline falls, zero for none: the message deadline while a
 // message is in progress, else the first-message deadline until the stream sends (or is spared).
 func (s *Stream) Deadline() time.Time {
-	if s.passing || s.dec.Err() != nil {
+	if s.passing || s.ruled || s.dec.Err() != nil {
 		return time.Time{}
 	}
 	return s.pol.Deadlines.Next(&s.dec, s.start, s.msgStart, s.spared)
@@ -183,7 +284,7 @@ func (s *Stream) Expired(talker bool) Decision {
 // a message in progress breaks RuleTruncatedMessage (declared: its bytes so far); otherwise, or
 // once a violation was decided, nothing. Nothing more is forwarded.
 func (s *Stream) Ended() Decision {
-	if !s.InMessage() || s.dec.Err() != nil {
+	if !s.InMessage() || s.ruled || s.dec.Err() != nil {
 		return Decision{}
 	}
 	d := s.fail(Decision{}, s.dec.Expire(protocol.RuleTruncatedMessage), nil)
@@ -196,9 +297,9 @@ func (s *Stream) fail(d Decision, v *protocol.Violation, rest []byte) Decision {
 	n := copy(s.first[:], s.head[:s.headN])
 	n += copy(s.first[n:], rest)
 	d.Violation, d.First = v, s.first[:n]
-	d.Keep = false
+	d.Keep, d.Warnings = false, s.warns
 	if s.pol.Monitor {
-		s.passing = true
+		s.passing, s.own = true, nil
 		d.Send, d.Forward = true, d.Forward+len(rest)
 	}
 	return d

@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // Limits are the ceilings a decoder enforces. The defaults are torch's libuv backend's own
@@ -77,6 +78,22 @@ const (
 	// of a few bytes, or a client that died mid-message. Nothing of it reached the store; it is
 	// recorded, never counted towards a ban (a rank killed mid-message is no attacker).
 	RuleTruncatedMessage Rule = "truncated_message"
+
+	// The policy stage's rules (package policy): a complete, well-formed message whose op, key,
+	// value or source a rule forbids. Violation.Key names the key, Violation.Detail what broke.
+	//
+	// RulePickleGlobalDenied: a value that is a pickle (raw or base64) importing a global that runs
+	// code (os.system, builtins.eval, subprocess.Popen ...): whoever unpickles it runs it.
+	RulePickleGlobalDenied Rule = "pickle_global_denied"
+	// RuleRendezvousStateInvalid: a write to torchrun's rendezvous state key that is neither
+	// torch's sentinel nor base64 of a pickle of torch's own state objects, or an APPEND to it.
+	RuleRendezvousStateInvalid Rule = "rendezvous_state_invalid"
+	// RuleKeyWriteOnce: a second write, or a delete, of a key torch writes once (a policy rule).
+	RuleKeyWriteOnce Rule = "key_write_once"
+	// RulePolicyDenied: an op on a key that a policy rule denies.
+	RulePolicyDenied Rule = "policy_denied"
+	// RuleValueInvalid: a value that is not of the kind a policy rule asks for.
+	RuleValueInvalid Rule = "value_invalid"
 )
 
 // IsRule reports whether s names a rule.
@@ -95,7 +112,17 @@ func Rules() []Rule {
 		RuleUnknownOpcode, RuleValidateMissing, RuleValidateBadMagic, RuleValidateRepeated,
 		RulePingBeforeValidate, RuleOpNotInBackend, RuleWatchKeyBlocked, RuleZeroCount,
 		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore, RuleRepliesUnread,
-		RuleTruncatedMessage}
+		RuleTruncatedMessage, RulePickleGlobalDenied, RuleRendezvousStateInvalid, RuleKeyWriteOnce,
+		RulePolicyDenied, RuleValueInvalid}
+}
+
+// IsPolicyRule reports whether r is one of the policy stage's rules: broken by a well-formed message.
+func IsPolicyRule(r Rule) bool {
+	switch r {
+	case RulePickleGlobalDenied, RuleRendezvousStateInvalid, RuleKeyWriteOnce, RulePolicyDenied, RuleValueInvalid:
+		return true
+	}
+	return false
 }
 
 // Violation is the first rule a stream broke. It is an error; use errors.As to get it.
@@ -110,10 +137,36 @@ type Violation struct {
 	Generation Generation // the generation the stream was decoded as
 	Declared   uint64     // the declared length, count or magic
 	Limit      uint64     // the ceiling it broke (0 where none applies)
+	// Policy rules only: the key concerned, with bytes outside printable ASCII escaped (Go's %q
+	// escapes, without the quotes) and at most MaxKeyShown of them, and what broke the rule (the
+	// global a pickle imports, the rule of the policy file).
+	Key    string
+	Detail string
+}
+
+// MaxKeyShown is how many bytes of a key a policy violation shows.
+const MaxKeyShown = 256
+
+// ShowKey is key as a Violation shows it: printable ASCII, escapes for the rest, at most
+// MaxKeyShown bytes of the key (then "...").
+func ShowKey(key []byte) string {
+	cut := len(key) > MaxKeyShown
+	if cut {
+		key = key[:MaxKeyShown]
+	}
+	q := strconv.QuoteToASCII(string(key))
+	q = q[1 : len(q)-1]
+	if cut {
+		q += "..."
+	}
+	return q
 }
 
 func (v *Violation) Error() string {
 	s := fmt.Sprintf("%s at offset %d (message %d, opcode 0x%02x %s, %s)", v.Rule, v.Offset, v.Index, v.Wire, v.Op, v.Generation)
+	if v.Key != "" || v.Detail != "" {
+		return s + fmt.Sprintf(": key %q: %s", v.Key, v.Detail)
+	}
 	if v.Field != FieldNone {
 		s += fmt.Sprintf(": %s declared %d", v.Field, v.Declared)
 		if v.Limit != 0 {

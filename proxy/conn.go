@@ -170,8 +170,19 @@ func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release f
 // resetGuard readies the guard for the connection's stream, decoded as dc.
 func (c *conn) resetGuard(dc protocol.Config) {
 	c.g.Reset(dc, &c.st.pol, c.start)
+	c.attachGuard()
+}
+
+// attachGuard tells a reset or restored guard what the connection keeps for it: its source, the
+// message in progress (carry) and the replies awaited.
+func (c *conn) attachGuard() {
+	c.g.From(c.src.Addr())
+	c.g.Hold(c)
 	c.g.Await(&c.rep)
 }
+
+// Held is the start of the message in progress, for the guard's policy (guard.Holder).
+func (c *conn) Held() []byte { return c.carry }
 
 // decoderFor is the decoder configuration of a connection to a store that speaks info (auto
 // mode): the store's own generation, fixed, its backend unless one is configured, and that
@@ -218,6 +229,9 @@ func (c *conn) expired() bool {
 // act carries out the guard's decision d on p (empty at a deadline), decided at now; it reports
 // whether the connection lives on.
 func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
+	for _, w := range d.Warnings {
+		c.s.recordWarning(c, w.Violation, w.First)
+	}
 	if d.Talked {
 		c.untalk = c.s.markTalker(c.src.Addr())
 	}
@@ -425,6 +439,17 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(),
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
 	}
+}
+
+// recordWarning records v, a rule broken in monitor mode by a message that was forwarded: a
+// would_block event, never a step towards a ban.
+func (s *Server) recordWarning(c *conn, v *protocol.Violation, first []byte) {
+	s.m.violations.WithLabelValues(string(v.Rule), string(audit.ModeMonitor)).Inc()
+	c.decided(audit.VerdictWouldBlock, string(v.Rule))
+	e := audit.ViolationEvent(v, true, c.src, c.dst, audit.ActionWouldBlock, audit.ModeMonitor, first, c.g.Bytes())
+	e.Timestamp, e.ConnID = s.now(), c.id
+	s.writeAudit(e)
+	s.log.Debug("violation let through (monitor)", "conn", c.id, "src", c.src.String(), "err", v.Error())
 }
 
 // recordTruncated records v, a message that the stream's end cut short (first: its bytes): blocked

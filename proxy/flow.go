@@ -65,7 +65,9 @@ func (c *conn) ended(by uint32) { c.flow.endedBy.CompareAndSwap(endedByNone, by)
 // decided records the verdict of a violation (blocked, would_block) or a refusal; the first stays.
 func (c *conn) decided(v audit.Verdict, reason string) {
 	c.flow.mu.Lock()
-	if c.flow.verdict == "" {
+	// The first verdict stands, but a block after messages let through in monitor mode (a policy
+	// rule's) is what ended the connection.
+	if c.flow.verdict == "" || c.flow.verdict == audit.VerdictWouldBlock && v != audit.VerdictWouldBlock && !c.st.monitor {
 		c.flow.verdict, c.flow.reason = v, reason
 	}
 	c.flow.mu.Unlock()

@@ -321,6 +321,6 @@ func (s *Server) rebuild(ac *adoptedConn) bool {
 	}
 	c.g.Restore(guard.StreamState{Start: c.start, Talked: true,
 		Decoder: protocol.DecoderState{Config: dc, Gen: dc.Gen.Gen, Validated: true, Index: 1}}, &c.st.pol)
-	c.g.Await(&c.rep)
+	c.attachGuard()
 	return true
 }

@@ -44,10 +44,14 @@ func newSettings(c config.Config, onMessage func(*protocol.Message)) (*settings,
 	if err != nil {
 		return nil, err
 	}
+	rules, err := c.Rules()
+	if err != nil {
+		return nil, err
+	}
 	monitor := c.Mode == config.ModeMonitor
 	st := &settings{cfg: c, dec: dec, monitor: monitor,
 		pol: guard.Policy{Deadlines: c.Deadlines(), Configured: dec.Gen, Monitor: monitor, OnMessage: onMessage,
-			MaxAwaited: c.Limits.MaxPendingReplies}}
+			MaxAwaited: c.Limits.MaxPendingReplies, Rules: rules}}
 	if ap, err := netip.ParseAddrPort(c.Upstream); err == nil && ap.Addr().Unmap().IsLoopback() {
 		st.local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}

@@ -424,7 +424,7 @@ func (s *Server) takeConn(h *fdpass.Conn, kind byte, body []byte, fds []int) (*a
 		s.log.Warn("handover: a connection's replies could not be followed on; counting afresh", "conn", c.id, "err", err)
 	}
 	c.g.Restore(cs.Guard, &st.pol)
-	c.g.Await(&c.rep)
+	c.attachGuard()
 	c.restoreFlow(&cs.Flow)
 	ac.c = c
 	return ac, nil

@@ -330,6 +330,9 @@ func (c *capture) settle(sortByID bool) {
 	}
 	for _, s := range c.decided {
 		c.r.emit(s.result())
+		for _, e := range s.warnings {
+			c.r.writeAudit(e)
+		}
 		if s.violation != nil {
 			c.r.writeAudit(s.event)
 		}
@@ -387,6 +390,7 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 	// The reassembler's key for this stream alone, so that a reused 4-tuple is a new stream.
 	s.flow = gopacket.NewFlow(endpointStream, id[:], nil)
 	s.g.Reset(c.r.dec, &c.r.pol, c.now)
+	s.g.From(key.src.Addr())
 	if syn {
 		s.isn, s.next, s.seen, s.halfOpen = isn, isn+1, isn+1, true
 	} else {
@@ -415,6 +419,7 @@ func (c *capture) newStream(key tuple, syn bool, isn uint32) *stream {
 func (c *capture) admit(s *stream) {
 	s.halfOpen = false
 	s.g.Reset(c.r.dec, &c.r.pol, c.now)
+	s.g.From(s.key.src.Addr())
 	defer s.schedule()
 	c.gateAt = c.now
 	release, reason := c.gate.Admit(s.key.src.Addr())

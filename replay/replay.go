@@ -172,7 +172,11 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 	}
 	// Monitor stays off: a stream's judgement ends at its first violation in either mode; the mode
 	// only names the action.
-	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen}, opts: opts,
+	rules, err := cfg.Rules()
+	if err != nil {
+		return nil, err
+	}
+	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen, Rules: rules}, opts: opts,
 		adm: cfg.Admission(), action: audit.ActionBlocked}
 	if cfg.Mode == config.ModeMonitor {
 		r.action = audit.ActionWouldBlock

@@ -69,6 +69,8 @@ type stream struct {
 	first       [audit.MaxFirstBytes]byte
 	firstN      int
 	flowVerdict audit.Verdict // as decided; open at the end of the capture
+	warnings    []audit.Event // would_block events of rules in monitor mode (at most maxWarnings)
+	warnedRule  string        // the first of them
 	flowReason  string
 	flowEnded   bool
 	flowEnd     time.Time
@@ -187,6 +189,9 @@ func (s *stream) feed(p []byte) {
 		return
 	}
 	d := s.g.Feed(p, now)
+	for _, w := range d.Warnings {
+		s.warn(w, now)
+	}
 	if s.firstN < len(s.first) {
 		s.firstN += copy(s.first[s.firstN:], p)
 	}
@@ -355,6 +360,24 @@ func (s *stream) reject(v *protocol.Violation, first []byte, at time.Time) {
 	}
 }
 
+// maxWarnings bounds the would_block events one stream keeps for its report; the rest are counted
+// in the flow's verdict only.
+const maxWarnings = 64
+
+// warn records a rule broken in monitor mode by a message serve would have forwarded, as serve's
+// recordWarning does.
+func (s *stream) warn(w guard.Warning, at time.Time) {
+	if s.warnedRule == "" {
+		s.warnedRule = string(w.Violation.Rule)
+	}
+	if len(s.warnings) >= maxWarnings {
+		return
+	}
+	e := audit.ViolationEvent(w.Violation, true, s.key.src, s.key.dst, audit.ActionWouldBlock, audit.ModeReplay, w.First, s.g.Bytes())
+	e.Timestamp, e.ConnID = at, s.id
+	s.warnings = append(s.warnings, e)
+}
+
 // passesAll reports whether serve would have passed every byte on from the violation on: monitor
 // mode, but for a message cut short, which never was.
 func (s *stream) passesAll() bool {
@@ -381,6 +404,8 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 		s.flowVerdict, s.flowReason = audit.VerdictBlocked, string(s.violation.Rule)
 	case v == VerdictIncomplete:
 		s.flowVerdict, s.flowReason = audit.VerdictIncomplete, reason
+	case s.warnedRule != "":
+		s.flowVerdict, s.flowReason = audit.VerdictWouldBlock, s.warnedRule // forwarded, a rule in monitor mode broken
 	case c.ending:
 		s.flowVerdict = audit.VerdictOpen // the capture ends, the connection lasts
 	case s.fromClient == 0:

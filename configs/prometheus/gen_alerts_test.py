@@ -37,6 +37,14 @@ T('monitor-mode violations raise the info alert only', [
     S('storeguard_violations_total', '0x5', rule='unknown_opcode', mode='enforce'),
 ], [('3m', 'StoreguardViolationsWouldBlock', [exp('StoreguardViolationsWouldBlock', rule='unknown_opcode')]),
     ('3m', 'StoreguardViolationsBlocked', [])])
+T('a pickle global denied fires critical in either mode, with its rule; other rules do not', [
+    S('storeguard_violations_total', '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1', rule='pickle_global_denied', mode='enforce'),
+    S('storeguard_violations_total', '0 0 0 0 2 2 2 2 2 2 2 2 2 2 2 2', rule='rendezvous_state_invalid', mode='monitor'),
+    S('storeguard_violations_total', '0 5 9 9 9 9 9 9 9 9 9 9 9 9 9 9', rule='key_too_long', mode='enforce'),
+], [('1m', 'StoreguardPickleGlobalDenied', []),
+    ('5m', 'StoreguardPickleGlobalDenied', [exp('StoreguardPickleGlobalDenied', rule='pickle_global_denied', mode='enforce'),
+                                            exp('StoreguardPickleGlobalDenied', rule='rendezvous_state_invalid', mode='monitor')]),
+    ('13m', 'StoreguardPickleGlobalDenied', [exp('StoreguardPickleGlobalDenied', rule='rendezvous_state_invalid', mode='monitor')])])
 T('a ban fires once per instance, while new or active; clears after', [
     S('storeguard_bans_total', '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'),
     S('storeguard_bans_active', '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0'),

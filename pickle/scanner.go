@@ -1,0 +1,1245 @@
+package pickle
+
+import (
+	"encoding/binary"
+	"math"
+	"sync"
+)
+
+// kind is what the scan knows of a value's type. Literals are values whose type the opcode that
+// made them fixes; Python raises on some operations on them whatever the globals are.
+type kind uint8
+
+const (
+	kAbsent    kind = iota // an empty memo slot; never on the stack
+	kAny                   // type known only at run time: a call's result, a persistent id, an untracked memo entry
+	kGlobal                // what find_class returned (or an EXT opcode)
+	kStr                   // str
+	kBytes                 // bytes
+	kByteArray             // bytearray
+	kView                  // read-only memoryview (READONLY_BUFFER of a bytearray)
+	kScalar                // int, bool, float, None
+	kTuple
+	kList
+	kDict
+	kSet
+	kFrozenSet
+)
+
+// literal: the opcode that made the value fixed its type.
+func (k kind) literal() bool { return k >= kStr }
+
+// Where a str value's bytes are.
+const (
+	refNone  uint8 = iota // not kept: longer than MaxStrLen, or no room
+	refInput              // at offset x of the input (raw, or base64 decodable from the offset)
+	refArena              // at offset x of the scanner's arena
+)
+
+// Hashability, for the literal checks Python makes when it builds a dict, set or frozenset.
+const (
+	hashYes uint8 = iota
+	hashNo
+	hashMaybe
+)
+
+// val is one stack or memo entry.
+type val struct {
+	k    kind
+	ref  uint8 // kStr: refNone, refInput or refArena
+	hash uint8 // kTuple: hashYes, hashNo or hashMaybe from its items
+	n    int32 // kStr: length of its UTF-8 form
+	x    int   // kStr: offset per ref; kGlobal: index into Report.Globals; kAny: index of the global whose call made it; -1 none
+}
+
+func (v val) hashable() uint8 {
+	switch v.k {
+	case kAny, kGlobal:
+		return hashMaybe
+	case kByteArray, kList, kDict, kSet:
+		return hashNo
+	case kTuple:
+		return v.hash
+	}
+	return hashYes
+}
+
+// maker is the global whose call made v (for BUILD and the container ops), -1 if none is known.
+func (v val) maker() int {
+	if v.k == kAny {
+		return v.x
+	}
+	return -1
+}
+
+// callee is v as a callable: its global index, -1 when not a known global.
+func (v val) callee() int {
+	if v.k == kGlobal {
+		return v.x
+	}
+	return -1
+}
+
+// Pickle opcodes (Lib/pickle.py, Lib/pickletools.py).
+const (
+	opMARK             = '('
+	opSTOP             = '.'
+	opPOP              = '0'
+	opPOP_MARK         = '1'
+	opDUP              = '2'
+	opFLOAT            = 'F'
+	opINT              = 'I'
+	opBININT           = 'J'
+	opBININT1          = 'K'
+	opLONG             = 'L'
+	opBININT2          = 'M'
+	opNONE             = 'N'
+	opPERSID           = 'P'
+	opBINPERSID        = 'Q'
+	opREDUCE           = 'R'
+	opSTRING           = 'S'
+	opBINSTRING        = 'T'
+	opSHORT_BINSTRING  = 'U'
+	opUNICODE          = 'V'
+	opBINUNICODE       = 'X'
+	opAPPEND           = 'a'
+	opBUILD            = 'b'
+	opGLOBAL           = 'c'
+	opDICT             = 'd'
+	opEMPTY_DICT       = '}'
+	opAPPENDS          = 'e'
+	opGET              = 'g'
+	opBINGET           = 'h'
+	opINST             = 'i'
+	opLONG_BINGET      = 'j'
+	opLIST             = 'l'
+	opEMPTY_LIST       = ']'
+	opOBJ              = 'o'
+	opPUT              = 'p'
+	opBINPUT           = 'q'
+	opLONG_BINPUT      = 'r'
+	opSETITEM          = 's'
+	opTUPLE            = 't'
+	opEMPTY_TUPLE      = ')'
+	opSETITEMS         = 'u'
+	opBINFLOAT         = 'G'
+	opPROTO            = 0x80
+	opNEWOBJ           = 0x81
+	opEXT1             = 0x82
+	opEXT2             = 0x83
+	opEXT4             = 0x84
+	opTUPLE1           = 0x85
+	opTUPLE2           = 0x86
+	opTUPLE3           = 0x87
+	opNEWTRUE          = 0x88
+	opNEWFALSE         = 0x89
+	opLONG1            = 0x8a
+	opLONG4            = 0x8b
+	opBINBYTES         = 'B'
+	opSHORT_BINBYTES   = 'C'
+	opSHORT_BINUNICODE = 0x8c
+	opBINUNICODE8      = 0x8d
+	opBINBYTES8        = 0x8e
+	opEMPTY_SET        = 0x8f
+	opADDITEMS         = 0x90
+	opFROZENSET        = 0x91
+	opNEWOBJ_EX        = 0x92
+	opSTACK_GLOBAL     = 0x93
+	opMEMOIZE          = 0x94
+	opFRAME            = 0x95
+	opBYTEARRAY8       = 0x96
+	opNEXT_BUFFER      = 0x97
+	opREADONLY_BUFFER  = 0x98
+)
+
+const highestProtocol = 5
+
+// arenaMax bounds the bytes of str values copied for STACK_GLOBAL (text opcodes, and base64 text
+// with skipped characters); past it such strings are not kept.
+const arenaMax = 256 << 10
+
+// lineMax is how much of a text number argument is read into memory; a longer one is accepted
+// unchecked (a memo key of that length is unknown), which can only make the scan go on further.
+const lineMax = 4096
+
+// fault is why an opcode stopped the scan; the zero value is none.
+type fault struct {
+	why   string
+	limit bool
+}
+
+func bad(why string) fault { return fault{why: why} }
+
+var (
+	underflow = bad("unpickling stack underflow")
+	noMark    = bad("could not find MARK")
+	truncated = bad("pickle data was truncated")
+)
+
+type scanner struct {
+	lim Limits
+	src source
+	r   Report
+
+	globals []Global
+	calls   []Call
+
+	proto int
+	stack []val
+	marks []int // stack lengths at each MARK; the top one is the fence
+
+	memo     []val // dense part, indexed by key
+	sparse   map[uint64]val
+	memoLen  int // entries Python holds (memo_len): where MEMOIZE puts the next one
+	memoLost bool
+
+	arena []byte
+	nameL nameLine
+	strL  stringLine
+	uniL  unicodeLine
+	line  [lineMax]byte
+	out   strOut
+	strb  [MaxStrLen]byte
+}
+
+var scannerPool = sync.Pool{New: func() any { return new(scanner) }}
+
+func getScanner(lim Limits) *scanner {
+	s := scannerPool.Get().(*scanner)
+	s.lim = lim.withDefaults()
+	s.r = Report{}
+	s.globals, s.calls = s.globals[:0], s.calls[:0]
+	s.proto = 0
+	s.stack, s.marks = s.stack[:0], s.marks[:0]
+	clear(s.memo)
+	s.memo = s.memo[:0]
+	clear(s.sparse)
+	s.memoLen, s.memoLost = 0, false
+	s.arena = s.arena[:0]
+	return s
+}
+
+func putScanner(s *scanner) {
+	s.src = source{}
+	scannerPool.Put(s)
+}
+
+func (s *scanner) fence() int {
+	if len(s.marks) == 0 {
+		return 0
+	}
+	return s.marks[len(s.marks)-1]
+}
+
+func (s *scanner) push(v val) fault {
+	if len(s.stack)+len(s.marks) >= s.lim.MaxStack {
+		return fault{why: "MaxStack entries on the stack", limit: true}
+	}
+	s.stack = append(s.stack, v)
+	return fault{}
+}
+
+func (s *scanner) pop() (val, fault) {
+	if len(s.stack) <= s.fence() {
+		return val{}, underflow
+	}
+	v := s.stack[len(s.stack)-1]
+	s.stack = s.stack[:len(s.stack)-1]
+	return v, fault{}
+}
+
+// marker pops the top MARK and returns the stack length it recorded.
+func (s *scanner) marker() (int, fault) {
+	if len(s.marks) == 0 {
+		return 0, noMark
+	}
+	m := s.marks[len(s.marks)-1]
+	s.marks = s.marks[:len(s.marks)-1]
+	return m, fault{}
+}
+
+func (s *scanner) addGlobal(g Global) int {
+	if len(s.globals) >= s.lim.MaxGlobals {
+		s.r.Truncated = true
+		return -1
+	}
+	s.globals = append(s.globals, g)
+	return len(s.globals) - 1
+}
+
+func (s *scanner) addCall(op string, callee, at int) {
+	if len(s.calls) >= s.lim.MaxGlobals {
+		s.r.Truncated = true
+		return
+	}
+	s.calls = append(s.calls, Call{Op: op, Callee: callee, Offset: at})
+}
+
+// global records a find_class(module, name) call, applying fix_imports as find_class does.
+func (s *scanner) global(op string, at int, module, name []byte, resolved bool) int {
+	if len(s.globals) >= s.lim.MaxGlobals {
+		s.r.Truncated = true
+		return -1
+	}
+	g := Global{Op: op, Offset: at, Resolved: resolved}
+	if resolved {
+		g.Module, g.Name = string(module), string(name)
+		if s.proto < 3 {
+			if m, ok := compatNames[[2]string{g.Module, g.Name}]; ok {
+				g.Module, g.Name = m[0], m[1]
+			} else if m, ok := compatModules[g.Module]; ok {
+				g.Module = m
+			}
+		}
+	}
+	return s.addGlobal(g)
+}
+
+// strBytes returns a kept str value's bytes, valid until the next call.
+func (s *scanner) strBytes(v val) ([]byte, bool) {
+	switch v.ref {
+	case refInput:
+		p := s.strb[:v.n]
+		s.src.copyOut(v.x, p)
+		return p, true
+	case refArena:
+		return s.arena[v.x : v.x+int(v.n)], true
+	}
+	return nil, false
+}
+
+// keepArena copies a decoded str value into the arena, if there is room.
+func (s *scanner) keepArena(p []byte) val {
+	v := val{k: kStr, n: int32(len(p))}
+	if len(s.arena)+len(p) <= arenaMax {
+		v.ref, v.x = refArena, len(s.arena)
+		s.arena = append(s.arena, p...)
+	}
+	return v
+}
+
+func (s *scanner) memoPut(key uint64, v val) {
+	if s.memoLost {
+		return
+	}
+	if key < uint64(len(s.memo)) {
+		if s.memo[key].k == kAbsent {
+			if s.memoFull() {
+				return
+			}
+			s.memoLen++
+		}
+		s.memo[key] = v
+		return
+	}
+	if key <= uint64(2*len(s.memo)+1024) && key < uint64(s.lim.MaxMemo) {
+		if s.memoFull() {
+			return
+		}
+		for uint64(len(s.memo)) < key {
+			s.memo = append(s.memo, val{})
+		}
+		s.memo = append(s.memo, v)
+		s.memoLen++
+		return
+	}
+	if _, ok := s.sparse[key]; !ok {
+		if s.memoFull() {
+			return
+		}
+		s.memoLen++
+	}
+	if s.sparse == nil {
+		s.sparse = make(map[uint64]val)
+	}
+	s.sparse[key] = v
+}
+
+// memoFull marks the memo lost when one more entry would pass MaxMemo: from then on the scan no
+// longer knows which keys hold what (nor where MEMOIZE writes), and every GET is of unknown kind.
+func (s *scanner) memoFull() bool {
+	if s.memoLen >= s.lim.MaxMemo {
+		s.memoLost = true
+	}
+	return s.memoLost
+}
+
+// memoGet: ok false where Python raises (no such entry).
+func (s *scanner) memoGet(key uint64) (val, bool) {
+	if s.memoLost {
+		return val{k: kAny, x: -1}, true
+	}
+	if key < uint64(len(s.memo)) {
+		v := s.memo[key]
+		return v, v.k != kAbsent
+	}
+	v, ok := s.sparse[key]
+	return v, ok
+}
+
+// run reads opcodes until STOP, an error, or a limit.
+func (s *scanner) run() {
+	for {
+		at := s.src.off()
+		if s.ops() {
+			s.stop(0, at, fault{why: "MaxOps opcodes read", limit: true})
+			return
+		}
+		op, ok := s.src.readByte()
+		if !ok {
+			s.stop(0, at, bad("ran out of input"))
+			return
+		}
+		if op == opSTOP {
+			if _, f := s.pop(); f.why != "" {
+				s.stop(op, at, f)
+				return
+			}
+			s.r.Complete = true
+			s.finish()
+			return
+		}
+		if f := s.step(op, at); f.why != "" {
+			s.stop(op, at, f)
+			return
+		}
+	}
+}
+
+func (s *scanner) ops() bool {
+	if s.lim.MaxOps <= 0 {
+		return true
+	}
+	s.lim.MaxOps--
+	return false
+}
+
+func (s *scanner) stop(op byte, at int, f fault) {
+	kind := ErrMalformed
+	if f.limit {
+		kind = ErrLimit
+	}
+	s.r.Err = &Error{Kind: kind, Op: op, Offset: at, Reason: f.why}
+	s.finish()
+}
+
+func (s *scanner) finish() {
+	s.r.End = s.src.off()
+	s.r.Protocol = s.proto
+	if len(s.globals) > 0 {
+		s.r.Globals = append([]Global(nil), s.globals...)
+	}
+	if len(s.calls) > 0 {
+		s.r.Calls = append([]Call(nil), s.calls...)
+	}
+}
+
+// step runs one opcode (not STOP) whose byte was read at offset at.
+func (s *scanner) step(op byte, at int) fault {
+	switch op {
+	case opMARK:
+		if len(s.stack)+len(s.marks) >= s.lim.MaxStack {
+			return fault{why: "MaxStack entries on the stack", limit: true}
+		}
+		s.marks = append(s.marks, len(s.stack))
+		return fault{}
+
+	case opPOP:
+		if len(s.marks) > 0 && s.marks[len(s.marks)-1] == len(s.stack) {
+			s.marks = s.marks[:len(s.marks)-1]
+			return fault{}
+		}
+		_, f := s.pop()
+		return f
+
+	case opPOP_MARK:
+		i, f := s.marker()
+		if f.why == "" {
+			s.stack = s.stack[:i]
+		}
+		return f
+
+	case opDUP:
+		if len(s.stack) <= s.fence() {
+			return underflow
+		}
+		return s.push(s.stack[len(s.stack)-1])
+
+	case opNONE, opNEWTRUE, opNEWFALSE:
+		return s.push(val{k: kScalar})
+
+	case opBININT1:
+		return s.fixedThen(1, val{k: kScalar})
+	case opBININT2:
+		return s.fixedThen(2, val{k: kScalar})
+	case opBININT:
+		return s.fixedThen(4, val{k: kScalar})
+	case opBINFLOAT:
+		return s.fixedThen(8, val{k: kScalar})
+
+	case opINT, opLONG, opFLOAT:
+		return s.numberLine(op)
+
+	case opLONG1, opLONG4:
+		n := 1
+		if op == opLONG4 {
+			n = 4
+		}
+		p, ok := s.src.read(n)
+		if !ok {
+			return truncated
+		}
+		size := int64(p[0])
+		if n == 4 {
+			size = int64(int32(binary.LittleEndian.Uint32(p)))
+			if size < 0 {
+				return bad("LONG pickle has negative byte count")
+			}
+		}
+		if !s.src.skip(uint64(size)) {
+			return truncated
+		}
+		return s.push(val{k: kScalar})
+
+	case opSHORT_BINBYTES, opBINBYTES, opBINBYTES8, opBYTEARRAY8:
+		k := kBytes
+		if op == opBYTEARRAY8 {
+			k = kByteArray
+		}
+		size, f := s.size(op)
+		if f.why != "" {
+			return f
+		}
+		if !s.src.skip(size) {
+			return truncated
+		}
+		return s.push(val{k: k})
+
+	case opSHORT_BINSTRING, opBINSTRING, opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8:
+		size, f := s.size(op)
+		if f.why != "" {
+			return f
+		}
+		v, f := s.strPayload(size, op == opSHORT_BINUNICODE || op == opBINUNICODE || op == opBINUNICODE8)
+		if f.why != "" {
+			return f
+		}
+		return s.push(v)
+
+	case opSTRING, opUNICODE:
+		v, f := s.strLine(op)
+		if f.why != "" {
+			return f
+		}
+		return s.push(v)
+
+	case opEMPTY_TUPLE:
+		return s.push(val{k: kTuple, hash: hashYes})
+	case opTUPLE1, opTUPLE2, opTUPLE3:
+		n := int(op-opTUPLE1) + 1
+		start := len(s.stack) - n
+		if start < s.fence() {
+			return underflow
+		}
+		return s.collapse(start, kTuple)
+	case opTUPLE, opLIST, opDICT, opFROZENSET:
+		i, f := s.marker()
+		if f.why != "" {
+			return f
+		}
+		k := kTuple
+		switch op {
+		case opLIST:
+			k = kList
+		case opDICT:
+			k = kDict
+		case opFROZENSET:
+			k = kFrozenSet
+		}
+		return s.collapse(i, k)
+	case opEMPTY_LIST:
+		return s.push(val{k: kList})
+	case opEMPTY_DICT:
+		return s.push(val{k: kDict})
+	case opEMPTY_SET:
+		return s.push(val{k: kSet})
+
+	case opAPPEND:
+		if len(s.stack)-1 <= s.fence() {
+			return underflow
+		}
+		return s.appends("APPEND", len(s.stack)-1, at)
+	case opAPPENDS:
+		i, f := s.marker()
+		if f.why != "" {
+			return f
+		}
+		return s.appends("APPENDS", i, at)
+	case opSETITEM:
+		return s.setitems("SETITEM", len(s.stack)-2, at)
+	case opSETITEMS:
+		i, f := s.marker()
+		if f.why != "" {
+			return f
+		}
+		return s.setitems("SETITEMS", i, at)
+	case opADDITEMS:
+		i, f := s.marker()
+		if f.why != "" {
+			return f
+		}
+		return s.additems(i, at)
+
+	case opGLOBAL:
+		return s.globalLines("GLOBAL", at)
+	case opINST:
+		i, f := s.marker()
+		if f.why != "" {
+			return f
+		}
+		if f := s.globalLines("INST", at); f.why != "" {
+			return f
+		}
+		g, _ := s.pop()
+		s.stack = s.stack[:i]
+		s.addCall("INST", g.x, at)
+		return s.push(val{k: kAny, x: g.x})
+	case opSTACK_GLOBAL:
+		return s.stackGlobal(at)
+
+	case opREDUCE:
+		args, f := s.pop()
+		if f.why != "" {
+			return f
+		}
+		fn, f := s.pop()
+		if f.why != "" {
+			return f
+		}
+		if args.k.literal() && args.k != kTuple {
+			return bad("REDUCE argument list must be a tuple")
+		}
+		if fn.k.literal() {
+			return bad("REDUCE callable is not callable")
+		}
+		s.addCall("REDUCE", fn.callee(), at)
+		return s.push(val{k: kAny, x: fn.callee()})
+	case opNEWOBJ, opNEWOBJ_EX:
+		name := "NEWOBJ"
+		var kwargs val
+		if op == opNEWOBJ_EX {
+			name = "NEWOBJ_EX"
+			var f fault
+			if kwargs, f = s.pop(); f.why != "" {
+				return f
+			}
+		}
+		args, f := s.pop()
+		if f.why != "" {
+			return f
+		}
+		cls, f := s.pop()
+		if f.why != "" {
+			return f
+		}
+		if cls.k.literal() {
+			return bad(name + " class argument must be a type")
+		}
+		if args.k.literal() && args.k != kTuple {
+			return bad(name + " args argument must be a tuple")
+		}
+		if op == opNEWOBJ_EX && kwargs.k.literal() && kwargs.k != kDict {
+			return bad(name + " kwargs argument must be a dict")
+		}
+		s.addCall(name, cls.callee(), at)
+		return s.push(val{k: kAny, x: cls.callee()})
+	case opOBJ:
+		i, f := s.marker()
+		if f.why != "" {
+			return f
+		}
+		if len(s.stack)-i < 1 {
+			return underflow
+		}
+		cls := s.stack[i]
+		s.stack = s.stack[:i]
+		if cls.k.literal() {
+			return bad("OBJ class is not callable")
+		}
+		s.addCall("OBJ", cls.callee(), at)
+		return s.push(val{k: kAny, x: cls.callee()})
+	case opBUILD:
+		if len(s.stack)-2 < s.fence() {
+			return underflow
+		}
+		s.stack = s.stack[:len(s.stack)-1]
+		s.addCall("BUILD", s.stack[len(s.stack)-1].maker(), at)
+		return fault{}
+
+	case opPUT:
+		f, key, known := s.memoKey()
+		if f.why != "" {
+			return f
+		}
+		if len(s.stack) <= s.fence() {
+			return underflow
+		}
+		if key.neg {
+			return bad("negative PUT argument")
+		}
+		if !known {
+			s.memoLost = true // a key too long to read: any entry may have changed
+			return fault{}
+		}
+		s.memoPut(key.v, s.stack[len(s.stack)-1])
+		return fault{}
+	case opBINPUT, opLONG_BINPUT:
+		n := 1
+		if op == opLONG_BINPUT {
+			n = 4
+		}
+		p, ok := s.src.read(n)
+		if !ok {
+			return truncated
+		}
+		if len(s.stack) <= s.fence() {
+			return underflow
+		}
+		s.memoPut(leUint(p), s.stack[len(s.stack)-1])
+		return fault{}
+	case opMEMOIZE:
+		if len(s.stack) <= s.fence() {
+			return underflow
+		}
+		s.memoPut(uint64(s.memoLen), s.stack[len(s.stack)-1])
+		return fault{}
+
+	case opGET:
+		f, key, known := s.memoKey()
+		if f.why != "" {
+			return f
+		}
+		if !known {
+			return s.push(val{k: kAny, x: -1})
+		}
+		if key.neg {
+			return bad("memo value not found")
+		}
+		return s.get(key.v)
+	case opBINGET, opLONG_BINGET:
+		n := 1
+		if op == opLONG_BINGET {
+			n = 4
+		}
+		p, ok := s.src.read(n)
+		if !ok {
+			return truncated
+		}
+		return s.get(leUint(p))
+
+	case opPERSID:
+		s.r.Persistent = true
+		s.nameL = nameLine{ascii: true}
+		if _, f := s.readLine(sinkName); f.why != "" {
+			return f
+		}
+		if !s.nameL.ok() {
+			return bad("persistent IDs in protocol 0 must be ASCII strings")
+		}
+		return s.push(val{k: kAny, x: -1})
+	case opBINPERSID:
+		s.r.Persistent = true
+		if _, f := s.pop(); f.why != "" {
+			return f
+		}
+		return s.push(val{k: kAny, x: -1})
+
+	case opEXT1, opEXT2, opEXT4:
+		n := [...]int{1, 2, 4}[op-opEXT1]
+		p, ok := s.src.read(n)
+		if !ok {
+			return truncated
+		}
+		code := int64(leUint(p))
+		if n == 4 {
+			code = int64(int32(code))
+		}
+		if code <= 0 {
+			return bad("EXT specifies code <= 0")
+		}
+		s.r.Ext = true
+		return s.push(val{k: kGlobal, x: -1})
+
+	case opPROTO:
+		p, ok := s.src.read(1)
+		if !ok {
+			return truncated
+		}
+		if p[0] > highestProtocol {
+			return bad("unsupported pickle protocol")
+		}
+		s.proto = int(p[0])
+		return fault{}
+	case opFRAME:
+		size, f := s.size(op)
+		if f.why != "" {
+			return f
+		}
+		// The C unpickler only checks that the frame is there; it does not hold opcodes to it.
+		if !s.src.avail(size) {
+			return truncated
+		}
+		return fault{}
+
+	case opNEXT_BUFFER:
+		return bad("pickle stream refers to out-of-band data but no buffers argument was given")
+	case opREADONLY_BUFFER:
+		if len(s.stack) <= s.fence() {
+			return underflow
+		}
+		top := &s.stack[len(s.stack)-1]
+		switch top.k {
+		case kByteArray:
+			top.k = kView
+		case kBytes, kView, kAny, kGlobal:
+		default:
+			return bad("READONLY_BUFFER of an object without the buffer protocol")
+		}
+		return fault{}
+	}
+	return bad("invalid load key")
+}
+
+func leUint(p []byte) uint64 {
+	var v uint64
+	for i, c := range p {
+		v |= uint64(c) << (8 * i)
+	}
+	return v
+}
+
+// fixedThen reads an n-byte argument and pushes v.
+func (s *scanner) fixedThen(n int, v val) fault {
+	if _, ok := s.src.read(n); !ok {
+		return truncated
+	}
+	return s.push(v)
+}
+
+// size reads a counted opcode's length argument (calc_binsize: unsigned, at most PY_SSIZE_T_MAX).
+func (s *scanner) size(op byte) (uint64, fault) {
+	n := 4
+	switch op {
+	case opSHORT_BINBYTES, opSHORT_BINSTRING, opSHORT_BINUNICODE:
+		n = 1
+	case opBINBYTES8, opBINUNICODE8, opBYTEARRAY8, opFRAME:
+		n = 8
+	}
+	p, ok := s.src.read(n)
+	if !ok {
+		return 0, truncated
+	}
+	v := leUint(p)
+	if v > math.MaxInt64 {
+		return 0, bad("size exceeds the system's maximum")
+	}
+	return v, fault{}
+}
+
+// strPayload reads a counted str argument: UTF-8 with surrogatepass (the BINUNICODE opcodes) or
+// ASCII (BINSTRING: Python 2 str under encoding="ASCII").
+func (s *scanner) strPayload(size uint64, utf8 bool) (val, fault) {
+	start := s.src.off()
+	keep := size <= MaxStrLen
+	var u utf8Check
+	nonASCII := false
+	s.out.n = 0
+	for rem := size; rem > 0; {
+		p := s.src.chunk(int(min(rem, 1<<30)))
+		if p == nil {
+			return val{}, truncated
+		}
+		rem -= uint64(len(p))
+		if utf8 {
+			u.feed(p, true)
+		} else if !nonASCII && !isASCII(p) {
+			nonASCII = true
+		}
+		if keep && s.src.enc == Base64 {
+			for _, c := range p {
+				s.out.byte(c)
+			}
+		}
+	}
+	if (utf8 && !u.ok()) || nonASCII {
+		return val{}, bad("str argument does not decode")
+	}
+	if !keep {
+		return val{k: kStr, n: int32(min(size, math.MaxInt32))}, fault{}
+	}
+	if s.src.cleanUpTo(start + int(size)) {
+		return val{k: kStr, ref: refInput, n: int32(size), x: start}, fault{}
+	}
+	return s.keepArena(s.out.kept()), fault{}
+}
+
+// What readLine feeds a text argument to, piece by piece.
+const (
+	sinkNone    = iota
+	sinkName    // s.nameL
+	sinkString  // s.strL
+	sinkUnicode // s.uniL
+)
+
+// readLine reads a text argument up to '\n', feeding it to sink; it returns the length of the
+// line without the '\n' and leaves its first lineMax bytes in s.line.
+func (s *scanner) readLine(sink uint8) (int, fault) {
+	n := 0
+	for {
+		if s.src.i >= len(s.src.win) && !s.src.refill() {
+			return n, truncated
+		}
+		w := s.src.win[s.src.i:]
+		j := 0
+		for j < len(w) && w[j] != '\n' {
+			j++
+		}
+		p := w[:j]
+		if n < lineMax {
+			copy(s.line[n:], p)
+		}
+		switch sink {
+		case sinkName:
+			s.nameL.feed(p)
+		case sinkString:
+			s.strL.feed(p)
+		case sinkUnicode:
+			s.uniL.feed(p)
+		}
+		n += len(p)
+		if j < len(w) {
+			s.src.i += j + 1
+			return n, fault{}
+		}
+		s.src.i += j
+	}
+}
+
+// numberLine reads the argument of INT, LONG or FLOAT.
+func (s *scanner) numberLine(op byte) fault {
+	n, f := s.readLine(sinkNone)
+	if f.why != "" {
+		return f
+	}
+	if n == 0 {
+		return truncated // the C code calls a line of just '\n' truncated input
+	}
+	if n <= lineMax {
+		line := s.line[:n]
+		var ok bool
+		switch op {
+		case opINT:
+			ok = intLineOK(line)
+		case opLONG:
+			ok = longLineOK(line)
+		default:
+			ok = floatLineOK(line)
+		}
+		if !ok {
+			return bad("could not convert the text argument")
+		}
+	}
+	return s.push(val{k: kScalar})
+}
+
+type memoKeyValue struct {
+	v   uint64
+	neg bool
+}
+
+// memoKey reads the text argument of GET or PUT; known is false for one too long to read.
+func (s *scanner) memoKey() (fault, memoKeyValue, bool) {
+	n, f := s.readLine(sinkNone)
+	if f.why != "" {
+		return f, memoKeyValue{}, false
+	}
+	if n == 0 {
+		return truncated, memoKeyValue{}, false
+	}
+	if n > lineMax {
+		return fault{}, memoKeyValue{}, false
+	}
+	v, neg, ok := memoKeyLine(s.line[:n])
+	if !ok {
+		return bad("invalid memo key"), memoKeyValue{}, false
+	}
+	return fault{}, memoKeyValue{v: v, neg: neg}, true
+}
+
+func (s *scanner) get(key uint64) fault {
+	v, ok := s.memoGet(key)
+	if !ok {
+		return bad("memo value not found")
+	}
+	return s.push(v)
+}
+
+// stringLine decodes the STRING argument: quoted, backslash escapes, then ASCII.
+type stringLine struct {
+	s       *scanner
+	n       int
+	quote   byte
+	pending byte
+	dec     escapeDecoder
+}
+
+func (l *stringLine) feed(p []byte) {
+	for _, c := range p {
+		switch {
+		case l.n == 0:
+			l.quote = c
+		case l.n >= 2:
+			l.dec.feed(&l.s.out, l.pending)
+		}
+		if l.n >= 1 {
+			l.pending = c
+		}
+		l.n++
+	}
+}
+
+type unicodeLine struct {
+	s   *scanner
+	dec rawUnicodeDecoder
+}
+
+func (l *unicodeLine) feed(p []byte) {
+	for _, c := range p {
+		l.dec.feed(&l.s.out, c)
+	}
+}
+
+// strLine reads the argument of STRING or UNICODE.
+func (s *scanner) strLine(op byte) (val, fault) {
+	s.out.n = 0
+	if op == opUNICODE {
+		s.uniL = unicodeLine{s: s}
+		if _, f := s.readLine(sinkUnicode); f.why != "" {
+			return val{}, f
+		}
+		if !s.uniL.dec.end(&s.out) {
+			return val{}, bad("UNICODE argument does not decode")
+		}
+		return s.keptOut(), fault{}
+	}
+	s.strL = stringLine{s: s}
+	l := &s.strL
+	if _, f := s.readLine(sinkString); f.why != "" {
+		return val{}, f
+	}
+	if l.n < 2 || l.pending != l.quote || (l.quote != '\'' && l.quote != '"') {
+		return val{}, bad("the STRING opcode argument must be quoted")
+	}
+	if !l.dec.end(&s.out) || l.dec.nonASCII {
+		return val{}, bad("STRING argument does not decode")
+	}
+	return s.keptOut(), fault{}
+}
+
+func (s *scanner) keptOut() val {
+	if p := s.out.kept(); p != nil {
+		return s.keepArena(p)
+	}
+	return val{k: kStr, n: int32(min(s.out.n, math.MaxInt32))}
+}
+
+// nameLine checks a GLOBAL or INST line: UTF-8 (GLOBAL) or ASCII (INST), strict.
+type nameLine struct {
+	ascii bool
+	u     utf8Check
+	bad   bool
+}
+
+func (l *nameLine) feed(p []byte) {
+	if l.ascii {
+		l.bad = l.bad || !isASCII(p)
+	} else {
+		l.u.feed(p, false)
+	}
+}
+
+func (l *nameLine) ok() bool {
+	if l.ascii {
+		return !l.bad
+	}
+	return l.u.ok()
+}
+
+// globalLines reads the module and name lines of GLOBAL or INST, records the find_class call and
+// pushes its result.
+func (s *scanner) globalLines(op string, at int) fault {
+	var module [MaxStrLen]byte
+	s.nameL = nameLine{ascii: op == "INST"}
+	mn, f := s.readLine(sinkName)
+	if f.why != "" {
+		return f
+	}
+	if mn == 0 {
+		return truncated
+	}
+	if !s.nameL.ok() {
+		return bad(op + " module name does not decode")
+	}
+	copy(module[:], s.line[:min(mn, MaxStrLen)])
+	s.nameL = nameLine{ascii: op == "INST"}
+	nn, f := s.readLine(sinkName)
+	if f.why != "" {
+		return f
+	}
+	if nn == 0 {
+		return truncated
+	}
+	if !s.nameL.ok() {
+		return bad(op + " name does not decode")
+	}
+	resolved := mn <= MaxStrLen && nn <= MaxStrLen
+	var name []byte
+	if resolved {
+		name = s.line[:nn]
+	}
+	idx := s.global(op, at, module[:min(mn, MaxStrLen)], name, resolved)
+	return s.push(val{k: kGlobal, x: idx})
+}
+
+func (s *scanner) stackGlobal(at int) fault {
+	name, f := s.pop()
+	if f.why != "" {
+		return f
+	}
+	module, f := s.pop()
+	if f.why != "" {
+		return f
+	}
+	if (module.k.literal() && module.k != kStr) || (name.k.literal() && name.k != kStr) {
+		return bad("STACK_GLOBAL requires str")
+	}
+	idx := -1
+	if len(s.globals) >= s.lim.MaxGlobals {
+		s.r.Truncated = true
+	} else {
+		var m [MaxStrLen]byte
+		mb, ok1 := s.strBytes(module)
+		mn := copy(m[:], mb)
+		nb, ok2 := s.strBytes(name)
+		resolved := module.k == kStr && name.k == kStr && ok1 && ok2
+		idx = s.global("STACK_GLOBAL", at, m[:mn], nb, resolved)
+	}
+	return s.push(val{k: kGlobal, x: idx})
+}
+
+// collapse replaces the stack items from start on by one container of kind k, raising where
+// Python raises on literal items: odd DICT items, unhashable DICT keys or FROZENSET items.
+func (s *scanner) collapse(start int, k kind) fault {
+	items := s.stack[start:]
+	v := val{k: k}
+	switch k {
+	case kTuple:
+		v.hash = hashYes
+		for _, it := range items {
+			if h := it.hashable(); h == hashNo || (h == hashMaybe && v.hash == hashYes) {
+				v.hash = h
+			}
+		}
+	case kDict:
+		if len(items)%2 != 0 {
+			return bad("odd number of items for DICT")
+		}
+		for i := 0; i < len(items); i += 2 {
+			if items[i].hashable() == hashNo {
+				return bad("unhashable DICT key")
+			}
+		}
+	case kFrozenSet:
+		for _, it := range items {
+			if it.hashable() == hashNo {
+				return bad("unhashable FROZENSET item")
+			}
+		}
+	}
+	s.stack = s.stack[:start]
+	return s.push(v)
+}
+
+// appends is do_append: items from x on go to the list below them.
+func (s *scanner) appends(op string, x, at int) fault {
+	if x > len(s.stack) || x <= s.fence() {
+		return underflow
+	}
+	if x == len(s.stack) {
+		return fault{}
+	}
+	target := s.stack[x-1]
+	switch target.k {
+	case kList, kByteArray:
+	case kAny, kGlobal:
+		s.addCall(op, target.maker(), at)
+	default:
+		return bad(op + " to an object without extend or append")
+	}
+	s.stack = s.stack[:x]
+	return fault{}
+}
+
+// setitems is do_setitems: key, value pairs from x on go into the mapping below them.
+func (s *scanner) setitems(op string, x, at int) fault {
+	if x > len(s.stack) || x <= s.fence() {
+		return underflow
+	}
+	if x == len(s.stack) {
+		return fault{}
+	}
+	if (len(s.stack)-x)%2 != 0 {
+		return bad("odd number of items for SETITEMS")
+	}
+	target := s.stack[x-1]
+	switch target.k {
+	case kDict:
+		for i := x; i < len(s.stack); i += 2 {
+			if s.stack[i].hashable() == hashNo {
+				return bad("unhashable key")
+			}
+		}
+	case kList, kByteArray:
+	case kAny, kGlobal:
+		s.addCall(op, target.maker(), at)
+	default:
+		return bad(op + " to an object that does not support item assignment")
+	}
+	s.stack = s.stack[:x]
+	return fault{}
+}
+
+// additems is load_additems: items from x on go into the set below them.
+func (s *scanner) additems(x, at int) fault {
+	if x > len(s.stack) || x <= s.fence() {
+		return underflow
+	}
+	if x == len(s.stack) {
+		return fault{}
+	}
+	target := s.stack[x-1]
+	switch target.k {
+	case kSet:
+		for _, it := range s.stack[x:] {
+			if it.hashable() == hashNo {
+				return bad("unhashable set item")
+			}
+		}
+	case kAny, kGlobal:
+		s.addCall("ADDITEMS", target.maker(), at)
+	default:
+		return bad("ADDITEMS to an object without add")
+	}
+	s.stack = s.stack[:x]
+	return fault{}
+}

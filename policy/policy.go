@@ -1,0 +1,188 @@
+// Package policy judges complete, well-formed TCPStore messages by what they do: which op on which
+// key, with what value, from which source. The decoder (package protocol) stops malformed and
+// oversize messages; the policy stops valid ones that attack the job: a pickle that runs code in
+// whoever loads it (pickle_global_denied), a write to torchrun's rendezvous state that is not
+// torch's own state (rendezvous_state_invalid), and what a policy file forbids (policy_denied,
+// value_invalid).
+//
+// Like protocol it has no sockets and no clock: guard.Stream calls Check on each message as it
+// completes, before any byte of it is forwarded, for serve and replay alike.
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/storeguard/storeguard/pickle"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// Mode is how a rule acts on a message that breaks it.
+type Mode uint8
+
+const (
+	// Off: the rule is not checked.
+	Off Mode = iota
+	// Enforce: the message is a violation (the connection closed, nothing of it forwarded).
+	Enforce
+	// Monitor: the message is recorded (would_block) and forwarded; the stream goes on decoded.
+	Monitor
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Enforce:
+		return "enforce"
+	case Monitor:
+		return "monitor"
+	}
+	return "off"
+}
+
+// ParseMode reads enforce, monitor or off.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "enforce":
+		return Enforce, nil
+	case "monitor":
+		return Monitor, nil
+	case "off":
+		return Off, nil
+	}
+	return Off, fmt.Errorf("%q is not enforce, monitor or off", s)
+}
+
+// Config is the policy as configured: the default rules' modes and the rules of a policy file.
+type Config struct {
+	// RendezvousState: writes to torchrun's rendezvous state key (rendezvous.go).
+	RendezvousState Mode
+	// PickleGlobals: values on any key that are pickles importing a global that runs code (globals.go).
+	PickleGlobals Mode
+	// DenyGlobals are more globals to deny, "module.name" or "module.*".
+	DenyGlobals []string
+	// Rules are the policy file's, checked in order before the default rules.
+	Rules []Rule
+	// Pickle bounds each pickle scan.
+	Pickle pickle.Limits
+	// Learn, if set, is given every message that breaks no rule (learn.go), and Wants is true for
+	// every op: `storeguard policy learn`.
+	Learn *Learner
+}
+
+// Defaults is the configuration the product ships: both default rules enforced.
+func Defaults() Config {
+	return Config{RendezvousState: Enforce, PickleGlobals: Enforce, Pickle: pickle.DefaultLimits()}
+}
+
+// Policy is a compiled Config, shared by every stream; Check may be called from any goroutine.
+type Policy struct {
+	cfg   Config
+	deny  globalSet
+	rules []compiled
+}
+
+// New compiles c. Its errors name the rule and what is wrong.
+func New(c Config) (*Policy, error) {
+	p := &Policy{cfg: c, deny: defaultDeny()}
+	if err := p.deny.add(c.DenyGlobals); err != nil {
+		return nil, fmt.Errorf("deny-globals: %w", err)
+	}
+	var errs []error
+	seen := map[string]bool{}
+	for i, r := range c.Rules {
+		cr, err := compile(r)
+		if err == nil && seen[r.Name] {
+			err = fmt.Errorf("name %q is used by an earlier rule", r.Name)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rules[%d] (%s): %w", i, r.Name, err))
+			continue
+		}
+		seen[r.Name] = true
+		p.rules = append(p.rules, cr)
+	}
+	if len(errs) > 0 {
+		return nil, joinErrs(errs)
+	}
+	return p, nil
+}
+
+// Config returns the configuration p was compiled from.
+func (p *Policy) Config() Config { return p.cfg }
+
+// Wants reports whether Check has anything to judge in a message of op: the default rules read
+// only the ops that write a value, a policy file's rules any op.
+func (p *Policy) Wants(op protocol.Op) bool {
+	if p == nil {
+		return false
+	}
+	if len(p.rules) > 0 || p.cfg.Learn != nil {
+		return true
+	}
+	switch op {
+	case protocol.OpSet, protocol.OpCompareSet, protocol.OpAppend, protocol.OpMultiSet, protocol.OpQueuePush:
+		return p.cfg.RendezvousState != Off || p.cfg.PickleGlobals != Off
+	}
+	return false
+}
+
+// Message is one complete request as the policy judges it.
+type Message struct {
+	Msg   *protocol.Message
+	Bytes protocol.Split // the message's bytes, its opcode byte first
+	Src   netip.Addr
+}
+
+// Finding is a rule a message broke.
+type Finding struct {
+	Rule   protocol.Rule
+	Field  protocol.Field // the offending field: its kind, offset in the message and length
+	Key    string         // the key concerned, as protocol.ShowKey shows it
+	Detail string         // what broke the rule: the global, the policy file's rule
+	Mode   Mode           // Enforce or Monitor
+}
+
+// Check judges m. It returns the first rule m breaks in enforce mode, if any, and calls warn
+// (which may be nil) for each rule it breaks in monitor mode before that.
+func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
+	if p == nil {
+		return Finding{}, false
+	}
+	var f Finding
+	broke, warned := false, false
+	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
+	report := func(x Finding) bool {
+		if x.Mode == Monitor {
+			warned = true
+			if warn != nil {
+				warn(x)
+			}
+			return false
+		}
+		f, broke = x, true
+		return true
+	}
+	w := walker{m: m}
+	w.each(func(fld fieldView) bool {
+		for i := range p.rules {
+			x, hit, decided := p.rules[i].check(&m, &fld)
+			if hit && report(x) {
+				return false
+			}
+			if decided {
+				break
+			}
+		}
+		if x, hit := p.checkRendezvous(&fld); hit && report(x) {
+			return false
+		}
+		if x, hit := p.checkPickle(&fld); hit && report(x) {
+			return false
+		}
+		return true
+	})
+	if p.cfg.Learn != nil {
+		p.cfg.Learn.observe(m, broke || warned)
+	}
+	return f, broke
+}

@@ -1,0 +1,239 @@
+package policy
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/storeguard/storeguard/pickle"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// Pickles made by CPython 3.11's pickle.dumps (never loaded here).
+const (
+	// torchrun 2.15's rendezvous state as C10dRendezvousBackend.set_state writes it: round 3, a
+	// participant, a node waiting and a heartbeat.
+	realState = "gASVVwEAAAAAAACMN3RvcmNoLmRpc3RyaWJ1dGVkLmVsYXN0aWMucmVuZGV6dm91cy5keW5hbWljX3JlbmRlenZvdXOUjBBfUmVuZGV6dm91c1N0YXRllJOUKYGUfZQojAVyb3VuZJRLA4wIY29tcGxldGWUiYwIZGVhZGxpbmWUTowGY2xvc2VklImMDHBhcnRpY2lwYW50c5R9lGgAjAlfTm9kZURlc2OUk5QpgZR9lCiMBGFkZHKUjAZob3N0LWGUjANwaWSUTdIEjAhsb2NhbF9pZJRLAHViSwBzjAl3YWl0X2xpc3SUj5QoaAwpgZR9lChoD4wGaG9zdC1ilGgRS2NoEksBdWKQjA9yZWR1bmRhbmN5X2xpc3SUj5SMD2xhc3RfaGVhcnRiZWF0c5R9lGgNjAhkYXRldGltZZSMCGRhdGV0aW1llJOUQwoH6gsaBQAAAAAAlIWUUpRzdWIu"
+	// An object whose __reduce__ is (os.system, ("touch /tmp/x",)), by protocol.
+	evil0 = "63706f7369780a73797374656d0a70300a2856746f756368202f746d702f780a70310a7470320a5270330a2e"
+	evil2 = "800263706f7369780a73797374656d0a7100580c000000746f756368202f746d702f7871018571025271032e"
+	evil4 = "80049527000000000000008c05706f736978948c0673797374656d9493948c0c746f756368202f746d702f7894859452942e"
+	// The same, base64: what a T1 attacker writes to the state key.
+	evil4b64 = "gASVJwAAAAAAAACMBXBvc2l4lIwGc3lzdGVtlJOUjAx0b3VjaCAvdG1wL3iUhZRSlC4="
+	// subprocess.Popen(["id"]), protocol 5.
+	evilPopen = "80059524000000000000008c0a73756270726f63657373948c05506f70656e9493945d948c0269649461859452942e"
+	// {"a": [1, 2, 3], "b": "x"}, protocol 4; datetime.datetime(2026, 1, 1), protocol 2.
+	benignDict = "8004951b000000000000007d94288c0161945d94284b014b024b03658c0162948c017894752e"
+	benignDT2  = "8002636461746574696d650a6461746574696d650a7100635f636f646563730a656e636f64650a7101580b00000007c3aa0101000000000000710258060000006c6174696e3171038671045271058571065271072e"
+)
+
+const stateKey = "/torch.rendezvous.job-7"
+
+func unhex(t testing.TB, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// message encodes r for G6 and decodes it back: the message and its bytes.
+func message(t testing.TB, r protocol.Request) (*protocol.Message, []byte) {
+	t.Helper()
+	b, err := protocol.Append(nil, protocol.G6, protocol.Request{Op: protocol.OpValidate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := len(b)
+	if b, err = protocol.Append(b, protocol.G6, r); err != nil {
+		t.Fatal(err)
+	}
+	d := protocol.NewDecoder(protocol.Config{Gen: protocol.GenSetting{Gen: protocol.G6}, Limits: protocol.DefaultLimits()})
+	var msg *protocol.Message
+	for p := 0; p < len(b); {
+		n, m, err := d.Scan(b[p:])
+		if err != nil {
+			t.Fatalf("decode: %v", err)
+		}
+		p += n
+		if m != nil && m.Op == r.Op {
+			c := *m
+			msg = &c
+		}
+	}
+	if msg == nil {
+		t.Fatal("no message")
+	}
+	return msg, b[start:]
+}
+
+type checkCase struct {
+	name   string
+	req    protocol.Request
+	rule   protocol.Rule // "" for none
+	detail string        // a substring of Finding.Detail
+	field  protocol.FieldKind
+}
+
+func setReq(key, value string) protocol.Request {
+	return protocol.Request{Op: protocol.OpSet, Key: []byte(key), Value: []byte(value)}
+}
+
+func defaultCases(t testing.TB) []checkCase {
+	raw := func(h string) string { return string(unhex(t, h)) }
+	b64 := func(h string) string { return base64.StdEncoding.EncodeToString(unhex(t, h)) }
+	many := protocol.Request{Op: protocol.OpMultiSet}
+	for i := range 5 {
+		many.Keys = append(many.Keys, []byte("/k"+string(rune('0'+i))))
+		many.Values = append(many.Values, []byte("v"))
+	}
+	many.Keys[4], many.Values[4] = []byte(stateKey), []byte(evil4b64)
+	return []checkCase{
+		{name: "state key: the sentinel", req: setReq(stateKey, "Y2FuaW1hZGFt")},
+		{name: "state key: torch's own state", req: setReq(stateKey, realState)},
+		{name: "state key: base64 pickle of os.system", req: setReq(stateKey, evil4b64),
+			rule: protocol.RuleRendezvousStateInvalid, detail: "posix.system", field: protocol.FieldValue},
+		{name: "state key without the client's slash", req: setReq("torch.rendezvous.x", evil4b64),
+			rule: protocol.RuleRendezvousStateInvalid, detail: "posix.system"},
+		{name: "state key: not base64", req: setReq(stateKey, "{not base64}"),
+			rule: protocol.RuleRendezvousStateInvalid, detail: "not base64"},
+		{name: "state key: a base64 pickle of a dict is no state", req: setReq(stateKey, b64(benignDict)),
+			rule: protocol.RuleRendezvousStateInvalid, detail: "not a torch rendezvous state"},
+		{name: "state key: half of torch's state", req: setReq(stateKey, realState[:200]),
+			rule: protocol.RuleRendezvousStateInvalid},
+		{name: "state key: COMPARE_SET's desired value is judged", req: protocol.Request{Op: protocol.OpCompareSet,
+			Key: []byte(stateKey), Value: []byte(realState), Desired: []byte(evil4b64)},
+			rule: protocol.RuleRendezvousStateInvalid, field: protocol.FieldDesired},
+		{name: "state key: COMPARE_SET to torch's state from the sentinel", req: protocol.Request{Op: protocol.OpCompareSet,
+			Key: []byte(stateKey), Value: []byte("Y2FuaW1hZGFt"), Desired: []byte(realState)}},
+		{name: "state key: the fifth pair of a MULTI_SET", req: many,
+			rule: protocol.RuleRendezvousStateInvalid, detail: "posix.system"},
+		{name: "state key: QUEUE_PUSH", req: protocol.Request{Op: protocol.OpQueuePush, Key: []byte(stateKey), Value: []byte(evil4b64)},
+			rule: protocol.RuleRendezvousStateInvalid},
+		{name: "state key: APPEND of anything", req: protocol.Request{Op: protocol.OpAppend, Key: []byte(stateKey), Value: []byte("AA==")},
+			rule: protocol.RuleRendezvousStateInvalid, detail: "APPEND", field: protocol.FieldKey},
+		{name: "the round's keys are not the state", req: setReq(stateKey+".0/MASTER_ADDR", "10.1.2.3")},
+		{name: "GET of the state", req: protocol.Request{Op: protocol.OpGet, Key: []byte(stateKey)}},
+		{name: "any key: raw pickle of os.system, protocol 0", req: setReq("/vllm/obj", raw(evil0)),
+			rule: protocol.RulePickleGlobalDenied, detail: "pickle imports posix.system"},
+		{name: "any key: protocol 2", req: setReq("/vllm/obj", raw(evil2)), rule: protocol.RulePickleGlobalDenied},
+		{name: "any key: protocol 4", req: setReq("/vllm/obj", raw(evil4)), rule: protocol.RulePickleGlobalDenied},
+		{name: "any key: base64", req: setReq("/x", evil4b64), rule: protocol.RulePickleGlobalDenied,
+			detail: "base64 pickle imports posix.system"},
+		{name: "any key: subprocess.Popen, protocol 5", req: setReq("/x", raw(evilPopen)),
+			rule: protocol.RulePickleGlobalDenied, detail: "subprocess.Popen"},
+		{name: "any key: hostile import, then garbage", req: setReq("/x", raw(evil0)[:20]+"\xff\xff"),
+			rule: protocol.RulePickleGlobalDenied},
+		{name: "any key: a pickled dict", req: setReq("/x", raw(benignDict))},
+		{name: "any key: a pickled datetime, protocol 2", req: setReq("/x", raw(benignDT2))},
+		{name: "any key: the dict, base64", req: setReq("/x", b64(benignDict))},
+		{name: "any key: APPEND of a pickle", req: protocol.Request{Op: protocol.OpAppend, Key: []byte("/x"), Value: []byte(raw(evil4))},
+			rule: protocol.RulePickleGlobalDenied},
+		{name: "any key: an address", req: setReq("/rank_0", "127.0.0.1:41235")},
+		{name: "any key: an integer", req: setReq("/init/", "1")},
+		{name: "ADD has no value", req: protocol.Request{Op: protocol.OpAdd, Key: []byte(stateKey), Int: 1}},
+	}
+}
+
+// TestDefaultRules judges each case whole, and split in two at every byte (a message that arrived
+// over several reads): the finding must not depend on where.
+func TestDefaultRules(t *testing.T) {
+	p, err := New(Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("10.0.0.9")
+	for _, c := range defaultCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			msg, b := message(t, c.req)
+			for cut := 0; cut <= len(b); cut++ {
+				f, broke := p.Check(Message{Msg: msg, Bytes: protocol.Split{A: b[:cut], B: b[cut:]}, Src: src}, nil)
+				if c.rule == "" {
+					if broke {
+						t.Fatalf("cut %d: %s (%s), want none", cut, f.Rule, f.Detail)
+					}
+					continue
+				}
+				if !broke || f.Rule != c.rule || !strings.Contains(f.Detail, c.detail) {
+					t.Fatalf("cut %d: got %v %s %q, want %s %q", cut, broke, f.Rule, f.Detail, c.rule, c.detail)
+				}
+				if c.field != protocol.FieldNone && f.Field.Kind != c.field {
+					t.Fatalf("field %s, want %s", f.Field.Kind, c.field)
+				}
+				if f.Mode != Enforce || f.Key == "" {
+					t.Fatalf("finding %+v: want enforce and the key", f)
+				}
+			}
+		})
+	}
+}
+
+func TestModes(t *testing.T) {
+	msg, b := message(t, setReq(stateKey, evil4b64))
+	m := Message{Msg: msg, Bytes: protocol.Split{B: b}}
+	for _, tc := range []struct {
+		state, globals Mode
+		rule           protocol.Rule
+		warned         []protocol.Rule
+	}{
+		{state: Enforce, globals: Enforce, rule: protocol.RuleRendezvousStateInvalid},
+		{state: Monitor, globals: Enforce, rule: protocol.RulePickleGlobalDenied, warned: []protocol.Rule{protocol.RuleRendezvousStateInvalid}},
+		{state: Monitor, globals: Monitor, warned: []protocol.Rule{protocol.RuleRendezvousStateInvalid, protocol.RulePickleGlobalDenied}},
+		{state: Off, globals: Monitor, warned: []protocol.Rule{protocol.RulePickleGlobalDenied}},
+		{state: Off, globals: Off},
+	} {
+		c := Defaults()
+		c.RendezvousState, c.PickleGlobals = tc.state, tc.globals
+		p, err := New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var warned []protocol.Rule
+		f, broke := p.Check(m, func(f Finding) { warned = append(warned, f.Rule) })
+		if got := map[bool]protocol.Rule{true: f.Rule}[broke]; got != tc.rule {
+			t.Errorf("%v/%v: broke %q, want %q", tc.state, tc.globals, got, tc.rule)
+		}
+		if strings.Join(rulesOf(warned), ",") != strings.Join(rulesOf(tc.warned), ",") {
+			t.Errorf("%v/%v: warned %v, want %v", tc.state, tc.globals, warned, tc.warned)
+		}
+	}
+}
+
+func rulesOf(rs []protocol.Rule) []string {
+	var s []string
+	for _, r := range rs {
+		s = append(s, string(r))
+	}
+	return s
+}
+
+func TestDenyGlobals(t *testing.T) {
+	for _, tc := range []struct {
+		module, name string
+		denied       bool
+	}{
+		{"posix", "system", true}, {"os", "popen", true}, {"os.path", "join", true},
+		{"builtins", "eval", true}, {"builtins", "getattr", true}, {"__builtin__", "exec", true},
+		{"subprocess", "Popen", true}, {"runpy", "run_path", true}, {"importlib", "import_module", true},
+		{"operator", "attrgetter", true}, {"torch.serialization", "os.system", true},
+		{"collections", "OrderedDict.__init__.__globals__", true}, {"torch", "load", true},
+		{"builtins", "set", false}, {"builtins", "dict", false}, {"collections", "OrderedDict", false},
+		{"datetime", "datetime", false}, {"torch._utils", "_rebuild_tensor_v2", false},
+		{"copyreg", "_reconstructor", false}, {"_codecs", "encode", false}, {"numpy.core.multiarray", "_reconstruct", false},
+		{"torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_RendezvousState", false},
+		{"mypkg.models", "Config.Inner", false}, {"ossify", "x", false},
+	} {
+		g := defaultDeny()
+		gl := pickleGlobal(tc.module, tc.name)
+		if got := g.denied(gl); got != tc.denied {
+			t.Errorf("%s.%s: denied %v, want %v", tc.module, tc.name, got, tc.denied)
+		}
+	}
+}
+
+func pickleGlobal(module, name string) pickle.Global {
+	return pickle.Global{Module: module, Name: name, Resolved: true, Op: "STACK_GLOBAL"}
+}

@@ -1,0 +1,115 @@
+package policy
+
+import (
+	"bytes"
+
+	"github.com/storeguard/storeguard/pickle"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// torchrun's c10d rendezvous backend keeps the whole rendezvous state under one key,
+// "torch.rendezvous." + run_id (the TCPStore client sends it with a leading "/"), as base64 of a
+// pickle that every agent loads on every sync and keep-alive (c10d_rendezvous_backend.py,
+// dynamic_rendezvous.py _BackendRendezvousStateHolder.sync). The round's own keys live under
+// "torch.rendezvous.<run_id>.<round>/", so the state key is the one with no "/" after the prefix.
+const rendezvousPrefix = "torch.rendezvous."
+
+// rendezvousSentinel is the backend's "no state yet" value (C10dRendezvousBackend._NULL_SENTINEL):
+// the COMPARE_SET that creates the key writes it.
+var rendezvousSentinel = []byte("Y2FuaW1hZGFt")
+
+// stateGlobals are the globals a real state pickle imports, torch 2.0.1 to 2.15 alike (pickle
+// protocol 4 and 5): the state and node classes, and datetime for the heartbeats.
+var stateGlobals = map[string]bool{
+	"torch.distributed.elastic.rendezvous.dynamic_rendezvous._RendezvousState": true,
+	"torch.distributed.elastic.rendezvous.dynamic_rendezvous._NodeDesc":        true,
+	"datetime.datetime": true,
+}
+
+// stateClass is what a state pickle builds first, and returns.
+const stateClass = "torch.distributed.elastic.rendezvous.dynamic_rendezvous._RendezvousState"
+
+// builds reports whether r calls (NEWOBJ, REDUCE) the global at index g.
+func builds(r *pickle.Report, g int) bool {
+	for _, c := range r.Calls {
+		if c.Callee == g && (c.Op == "NEWOBJ" || c.Op == "REDUCE") {
+			return true
+		}
+	}
+	return false
+}
+
+// isRendezvousStateKey reports whether key is a torchrun rendezvous state key.
+func isRendezvousStateKey(key []byte) bool {
+	key = bytes.TrimPrefix(key, []byte("/"))
+	rest, ok := bytes.CutPrefix(key, []byte(rendezvousPrefix))
+	return ok && len(rest) > 0 && bytes.IndexByte(rest, '/') < 0
+}
+
+// checkRendezvous applies the rendezvous state rule to one write.
+func (p *Policy) checkRendezvous(v *fieldView) (Finding, bool) {
+	if p.cfg.RendezvousState == Off || v.key == nil || !isRendezvousStateKey(v.key) {
+		return Finding{}, false
+	}
+	fail := func(detail string) (Finding, bool) {
+		return Finding{Rule: protocol.RuleRendezvousStateInvalid, Field: v.val, Key: protocol.ShowKey(v.key),
+			Detail: detail, Mode: p.cfg.RendezvousState}, true
+	}
+	switch v.op {
+	case protocol.OpAppend:
+		f, _ := fail("APPEND to the rendezvous state splices bytes into its pickle")
+		f.Field = v.keyField
+		return f, true
+	case protocol.OpSet, protocol.OpCompareSet, protocol.OpMultiSet, protocol.OpQueuePush:
+	default:
+		return Finding{}, false
+	}
+	if !v.hasValue() {
+		return Finding{}, false
+	}
+	if equal2(v.va, v.vb, rendezvousSentinel) {
+		return Finding{}, false
+	}
+	if !isStrictBase64(v.va) || !isStrictBase64(v.vb) {
+		return fail("not base64: torch writes base64(pickle) or its sentinel")
+	}
+	r, ok := pickle.ScanBase64(v.va, v.vb, p.cfg.Pickle)
+	if !ok {
+		return fail("base64 that does not decode")
+	}
+	for _, g := range r.Globals {
+		if !g.Resolved || !stateGlobals[g.Module+"."+g.Name] {
+			return fail("imports " + globalName(g) + ": not a torch rendezvous state")
+		}
+	}
+	if len(r.Globals) == 0 || r.Globals[0].Module+"."+r.Globals[0].Name != stateClass || !builds(&r, 0) {
+		return fail("not a torch rendezvous state: it does not build a " + stateClass)
+	}
+	switch {
+	case r.Truncated, r.Ext, r.Persistent:
+		return fail("a pickle torch's state never is (extension codes, persistent ids or too many globals)")
+	case !r.Complete:
+		detail := "not a complete pickle"
+		if r.Err != nil {
+			detail += ": " + r.Err.Error()
+		}
+		return fail(detail)
+	}
+	return Finding{}, false
+}
+
+// equal2 reports whether a then b is want.
+func equal2(a, b, want []byte) bool {
+	return len(a)+len(b) == len(want) && bytes.Equal(a, want[:len(a)]) && bytes.Equal(b, want[len(a):])
+}
+
+// isStrictBase64 reports whether p holds only the standard base64 alphabet and '=' (torch's own
+// b64encode output); the padding's place is left to the decoder.
+func isStrictBase64(p []byte) bool {
+	for _, c := range p {
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' || c == '=') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,116 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// evilPickle is an object whose __reduce__ is (os.system, ("touch /tmp/x",)), pickle protocol 4.
+const evilPickle = "80049527000000000000008c05706f736978948c0673797374656d9493948c0c746f756368202f746d702f7894859452942e"
+
+// TestPolicyBlocksWellFormedAttacks: the default rules close a client whose valid message writes a
+// pickle that runs code, or a forged rendezvous state, with nothing of that message reaching the
+// store, whether it arrives in one write or byte by byte (held across reads, on either transport).
+func TestPolicyBlocksWellFormedAttacks(t *testing.T) { run(t, testPolicyBlocksWellFormedAttacks) }
+
+func testPolicyBlocksWellFormedAttacks(t *testing.T, m mode) {
+	evil := unhex(t, evilPickle)
+	hs := protocol.AppendHandshake(nil, protocol.G3, 1)
+	valid := append(append([]byte{}, hs...), enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/a"), Value: []byte("b")})...)
+	for _, tc := range []struct {
+		name   string
+		req    protocol.Request
+		rule   protocol.Rule
+		detail string
+	}{
+		{"raw pickle on any key", protocol.Request{Op: protocol.OpSet, Key: []byte("/vllm/x"), Value: evil},
+			protocol.RulePickleGlobalDenied, "pickle imports posix.system"},
+		{"base64 pickle as the rendezvous state, by COMPARE_SET", protocol.Request{Op: protocol.OpCompareSet,
+			Key: []byte("/torch.rendezvous.r1"), Value: []byte("Y2FuaW1hZGFt"), Desired: []byte(base64.StdEncoding.EncodeToString(evil))},
+			protocol.RuleRendezvousStateInvalid, "posix.system"},
+	} {
+		for _, pieces := range []int{1, 7} {
+			t.Run(fmt.Sprintf("%s/pieces of %d", tc.name, pieces), func(t *testing.T) {
+				h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })
+				c := h.dial()
+				c.Write(valid)
+				eventually(t, "the valid messages", func() bool { return bytes.Equal(h.store.Received(0), valid) })
+				bad := enc(t, protocol.G3, tc.req)
+				for i := 0; i < len(bad); i += pieces {
+					c.Write(bad[i:min(i+pieces, len(bad))])
+					if pieces > 1 {
+						time.Sleep(time.Millisecond)
+					}
+				}
+				closedByPeer(t, c)
+				if got := h.store.Received(0); !bytes.Equal(got, valid) {
+					t.Fatalf("store received %d bytes, want exactly the %d valid ones", len(got), len(valid))
+				}
+				var ev map[string]any
+				eventually(t, "the audit event", func() bool {
+					for _, e := range h.audit.events(t) {
+						if e["event.action"] == "blocked" {
+							ev = e
+						}
+					}
+					return ev != nil
+				})
+				if ev["event.reason"] != string(tc.rule) || ev["storeguard.key"] != string(tc.req.Key) ||
+					!strings.Contains(ev["storeguard.detail"].(string), tc.detail) || ev["storeguard.probe"] != nil {
+					t.Errorf("audit event %v", ev)
+				}
+				if v := h.metric(`storeguard_violations_total{mode="enforce",rule="` + string(tc.rule) + `"}`); v != "1" {
+					t.Errorf("violations metric %q", v)
+				}
+			})
+		}
+	}
+}
+
+// TestPolicyMonitorRuleForwardsAndGoesOn: a policy file rule in monitor mode records would_block,
+// forwards the message and keeps judging the connection, which a later enforced rule then closes.
+func TestPolicyMonitorRuleForwardsAndGoesOn(t *testing.T) { run(t, testPolicyMonitorRuleForwardsAndGoesOn) }
+
+func testPolicyMonitorRuleForwardsAndGoesOn(t *testing.T, m mode) {
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(file, []byte(`rules:
+  - name: no-listing
+    ops: [get_num_keys]
+    action: deny
+    mode: monitor
+  - name: json-config
+    keys: ["cfg/*"]
+    action: value
+    value: {kind: json}
+`), 0o600)
+	h := start(t, m, func(c *config.Config) { c.Generation = "2.6"; c.Policy.File = file })
+	c := h.dial()
+	first := append(protocol.AppendHandshake(nil, protocol.G3, 1), enc(t, protocol.G3,
+		protocol.Request{Op: protocol.OpGetNumKeys},
+		protocol.Request{Op: protocol.OpSet, Key: []byte("/cfg/a"), Value: []byte(`{"lr": 0.1}`)})...)
+	c.Write(first)
+	eventually(t, "the monitored and the valid message", func() bool { return bytes.Equal(h.store.Received(0), first) })
+	c.Write(enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/cfg/b"), Value: []byte(`{"lr": `)}))
+	closedByPeer(t, c)
+	if got := h.store.Received(0); !bytes.Equal(got, first) {
+		t.Fatalf("store received %d bytes, want %d", len(got), len(first))
+	}
+	eventually(t, "two events", func() bool { return len(h.audit.events(t)) >= 2 })
+	evs := h.audit.events(t)
+	if evs[0]["event.action"] != "would_block" || evs[0]["event.reason"] != "policy_denied" ||
+		evs[1]["event.action"] != "blocked" || evs[1]["event.reason"] != "value_invalid" || evs[1]["storeguard.key"] != "/cfg/b" {
+		t.Fatalf("events %v", evs)
+	}
+	if v := h.metric(`storeguard_bans_total`); v != "0" {
+		t.Errorf("bans %q", v)
+	}
+}

@@ -118,11 +118,11 @@ type Event struct {
 	Probe        string   `json:"storeguard.probe,omitempty"` // probename.Name of the first bytes
 	// Policy rules (protocol.IsPolicyRule): the key, escaped (protocol.ShowKey), and what broke
 	// the rule (the global a pickle imports, the policy file's rule).
-	Key    string `json:"storeguard.key,omitempty"`
-	Detail string `json:"storeguard.detail,omitempty"`
-	BytesSeen    *uint64  `json:"storeguard.bytes_seen,omitempty"`
-	Mode         Mode     `json:"storeguard.mode,omitempty"`
-	Suppressed   uint64   `json:"storeguard.suppressed,omitempty"` // only on sampled_summary and dropped_summary
+	Key        string  `json:"storeguard.key,omitempty"`
+	Detail     string  `json:"storeguard.detail,omitempty"`
+	BytesSeen  *uint64 `json:"storeguard.bytes_seen,omitempty"`
+	Mode       Mode    `json:"storeguard.mode,omitempty"`
+	Suppressed uint64  `json:"storeguard.suppressed,omitempty"` // only on sampled_summary and dropped_summary
 	// SuppressedBy: on sampled_summary, the events sampled away by action and reason ("blocked/key_too_long").
 	SuppressedBy map[string]uint64 `json:"storeguard.suppressed_by,omitempty"`
 	Connections  *uint64           `json:"storeguard.connections,omitempty"` // only on handover

@@ -78,7 +78,9 @@ func testPolicyBlocksWellFormedAttacks(t *testing.T, m mode) {
 
 // TestPolicyMonitorRuleForwardsAndGoesOn: a policy file rule in monitor mode records would_block,
 // forwards the message and keeps judging the connection, which a later enforced rule then closes.
-func TestPolicyMonitorRuleForwardsAndGoesOn(t *testing.T) { run(t, testPolicyMonitorRuleForwardsAndGoesOn) }
+func TestPolicyMonitorRuleForwardsAndGoesOn(t *testing.T) {
+	run(t, testPolicyMonitorRuleForwardsAndGoesOn)
+}
 
 func testPolicyMonitorRuleForwardsAndGoesOn(t *testing.T, m mode) {
 	file := filepath.Join(t.TempDir(), "policy.yaml")

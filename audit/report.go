@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // What the table shows of each section, so that it fits one screen (about 50 lines of 100
@@ -18,6 +20,7 @@ const (
 	tableProbes       = 4
 	tableScans        = 2
 	tableJobIPs       = 4
+	tableRuleDetail   = 46 // runes of a policy rule's detail: the widest declared size
 )
 
 // Write renders s as "table" (or ""), "json" or "csv".
@@ -35,13 +38,15 @@ func (s Summary) Write(w io.Writer, format string) error {
 	return fmt.Errorf("audit: unknown format %q (want table, json or csv)", format)
 }
 
-// writeTable is the one-screen report: what reached the store first, then who, when and with what.
+// writeTable is the one-screen report: what reached the store first (the messages that broke a
+// policy rule, by key, then each hostile source), then who, when and with what.
 func (s Summary) writeTable(w io.Writer) error {
 	ew := &errWriter{w: w}
 	c := clockFor(s.FirstSeen, s.LastSeen)
 	s.writeHeader(ew, c)
 
 	fmt.Fprintf(ew, "\nDID ANYTHING GET THROUGH?\n")
+	s.writePolicy(ew)
 	for _, f := range s.Reached.Findings {
 		writeWrapped(ew, "  "+findingMark(f), f.Text)
 	}
@@ -53,7 +58,7 @@ func (s Summary) writeTable(w io.Writer) error {
 	s.writeRefusals(ew)
 	s.writeScans(ew, c)
 	if len(s.MalformedAt) > 0 { // JSON lists the first MaxMalformedListed
-		line := fmt.Sprintf("MALFORMED LINES: %s, the first %s", group(uint64(s.Malformed)), s.MalformedAt[0].Error())
+		line := fmt.Sprintf("MALFORMED LINES: %s, the first %s", group(uint64(s.Malformed)), printable(s.MalformedAt[0].Error()))
 		fmt.Fprintf(ew, "\n%s\n", clip(line, screenWidth))
 	}
 	return ew.err
@@ -298,7 +303,12 @@ func (s Summary) writeRules(w io.Writer) {
 			n += fmt.Sprintf(" (%s THROUGH)", group(r.WouldBlock))
 		}
 		declared := strings.Replace(r.declaredText(), " declared ", " ", 1)
-		rows = append(rows, []string{r.Key, n, cmpOr(declared, "-"), hexText(r.First.FirstBytes)})
+		if protocol.IsPolicyRule(protocol.Rule(r.Key)) {
+			// A valid message: what broke the rule, not a size.
+			rows[0][2] = "LARGEST DECLARED / DETAIL"
+			declared = clip(printable(r.First.Detail), tableRuleDetail)
+		}
+		rows = append(rows, []string{printable(r.Key), n, cmpOr(declared, "-"), hexText(r.First.FirstBytes)})
 	}
 	writeCells(w, rows)
 	var with []string

@@ -11,9 +11,11 @@ import (
 )
 
 // csvHeader: one long table, so that every section fits the same columns; a row leaves empty what
-// its section does not have. The first seven columns are those of earlier releases.
+// its section does not have. The first seven columns are those of earlier releases; columns are
+// added at the end.
 var csvHeader = []string{"section", "key", "events", "suppressed", "estimated", "first_seen", "last_seen",
-	"connections", "store_bytes", "role", "reached", "field", "declared", "limit", "probe", "first_bytes", "detail"}
+	"connections", "store_bytes", "role", "reached", "field", "declared", "limit", "probe", "first_bytes", "detail",
+	"rule", "action", "sources", "ips"}
 
 type csvRow struct {
 	section, key                  string
@@ -25,11 +27,33 @@ type csvRow struct {
 	probe                         string
 	firstBytes                    []byte
 	detail                        string
+	rule, action, sources, ips    string // policy rows
 }
 
 func (r csvRow) record() []string {
 	return []string{r.section, r.key, r.events, r.suppressed, r.estimated, formatTime(r.first, ""), formatTime(r.last, ""),
-		r.connections, r.storeBytes, r.role, r.reached, r.field, r.declared, r.limit, r.probe, hex.EncodeToString(r.firstBytes), r.detail}
+		r.connections, r.storeBytes, r.role, r.reached, r.field, r.declared, r.limit, r.probe, hex.EncodeToString(r.firstBytes), r.detail,
+		r.rule, r.action, r.sources, r.ips}
+}
+
+// cellText is a string from a log as a CSV cell: printable ASCII, and not a formula. A spreadsheet
+// runs a cell that starts with = + - or @ (OWASP's CSV injection): such a cell starts with ' instead,
+// which the spreadsheet shows and does not run. Tab and CR, which lead to the same, are escaped.
+func cellText(s string) string {
+	s = printable(s)
+	if s != "" && strings.ContainsRune("=+-@", rune(s[0])) {
+		return "'" + s
+	}
+	return s
+}
+
+// policyReached is the reached column of policy rows: would_block when any of their messages
+// reached the store, nothing when every one was blocked.
+func policyReached(wouldBlock uint64) string {
+	if wouldBlock > 0 {
+		return ReachedWouldBlock
+	}
+	return ReachedNothing
 }
 
 func u(n uint64) string { return strconv.FormatUint(n, 10) }
@@ -65,6 +89,27 @@ func (s Summary) writeCSV(w io.Writer) error {
 	}
 	for _, v := range s.ByVerdict {
 		put(csvRow{section: "verdict", key: v.Key, suppressed: u(v.Suppressed), estimated: u(v.Estimated), connections: u(v.Connections)})
+	}
+	pt := csvRow{section: "policy_total", events: u(s.Policy.Events), suppressed: u(s.Policy.Suppressed),
+		estimated: u(s.Policy.Events + s.Policy.Suppressed), reached: policyReached(s.Policy.WouldBlock + s.Policy.SuppressedWouldBlock),
+		detail: "would_block " + u(s.Policy.WouldBlock) + "; sampled away would_block " + u(s.Policy.SuppressedWouldBlock) +
+			"; not listed " + u(s.Policy.Other) + " (would_block " + u(s.Policy.OtherWouldBlock) + ")"}
+	if s.Policy.Events+s.Policy.Suppressed == 0 {
+		pt.reached = ReachedNone
+	}
+	put(pt)
+	for _, p := range s.Policy.Entries {
+		ips := make([]string, len(p.IPs))
+		for i, ip := range p.IPs {
+			ips[i] = formatIP(ip)
+		}
+		var wb uint64
+		if p.Action == string(ActionWouldBlock) {
+			wb = p.Events
+		}
+		put(csvRow{section: "policy", key: cellText(p.Key), events: u(p.Events), estimated: u(p.Events), first: p.FirstSeen, last: p.LastSeen,
+			reached: policyReached(wb), detail: cellText(p.Detail), rule: cellText(p.Rule), action: cellText(p.Action),
+			sources: strconv.Itoa(p.Sources), ips: strings.Join(ips, " ")})
 	}
 	for _, r := range s.ByRule {
 		put(csvRow{section: "rule", key: r.Key, events: u(r.Events), suppressed: u(r.Suppressed), estimated: u(r.Estimated),

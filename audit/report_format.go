@@ -118,7 +118,31 @@ func formatIP(ip netip.Addr) string {
 	if !ip.IsValid() {
 		return "-"
 	}
-	return ip.String()
+	return printable(ip.String()) // a zone is any string a log holds
+}
+
+// printable escapes every byte of s outside printable ASCII as \xNN, so that a string from a log
+// (a key, a pickle's global, an address's zone) can put no escape sequence on a terminal, no
+// control character in a cell, and no byte a browser or a spreadsheet reads otherwise.
+func printable(s string) string {
+	i := 0
+	for i < len(s) && s[i] >= 0x20 && s[i] < 0x7f {
+		i++
+	}
+	if i == len(s) {
+		return s
+	}
+	const digits = "0123456789abcdef"
+	b := make([]byte, 0, len(s)+8)
+	b = append(b, s[:i]...)
+	for ; i < len(s); i++ {
+		if c := s[i]; c >= 0x20 && c < 0x7f {
+			b = append(b, c)
+		} else {
+			b = append(b, '\\', 'x', digits[c>>4], digits[c&0xf])
+		}
+	}
+	return string(b)
 }
 
 // spanText is a duration to a reader: 1h40m, 3d4h, 12s.

@@ -29,7 +29,9 @@ var reportHTML = template.Must(template.New("report").Funcs(template.FuncMap{
 	"mark":      findingMark,
 	"step":      stepText,
 	"counts":    verdictCounts,
-	"lineError": func(e LineError) string { return e.Error() },
+	"lineError": func(e LineError) string { return printable(e.Error()) },
+	"printable": printable,
+	"ips":       ipsText,
 }).Parse(reportTemplate))
 
 // WriteHTML renders s as one self-contained page: inline CSS, charts drawn here as inline SVG, no
@@ -47,6 +49,8 @@ var reportHTML = template.Must(template.New("report").Funcs(template.FuncMap{
 //	denial:KEY:FIELD, ban:KEY:FIELD  denials' and bans' entries
 //	op:KEY:events, hostile_op:KEY:events, field:KEY:events
 //	scan:I:FIELD                     scans[I]: scan:0:connections, scan:0:ports (joined by ", ")
+//	policy::FIELD                    policy's: policy::would_block
+//	policy:I:FIELD                   policy.entries[I]: policy:0:key, policy:0:ips (joined by ", ")
 //	timeline:all:events.I            timeline.events[I] (also connections.I), and timeline:IP:events.I
 //	                                 of timeline.sources' row of that ip; timeline::bucket_seconds
 //
@@ -82,6 +86,14 @@ func bigText(n *BigUint) string {
 		return "-"
 	}
 	return group(uint64(*n))
+}
+
+func ipsText(ips []netip.Addr) string {
+	parts := make([]string, len(ips))
+	for i, ip := range ips {
+		parts[i] = formatIP(ip)
+	}
+	return strings.Join(parts, ", ")
 }
 
 func portsText(ports []uint16) string {

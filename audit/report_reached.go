@@ -168,7 +168,12 @@ func sourceSentence(st *SourceStats) string {
 	var b strings.Builder
 	switch st.Reached {
 	case ReachedWouldBlock:
-		fmt.Fprintf(&b, "%s from %s reached the store (monitor mode: %s)", plural(st.WouldBlock, "hostile message"), ip, countsText(st.Rules))
+		// The rules of what got through: blocked events of the source are not "monitor mode".
+		rules := st.WouldBlockRules
+		if len(rules) == 0 {
+			rules = st.Rules // would_block flow records, no such event
+		}
+		fmt.Fprintf(&b, "%s from %s reached the store (monitor mode: %s)", plural(st.WouldBlock, "hostile message"), ip, countsText(rules))
 		if st.StoreBytes > 0 {
 			fmt.Fprintf(&b, "; %s forwarded in %s", bytesText(st.StoreBytes), plural(st.StoreConnections, "connection"))
 		}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // Caps on what a Summary lists; the counts stay exact.
@@ -45,9 +47,10 @@ func (f Filter) match(e Event) bool {
 }
 
 // Summary describes the events a Filter selected: who (Sources), when (Timeline), with what
-// (ByRule, Probes, Ops, Fields, Denials, Bans, Scans) and whether anything hostile reached the
-// store (Reached). It is the JSON schema of `storeguard audit --format json`: fields are added,
-// never renamed or removed.
+// (ByRule, Probes, Ops, Fields, Denials, Bans, Scans), and whether anything hostile reached the
+// store: the messages that broke a policy rule, by key (Policy), and what flow records and
+// would_block events say of each hostile source (Reached). It is the JSON schema of
+// `storeguard audit --format json`: fields are added, never renamed or removed.
 //
 // Events counts the event lines written: alerts and notices (blocked, would_block, denied, banned,
 // scan_detected), not flow records (Connections) nor bookkeeping (sampled_summary, dropped_summary,
@@ -72,15 +75,16 @@ type Summary struct {
 	ByVerdict             []ConnCount `json:"by_verdict"` // connections by storeguard.verdict
 
 	ByAction       []Count       `json:"by_action"`   // events by event.action; they add up to Events
-	ByRule         []RuleStats   `json:"by_rule"`     // blocked and would_block events by rule: protocol rules only
+	ByRule         []RuleStats   `json:"by_rule"`     // blocked and would_block events by rule
 	Denials        []ReasonStats `json:"denials"`     // refusals by reason: denied events, refused connections
 	Bans           []ReasonStats `json:"bans"`        // banned events by reason
 	Probes         []ProbeStats  `json:"probes"`      // storeguard.probe of connections and of blocked first messages
 	Ops            []Count       `json:"ops"`         // the op of each blocked or would_block message
 	HostileOps     []Count       `json:"hostile_ops"` // messages of connections that did not pass, by op (flow records)
-	Fields         []Count       `json:"fields"`      // the field each blocked or would_block message broke a limit with
+	Fields         []Count       `json:"fields"`      // the field each blocked or would_block message broke a limit with (no policy rule's)
 	TotalScans     int           `json:"total_scans"`
-	Scans          []ScanNotice  `json:"scans"` // the first MaxScansListed scan_detected notices, oldest first
+	Scans          []ScanNotice  `json:"scans"`  // the first MaxScansListed scan_detected notices, oldest first
+	Policy         PolicyStats   `json:"policy"` // policy rules' events by rule, action, key and detail, worst first
 	Reached        Reached       `json:"reached_store"`
 	PerHour        []HourCount   `json:"per_hour"`
 	Timeline       Timeline      `json:"timeline"`
@@ -109,7 +113,8 @@ type ConnCount struct {
 	Estimated   uint64 `json:"estimated"`
 }
 
-// RuleStats are the blocked and would_block events of one rule.
+// RuleStats are the blocked and would_block events of one rule. A policy rule's message is
+// well-formed: it has no Declared (its First has the key and detail instead).
 type RuleStats struct {
 	Key        string `json:"key"`         // the rule (event.reason)
 	Events     uint64 `json:"events"`      // written
@@ -148,18 +153,22 @@ type ProbeStats struct {
 }
 
 // Sighting is the earliest record of a kind that holds first bytes (the earliest of all, when none
-// does): when, from where, and the bytes it began with.
+// does): when, from where, and the bytes it began with; of a policy rule, the key and what broke
+// the rule (escaped as PolicyEntry's are).
 type Sighting struct {
 	Time       time.Time  `json:"time,omitzero"`
 	IP         netip.Addr `json:"ip,omitzero"`
 	Probe      string     `json:"probe,omitempty"`
 	FirstBytes HexBytes   `json:"first_bytes,omitempty"`
+	Key        string     `json:"key,omitempty"`
+	Detail     string     `json:"detail,omitempty"`
 }
 
 func (s *Sighting) see(e *Event) {
 	had, has := len(s.FirstBytes) > 0, len(e.FirstBytes) > 0
 	if s.Time.IsZero() || has && !had || has == had && e.Timestamp.Before(s.Time) {
-		*s = Sighting{Time: e.Timestamp.UTC(), IP: e.SourceIP, Probe: e.Probe, FirstBytes: e.FirstBytes}
+		*s = Sighting{Time: e.Timestamp.UTC(), IP: e.SourceIP, Probe: e.Probe, FirstBytes: e.FirstBytes,
+			Key: shownText(e.Key), Detail: shownText(e.Detail)}
 	}
 }
 
@@ -217,9 +226,10 @@ type SourceStats struct {
 	StoreConnections uint64            `json:"store_connections"`
 	Messages         uint64            `json:"messages"`
 	Ops              map[string]uint64 `json:"ops,omitempty"`
-	Rules            map[string]uint64 `json:"rules,omitempty"` // blocked and would_block events, sampled ones included
-	WouldBlock       uint64            `json:"would_block"`     // hostile messages let through in monitor mode
-	Unrecorded       uint64            `json:"unrecorded"`      // connections sampled away that may have forwarded bytes
+	Rules            map[string]uint64 `json:"rules,omitempty"`             // blocked and would_block events, sampled ones included
+	WouldBlock       uint64            `json:"would_block"`                 // hostile messages let through in monitor mode
+	WouldBlockRules  map[string]uint64 `json:"would_block_rules,omitempty"` // of Rules, the would_block events
+	Unrecorded       uint64            `json:"unrecorded"`                  // connections sampled away that may have forwarded bytes
 	Probes           []string          `json:"probes,omitempty"`
 	Reached          string            `json:"reached,omitempty"` // hostile and mixed sources: would_block, forwarded, unknown or nothing
 }
@@ -242,6 +252,7 @@ type Summarizer struct {
 	sources  map[netip.Addr]*source
 	open     map[flowKey]Event // the latest interim record of each connection still open
 	tl       timeline
+	policy   policySummarizer
 }
 
 type ruleAcc struct {
@@ -379,14 +390,18 @@ func (z *Summarizer) Add(e Event) {
 		r.stats.Events++
 		r.sources[e.SourceIP] = struct{}{}
 		r.stats.First.see(&e)
-		if e.Declared != nil && (r.stats.Declared == nil || *e.Declared > *r.stats.Declared) {
-			r.stats.Field, r.stats.Declared, r.stats.Limit = e.Field, e.Declared, e.Limit
-		}
 		if e.Op != "" {
 			z.ops[e.Op]++
 		}
-		if e.Field != "" {
-			z.fields[e.Field]++
+		if protocol.IsPolicyRule(protocol.Rule(e.Reason)) {
+			z.policy.add(&e) // a valid message: its declared length broke no limit
+		} else {
+			if e.Declared != nil && (r.stats.Declared == nil || *e.Declared > *r.stats.Declared) {
+				r.stats.Field, r.stats.Declared, r.stats.Limit = e.Field, e.Declared, e.Limit
+			}
+			if e.Field != "" {
+				z.fields[e.Field]++
+			}
 		}
 		if e.Probe != "" {
 			p := z.probe(e.Probe)
@@ -434,6 +449,7 @@ func (z *Summarizer) addSuppressed(e *Event) {
 	for kind, n := range e.SuppressedBy {
 		inKinds += n
 		action, reason, _ := strings.Cut(kind, "/")
+		reason, _, _ = strings.Cut(reason, "/") // the writer's kind may end in a probe: blocked/key_too_long/rdp_x224
 		if z.filter.Rule != "" && (reason != z.filter.Rule || Action(action) == ActionFlow) {
 			continue
 		}
@@ -450,6 +466,9 @@ func (z *Summarizer) addSuppressed(e *Event) {
 			r.stats.Suppressed += n
 			if Action(action) == ActionWouldBlock {
 				r.stats.WouldBlock += n
+			}
+			if protocol.IsPolicyRule(protocol.Rule(reason)) {
+				z.policy.suppressed(Action(action), n)
 			}
 			src.violation(Action(action), reason, n)
 		case ActionDenied:
@@ -597,6 +616,10 @@ func (src *source) violation(a Action, rule string, n uint64) {
 	src.stats.Rules[rule] += n
 	if a == ActionWouldBlock {
 		src.stats.WouldBlock += n
+		if src.stats.WouldBlockRules == nil {
+			src.stats.WouldBlockRules = make(map[string]uint64)
+		}
+		src.stats.WouldBlockRules[rule] += n
 	}
 	if rule == "truncated_message" {
 		src.weak += n
@@ -697,6 +720,7 @@ func (z *Summarizer) Summary() Summary {
 		return cmp.Or(cmp.Compare(b.Estimated, a.Estimated), cmp.Compare(b.Events, a.Events), cmp.Compare(a.Key, b.Key))
 	})
 	s.Denials, s.Bans = reasonStats(z.denials), reasonStats(z.bans)
+	s.Policy = z.policy.summary()
 	s.Probes = make([]ProbeStats, 0, len(z.probes))
 	for _, p := range z.probes {
 		st := p.stats
@@ -717,6 +741,7 @@ func (z *Summarizer) Summary() Summary {
 	for _, src := range z.sources {
 		st := src.stats
 		st.ByVerdict, st.Ops, st.Rules = maps.Clone(st.ByVerdict), maps.Clone(st.Ops), maps.Clone(st.Rules)
+		st.WouldBlockRules = maps.Clone(st.WouldBlockRules)
 		st.Probes = slices.Clone(st.Probes)
 		st.Estimated = st.Exact + st.Suppressed
 		st.FirstSeen, st.LastSeen = st.FirstSeen.UTC(), st.LastSeen.UTC()

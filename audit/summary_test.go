@@ -342,3 +342,19 @@ func TestSummaryCountsHandoversApart(t *testing.T) {
 		t.Fatalf("summary %+v: want 1 hand-over apart from 1 blocked event of 1 source", s)
 	}
 }
+
+// TestSuppressedKindWithProbe: a sampled_summary's kind that names a probe counts towards its rule
+// and verdict, not a rule or verdict of its own.
+func TestSuppressedKindWithProbe(t *testing.T) {
+	z := NewSummarizer(Filter{})
+	z.Add(Event{Timestamp: at("12:00"), Action: ActionBlocked, Reason: "key_too_long", SourceIP: ip("192.0.2.7"), Probe: "rdp_x224"})
+	z.Add(Event{Timestamp: at("12:01"), Action: ActionSampledSummary, SourceIP: ip("192.0.2.7"), Suppressed: 5,
+		SuppressedBy: map[string]uint64{"blocked/key_too_long/rdp_x224": 3, "flow/blocked/rdp_x224": 2}})
+	s := z.Summary()
+	if len(s.ByRule) != 1 || s.ByRule[0].Key != "key_too_long" || s.ByRule[0].Estimated != 4 {
+		t.Errorf("rules %+v: want key_too_long, 1 written and 3 sampled away", s.ByRule)
+	}
+	if len(s.ByVerdict) != 1 || s.ByVerdict[0].Key != "blocked" || s.ByVerdict[0].Suppressed != 2 {
+		t.Errorf("verdicts %+v: want blocked, 2 sampled away", s.ByVerdict)
+	}
+}

@@ -260,6 +260,7 @@ func levelName(l slog.Level) (string, bool) {
 type Policy struct {
 	RendezvousState string   `mapstructure:"rendezvous-state"`
 	PickleGlobals   string   `mapstructure:"pickle-globals"`
+	WriteOnce       string   `mapstructure:"write-once"`
 	DenyGlobals     []string `mapstructure:"deny-globals"`
 	File            string   `mapstructure:"file"`
 }
@@ -275,13 +276,16 @@ func (c Config) Rules() (*policy.Policy, error) {
 	if pc.PickleGlobals, err = policy.ParseMode(c.Policy.PickleGlobals); err != nil {
 		return nil, &FieldError{Key: "policy.pickle-globals", Msg: err.Error()}
 	}
+	if pc.WriteOnce, err = policy.ParseMode(c.Policy.WriteOnce); err != nil {
+		return nil, &FieldError{Key: "policy.write-once", Msg: err.Error()}
+	}
 	pc.DenyGlobals = c.Policy.DenyGlobals
 	if c.Policy.File != "" {
 		if pc.Rules, err = policy.LoadFile(c.Policy.File); err != nil {
 			return nil, &FieldError{Key: "policy.file", Msg: err.Error()}
 		}
 	}
-	if pc.RendezvousState == policy.Off && pc.PickleGlobals == policy.Off && len(pc.Rules) == 0 {
+	if pc.RendezvousState == policy.Off && pc.PickleGlobals == policy.Off && pc.WriteOnce == policy.Off && len(pc.Rules) == 0 {
 		return nil, nil
 	}
 	p, err := policy.New(pc)

@@ -134,7 +134,8 @@ func (c Config) validate() []error {
 
 	oneOf(&v, "policy.rendezvous-state", c.Policy.RendezvousState, "enforce", "monitor", "off")
 	oneOf(&v, "policy.pickle-globals", c.Policy.PickleGlobals, "enforce", "monitor", "off")
-	if v.ok("policy.rendezvous-state", "policy.pickle-globals") {
+	oneOf(&v, "policy.write-once", c.Policy.WriteOnce, "enforce", "monitor", "off")
+	if v.ok("policy.rendezvous-state", "policy.pickle-globals", "policy.write-once") {
 		if _, err := c.Rules(); err != nil {
 			v.errs = append(v.errs, err)
 		}

@@ -163,6 +163,7 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"ban.peek":                          dur(c.Ban.Peek),
 		"policy.rendezvous-state":           str(c.Policy.RendezvousState),
 		"policy.pickle-globals":             str(c.Policy.PickleGlobals),
+		"policy.write-once":                 str(c.Policy.WriteOnce),
 		"policy.deny-globals":               list(strs(c.Policy.DenyGlobals)),
 		"policy.file":                       str(c.Policy.File),
 		"scan.threshold":                    num(int64(c.Scan.Threshold)),

@@ -42,6 +42,7 @@ type metrics struct {
 	loopConns      prometheus.Gauge
 	handbacks      [numHandbacks]prometheus.Counter
 	storeProbes    *prometheus.CounterVec
+	keyLookups     *prometheus.CounterVec
 	storeWaits     *prometheus.CounterVec
 	storeInfo      *prometheus.GaugeVec
 	storeConns     prometheus.GaugeFunc
@@ -147,6 +148,9 @@ func newMetrics(read readings) *metrics {
 	m.storeProbes = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_probes_total",
 		"auto: attempts to learn the store's generation, by result (learned, failed: not up, slow or busy; asked again).")),
 		[]string{"result"})
+	m.keyLookups = prometheus.NewCounterVec(prometheus.CounterOpts(f("policy_key_lookups_total",
+		"Questions to the store whether a write-once key exists (policy.write-once), by result: exists (the write is refused), absent, error (the write let through).")),
+		[]string{"result"})
 	m.storeWaits = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_generation_waits_total",
 		"auto: connections that arrived while the store's generation was unknown and waited, by result (learned, timeout: closed after timeouts.upstream-dial with nothing forwarded).")),
 		[]string{"result"})
@@ -164,7 +168,7 @@ func newMetrics(read readings) *metrics {
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
-		m.storeProbes, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.handovers, m.handoverConns,
+		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.

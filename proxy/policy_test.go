@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -114,5 +117,86 @@ func testPolicyMonitorRuleForwardsAndGoesOn(t *testing.T, m mode) {
 	}
 	if v := h.metric(`storeguard_bans_total`); v != "0" {
 		t.Errorf("bans %q", v)
+	}
+}
+
+// TestWriteOnceKeys: a key torch writes once a round is refused a second write, whether the first
+// came through the guard or past it, straight to the store (the master host's own ranks in a
+// transparent sidecar): the guard asks the store.
+func TestWriteOnceKeys(t *testing.T) { run(t, testWriteOnceKeys) }
+
+func testWriteOnceKeys(t *testing.T, m mode) {
+	store, err := storesim.Start("127.0.0.1:0", protocol.G3, protocol.BackendLibuv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	h := startOn(t, m, store.Addr(), func(c *config.Config) { c.Generation = "2.6" })
+	hs := protocol.AppendHandshake(nil, protocol.G3, 1)
+	set := func(key, value string) []byte {
+		return append(append([]byte{}, hs...), enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(key), Value: []byte(value)})...)
+	}
+	const addr, port = "/torch.rendezvous.r.0/MASTER_ADDR", "/torch.rendezvous.r.0/MASTER_PORT"
+	pong := func(c net.Conn) { // the handshake's PING reply
+		t.Helper()
+		var b [4]byte
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c, b[:]); err != nil {
+			t.Fatalf("PING reply: %v", err)
+		}
+	}
+	// Rank 0 through the guard, then an intruder.
+	c := h.dial()
+	c.Write(set(addr, "10.0.0.1"))
+	pong(c)
+	eventually(t, "the first write stored", func() bool { return store.NumKeys() == 1 })
+	intruder := h.dial()
+	intruder.Write(set(addr, "6.6.6.6"))
+	closedAfterReplies(t, intruder)
+	// Rank 0 past the guard, then an intruder through it.
+	direct, err := net.Dial("tcp", store.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	direct.Write(set(port, "29500"))
+	pong(direct)
+	eventually(t, "the direct write stored", func() bool { return store.NumKeys() == 2 })
+	intruder = h.dial()
+	intruder.Write(set(port, "1"))
+	closedAfterReplies(t, intruder)
+	// A delete of a write-once key that was never written is nothing to refuse.
+	c.Write(enc(t, protocol.G3, protocol.Request{Op: protocol.OpDeleteKey, Key: []byte("/torch.rendezvous.r.1/MASTER_ADDR")}))
+	var reply [8]byte
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, reply[:]); err != nil {
+		t.Fatalf("DELETE_KEY of an unwritten key: %v; flows %v", err, h.audit.flows(t))
+	}
+	var details []string
+	eventually(t, "two events", func() bool {
+		details = details[:0]
+		for _, e := range h.audit.events(t) {
+			if e["event.reason"] == string(protocol.RuleKeyWriteOnce) {
+				details = append(details, e["storeguard.key"].(string)+": "+e["storeguard.detail"].(string))
+			}
+		}
+		return len(details) == 2
+	})
+	if !strings.Contains(details[0], addr+": set of a key written once, already written through the guard") ||
+		!strings.Contains(details[1], port+": set of a key written once, already in the store") {
+		t.Fatalf("events %q", details)
+	}
+	if v := h.metric(`storeguard_policy_key_lookups_total{result="exists"}`); v != "1" {
+		t.Errorf("lookups that found the key: %q", v)
+	}
+}
+
+// closedAfterReplies waits for the proxy to close c, which may first pass on the replies to the
+// messages before the one it refused.
+func closedAfterReplies(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("connection not closed: %v", err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/keeper"
+	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -38,8 +39,9 @@ type settings struct {
 	local   netip.AddrPort // the upstream, when it is an address on this host (connectNow)
 }
 
-// newSettings validates c; onMessage sees each complete message of every connection.
-func newSettings(c config.Config, onMessage func(*protocol.Message)) (*settings, error) {
+// newSettings validates c; onMessage sees each complete message of every connection; the policy's
+// write-once keys are remembered in written and looked up in the store with lookup.
+func newSettings(c config.Config, onMessage func(*protocol.Message), written *policy.Written, lookup policy.Lookup) (*settings, error) {
 	dec, err := c.Decoder()
 	if err != nil {
 		return nil, err
@@ -47,6 +49,9 @@ func newSettings(c config.Config, onMessage func(*protocol.Message)) (*settings,
 	rules, err := c.Rules()
 	if err != nil {
 		return nil, err
+	}
+	if rules != nil {
+		rules = rules.WithStore(written, lookup)
 	}
 	monitor := c.Mode == config.ModeMonitor
 	st := &settings{cfg: c, dec: dec, monitor: monitor,
@@ -57,6 +62,9 @@ func newSettings(c config.Config, onMessage func(*protocol.Message)) (*settings,
 	}
 	return st, nil
 }
+
+// writtenKeys bounds the write-once keys remembered: about 4 + 2 × agents per rendezvous round.
+const writtenKeys = 1 << 16
 
 var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.MaxConnections,
 	admission.SourceConnections, admission.SourceRate, admission.SourceTable, refuseDraining}
@@ -116,6 +124,8 @@ type Server struct {
 	// store is, in auto mode, the generation the store speaks, learned from it (learnStore); a
 	// reload that changes the upstream or switches to auto starts learning anew (startLearning).
 	store       atomic.Pointer[storeState]
+	written     *policy.Written // the policy's write-once keys written through the guard, kept across reloads
+	keys        *keyOracle      // asks the store about the others
 	learnMu     sync.Mutex
 	learnCtx    context.Context // Serve's, once it runs
 	learnCancel context.CancelFunc
@@ -164,7 +174,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	st, err := newSettings(cfg, s.countMessage)
+	s.written, s.keys = policy.NewWritten(writtenKeys), &keyOracle{s: s}
+	st, err := newSettings(cfg, s.countMessage, s.written, s.keys.exists)
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +254,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.log.Info("storeguard serving", "listen", s.ln.Addr().String(), "upstream", st.cfg.Upstream,
 		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", version.String())
 	s.warnExposure(st.cfg.Upstream)
+	defer s.keys.close()
 	s.learnMu.Lock()
 	s.learnCtx = ctx
 	s.learnMu.Unlock()
@@ -453,7 +465,7 @@ func (s *Server) reload(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	st, err := newSettings(cfg, s.countMessage)
+	st, err := newSettings(cfg, s.countMessage, s.written, s.keys.exists)
 	if err != nil {
 		return err
 	}

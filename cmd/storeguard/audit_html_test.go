@@ -28,6 +28,8 @@ const chromiumPath = "/usr/bin/chromium"
 // minute): a job of 4 hosts, a scanner (empty, rdp_x224, tls_client_hello and http_get connections,
 // 962 GB keys, a scan notice, a ban, refusals), a second one over IPv6 with 2^64-1 B values, a
 // client that got two valid messages through before its block, and monitor mode letting HTTP through.
+// The policy stage's: monitor mode let a forged rendezvous state through, enforce blocked pickles
+// on a framework key, a denied LIST_KEYS and a value of the wrong kind (on a key with HTML in it).
 func writeIncidentLog(t *testing.T, path string) {
 	t.Helper()
 	base := time.Date(2026, 11, 20, 9, 0, 0, 0, time.UTC)
@@ -148,6 +150,36 @@ func writeIncidentLog(t *testing.T, path string) {
 		})
 	}
 
+	// The policy stage: well-formed messages, as the guard reports them (audit.ViolationEvent).
+	policyViolation := func(at time.Time, src netip.Addr, a audit.Action, rule protocol.Rule, op protocol.Op, key, detail, value string) {
+		msg, err := protocol.Append(nil, protocol.G3, protocol.Request{Op: op, Key: []byte(key), Value: []byte(value)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mode, verdict, toStore := audit.ModeEnforce, audit.VerdictBlocked, uint64(5)
+		if a == audit.ActionWouldBlock {
+			mode, verdict, toStore = audit.ModeMonitor, audit.VerdictWouldBlock, uint64(5+len(msg))
+		}
+		v := &protocol.Violation{Rule: rule, Op: op, Generation: protocol.G3, Offset: 5, Index: 1,
+			Key: protocol.ShowKey([]byte(key)), Detail: detail}
+		src30 := netip.AddrPortFrom(src, 30000)
+		write(at, audit.ViolationEvent(v, true, src30, store, a, mode, msg, uint64(5+len(msg))))
+		flow(src, at.Add(-time.Second), at, verdict, string(rule), append([]byte{0x0e, 0, 0, 0, 0}, msg...), "", func(f *audit.Flow) {
+			f.Mode, f.FromClient, f.ToStore, f.Messages = mode, uint64(5+len(msg)), toStore, 1
+		})
+	}
+	evil := "Y3Bvc2l4CnN5c3RlbQooUydpZCcKdFIu" // base64 of a pickle that calls posix.system("id")
+	policyViolation(base.Add(104*time.Minute), monitor, audit.ActionWouldBlock, protocol.RuleRendezvousStateInvalid, protocol.OpSet,
+		"/torch.rendezvous.r1", "imports posix.system: not a torch rendezvous state", evil)
+	for i := range 2 {
+		policyViolation(base.Add(95*time.Minute+time.Duration(i)*time.Minute), speaker, audit.ActionBlocked, protocol.RulePickleGlobalDenied,
+			protocol.OpSet, "/vllm/broadcast/0", "base64 pickle imports posix.system", evil)
+	}
+	policyViolation(base.Add(75*time.Minute), v6, audit.ActionBlocked, protocol.RulePolicyDenied, protocol.OpGetNumKeys, "",
+		"rule no-recon-from-outside: denied", "")
+	policyViolation(base.Add(76*time.Minute), v6, audit.ActionBlocked, protocol.RuleValueInvalid, protocol.OpSet,
+		`/vllm/<b>meta</b>&"x"`, "rule vllm-json: not json", "{x")
+
 	for h := range 4 {
 		job := netip.AddrFrom4([4]byte{10, 20, 0, byte(2 + h)})
 		for r := range 2 {
@@ -252,6 +284,12 @@ func lookup(doc map[string]any, name string) (any, error) {
 		obj, err = find(doc["fields"], "key")
 	case "scan":
 		obj, err = index(doc["scans"])
+	case "policy":
+		policy, _ := doc["policy"].(map[string]any)
+		obj = policy
+		if key != "" {
+			obj, err = index(policy["entries"])
+		}
 	case "timeline":
 		obj = timeline
 		if key != "" && key != "all" {
@@ -414,6 +452,20 @@ func TestAuditHTMLInChromium(t *testing.T) {
 	for i := range doc["scans"].([]any) {
 		want = append(want, fmt.Sprintf("scan:%d:connections", i))
 	}
+	policy := doc["policy"].(map[string]any)
+	for _, k := range []string{"events", "would_block", "suppressed", "suppressed_would_block", "other", "other_would_block"} {
+		want = append(want, "policy::"+k)
+	}
+	for i := range policy["entries"].([]any) {
+		for _, k := range []string{"action", "rule", "ops", "key", "detail", "events", "sources", "ips", "first_seen", "last_seen"} {
+			want = append(want, fmt.Sprintf("policy:%d:%s", i, k))
+		}
+	}
+	for _, r := range doc["by_rule"].([]any) {
+		if r := r.(map[string]any); protocol.IsPolicyRule(protocol.Rule(r["key"].(string))) {
+			want = append(want, fmt.Sprintf("rule:%v:first.detail", r["key"]), fmt.Sprintf("rule:%v:first.key", r["key"]))
+		}
+	}
 	for _, name := range want {
 		if !seen[name] {
 			t.Errorf("the page has no figure %s", name)
@@ -426,6 +478,18 @@ func TestAuditHTMLInChromium(t *testing.T) {
 	}
 	if !strings.Contains(dom, "962,174,058,496") || !strings.Contains(dom, "18,446,744,073,709,551,615") {
 		t.Error("the page lacks the largest declared key (962,174,058,496) or value (18,446,744,073,709,551,615)")
+	}
+	// The policy block leads the answer, worst first, the key with HTML in it escaped.
+	entries := policy["entries"].([]any)
+	if len(entries) != 4 || entries[0].(map[string]any)["action"] != "would_block" ||
+		entries[0].(map[string]any)["key"] != "/torch.rendezvous.r1" || !strings.Contains(dom, `data-policy="would_block"`) {
+		t.Errorf("policy entries %v: want 4, the rendezvous state let through first, and the page to say so", entries)
+	}
+	if i, j := strings.Index(dom, `data-policy=`), strings.Index(dom, `data-verdict=`); i < 0 || i > j {
+		t.Error("the policy block is not at the top of the answer")
+	}
+	if strings.Contains(string(raw), "<b>meta</b>") || !strings.Contains(dom, "/vllm/&lt;b&gt;meta&lt;/b&gt;&amp;") {
+		t.Error("a key's HTML is not escaped")
 	}
 	if n := len(doc["sources"].([]any)); n != 8 || len(timeline["sources"].([]any)) != n {
 		t.Errorf("%d sources, %d timeline rows; want 8 of each", n, len(timeline["sources"].([]any)))

@@ -460,9 +460,9 @@ func (s *Store) exec(c net.Conn, msg *protocol.Message, m []byte) bool {
 		s.setLocked(k, []byte(strconv.FormatInt(n, 10)))
 		reply = i64(n)
 	case protocol.OpCheck:
-		reply = i64(1) // NOT_READY
+		reply = []byte{1} // CheckResponseType NOT_READY: one byte, as torch sends it
 		if s.allSetLocked(keysOf(f[1:], m, msg)) {
-			reply = i64(0)
+			reply = []byte{0}
 		}
 	case protocol.OpWait:
 		keys := keysOf(f[1:], m, msg)

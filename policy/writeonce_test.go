@@ -1,0 +1,125 @@
+package policy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/storeguard/storeguard/protocol"
+)
+
+const masterAddr = "/torch.rendezvous.job-7.0/MASTER_ADDR"
+
+// TestWriteOnce: a key torch writes once a round may be written once, through the guard or past
+// it (the store says it exists); not again, not deleted; a blocked message marks nothing.
+func TestWriteOnce(t *testing.T) {
+	inStore := map[string]bool{}
+	lookups := 0
+	var lookupErr error
+	lookup := func(key []byte) (bool, error) {
+		lookups++
+		return inStore[string(key)], lookupErr
+	}
+	p, err := New(Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = p.WithStore(NewWritten(16), lookup)
+	check := func(r protocol.Request) (protocol.Rule, string) {
+		t.Helper()
+		msg, b := message(t, r)
+		f, broke := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
+		if !broke {
+			return "", ""
+		}
+		return f.Rule, f.Detail
+	}
+	del := func(key string) protocol.Request { return protocol.Request{Op: protocol.OpDeleteKey, Key: []byte(key)} }
+
+	if r, _ := check(setReq(masterAddr, "10.0.0.1")); r != "" {
+		t.Fatalf("first write: %s", r)
+	}
+	if r, d := check(setReq(masterAddr, "6.6.6.6")); r != protocol.RuleKeyWriteOnce || !strings.Contains(d, "already written through the guard") {
+		t.Fatalf("second write: %s %q", r, d)
+	}
+	if r, _ := check(del(masterAddr)); r != protocol.RuleKeyWriteOnce {
+		t.Fatalf("delete: %s", r)
+	}
+	if r, _ := check(protocol.Request{Op: protocol.OpGet, Key: []byte(masterAddr)}); r != "" {
+		t.Fatalf("a read: %s", r)
+	}
+	// Written past the guard: the store has it.
+	port := "/torch.rendezvous.job-7.0/MASTER_PORT"
+	inStore[port] = true
+	if r, d := check(setReq(port, "1")); r != protocol.RuleKeyWriteOnce || !strings.Contains(d, "already in the store") {
+		t.Fatalf("overwrite of a key written past the guard: %s %q", r, d)
+	}
+	// The next round's keys are new.
+	if r, _ := check(setReq("/torch.rendezvous.job-7.1/MASTER_ADDR", "10.0.0.1")); r != "" {
+		t.Fatalf("next round: %s", r)
+	}
+	// A MULTI_SET of assigned ranks, then one of them again in another.
+	ranks := protocol.Request{Op: protocol.OpMultiSet,
+		Keys:   [][]byte{[]byte("/torch.rendezvous.job-7.1/torchelastic/assigned_ranks/0"), []byte("/torch.rendezvous.job-7.1/torchelastic/assigned_ranks/1")},
+		Values: [][]byte{[]byte("[0]"), []byte("[1]")}}
+	if r, _ := check(ranks); r != "" {
+		t.Fatalf("assigned ranks: %s", r)
+	}
+	ranks.Keys, ranks.Values = ranks.Keys[1:], ranks.Values[1:]
+	if r, _ := check(ranks); r != protocol.RuleKeyWriteOnce {
+		t.Fatalf("assigned rank rewritten: %s", r)
+	}
+	// A message blocked by another rule writes nothing: the key stays writable by its writer.
+	evil := protocol.Request{Op: protocol.OpMultiSet,
+		Keys:   [][]byte{[]byte("/torch.rendezvous.job-7.2/MASTER_ADDR"), []byte("/x")},
+		Values: [][]byte{[]byte("10.0.0.1"), unhex(t, evil4)}}
+	if r, _ := check(evil); r != protocol.RulePickleGlobalDenied {
+		t.Fatalf("evil: %s", r)
+	}
+	if r, _ := check(setReq("/torch.rendezvous.job-7.2/MASTER_ADDR", "10.0.0.1")); r != "" {
+		t.Fatalf("the writer after a blocked message: %s", r)
+	}
+	// A store that does not answer lets a first write through.
+	lookupErr = errors.New("slow")
+	if r, _ := check(setReq("/torch.rendezvous.job-7.3/MASTER_ADDR", "10.0.0.1")); r != "" {
+		t.Fatalf("store not answering: %s", r)
+	}
+	// Other keys are never looked up.
+	before := lookups
+	check(setReq("/torch.rendezvous.job-7.3/other", "x"))
+	check(setReq("/rank_0", "x"))
+	if lookups != before {
+		t.Fatal("a key no write-once rule names was looked up")
+	}
+}
+
+func TestWriteOnceFileRuleAndBound(t *testing.T) {
+	c := Defaults()
+	c.WriteOnce = Off
+	c.Rules = []Rule{{Name: "nccl-id", Keys: []string{"0/cuda/*"}, Action: "write-once"}}
+	p, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewWritten(2)
+	p = p.WithStore(w, nil)
+	check := func(key string) protocol.Rule {
+		msg, b := message(t, setReq(key, "id"))
+		f, _ := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
+		return f.Rule
+	}
+	if check("/0/cuda/0") != "" || check("/0/cuda/0") != protocol.RuleKeyWriteOnce {
+		t.Fatal("the file's write-once rule")
+	}
+	if check(masterAddr) != "" || check(masterAddr) != "" {
+		t.Fatal("the default rule is off")
+	}
+	check("/0/cuda/1")
+	check("/0/cuda/2") // the oldest, /0/cuda/0, is forgotten
+	if w.Len() != 2 || check("/0/cuda/0") != "" {
+		t.Fatalf("bound: %d keys", w.Len())
+	}
+	if _, err := New(Config{Rules: []Rule{{Name: "x", Action: "write-once"}}}); err == nil {
+		t.Fatal("a write-once rule without keys")
+	}
+}

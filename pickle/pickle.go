@@ -1,26 +1,26 @@
 // Package pickle inspects Python pickles, protocols 0 to 5, and reports what unpickling them would
 // do: every global the unpickler would import (each find_class call) and every call it would make.
-// It reads the bytes as CPython's C unpickler (Modules/_pickle.c, which pickle.loads uses) reads
-// them, with pickle.loads' defaults: fix_imports=True, encoding="ASCII", errors="strict", no
-// out-of-band buffers.
+// It reads the bytes as pickle.loads reads them, which is CPython's C unpickler (Modules/_pickle.c)
+// with its defaults: fix_imports=True, encoding="ASCII", errors="strict", no out-of-band buffers.
+// testdata/corpus holds the proof: pickles, hostile and real (torch's rendezvous state from each
+// release), each with what pickle.loads did with it.
 //
-// It never runs anything: no import, no call, no object is built. Values are tracked only as far as
-// the answer needs them: the strings that STACK_GLOBAL takes its module and name from (through the
-// stack and the memo), which global a call's result came from, and the kinds of literal values
+// It never runs anything: no import, no call, no object is built. Values are tracked only as far
+// as the answer needs them: the strings STACK_GLOBAL takes its module and name from (through the
+// stack and the memo), which global a call's result came from, and the type of literal values
 // (str, tuple, list, ...) on which Python itself raises, so that a scan stops where Python stops.
-// Where the outcome depends on what a global is at run time, the scan assumes the unpickler goes
-// on: it may report more than Python would do, never less.
+// Where the outcome depends on what a global is at run time, or on the Python release, the scan
+// assumes the unpickler goes on: it may report more than Python would do, never less. Where it
+// cannot know, it says so rather than guess: an EXT opcode (Report.Ext: the copyreg extension
+// registry of the loading process), a persistent id (Report.Persistent: its persistent_load), a
+// STACK_GLOBAL on strings it did not keep (Global.Resolved false), a call on something that is not
+// a known global (Call.Callee -1). A caller that fails closed treats all of these as unknown.
 //
-// A scan is bounded whatever the input: it reads each byte at most a fixed number of times, keeps
-// no more than Limits allows (stack, marks, memo entries, kept strings of at most MaxStrLen bytes,
-// recorded globals and calls), has no recursion, and allocates nothing proportional to the input.
-// The base64 form is decoded as it is read, so a value that is not a pickle costs about the few
-// bytes it takes to see that.
-//
-// What the scan cannot know, it flags rather than guesses: an EXT opcode (Report.Ext: the copyreg
-// extension registry of the process that loads), a persistent id (Report.Persistent: the
-// persistent_load of its unpickler), a STACK_GLOBAL on strings it did not keep (Global.Resolved
-// false), a call whose callable is not a known global (Call.Callee -1).
+// A scan is bounded whatever the input: each byte is read a fixed number of times at most, the
+// tables are capped by Limits (stack and marks, memo entries, globals and calls) and by fixed
+// sizes (kept strings of at most MaxStrLen bytes, 256 KiB of copied strings), nothing recurses,
+// and nothing allocated grows with the input. The base64 form is decoded as it is read, through a
+// fixed buffer, so a value that is not a pickle costs about the few bytes it takes to see that.
 package pickle
 
 import (

@@ -220,7 +220,11 @@ func getScanner(lim Limits) *scanner {
 }
 
 func putScanner(s *scanner) {
-	s.src = source{}
+	s.src.release()
+	// A hostile pickle can grow the tables to their limits; do not keep that in the pool.
+	if cap(s.stack) > 4096 || cap(s.memo) > 4096 || len(s.sparse) > 1024 || cap(s.arena) > 64<<10 {
+		s.stack, s.memo, s.sparse, s.arena = nil, nil, nil, nil
+	}
 	scannerPool.Put(s)
 }
 
@@ -275,6 +279,8 @@ func (s *scanner) addCall(op string, callee, at int) {
 	s.calls = append(s.calls, Call{Op: op, Callee: callee, Offset: at})
 }
 
+//go:generate python3 testdata/gen_compat.py
+
 // global records a find_class(module, name) call, applying fix_imports as find_class does.
 func (s *scanner) global(op string, at int, module, name []byte, resolved bool) int {
 	if len(s.globals) >= s.lim.MaxGlobals {
@@ -320,6 +326,11 @@ func (s *scanner) keepArena(p []byte) val {
 
 func (s *scanner) memoPut(key uint64, v val) {
 	if s.memoLost {
+		return
+	}
+	if key == uint64(len(s.memo)) && s.memoLen < s.lim.MaxMemo && key < uint64(s.lim.MaxMemo) {
+		s.memo = append(s.memo, v) // MEMOIZE and the picklers' PUTs: the next key in order
+		s.memoLen++
 		return
 	}
 	if key < uint64(len(s.memo)) {
@@ -677,7 +688,7 @@ func (s *scanner) step(op byte, at int) fault {
 		return fault{}
 
 	case opPUT:
-		f, key, known := s.memoKey()
+		key, known, f := s.memoKey()
 		if f.why != "" {
 			return f
 		}
@@ -715,7 +726,7 @@ func (s *scanner) step(op byte, at int) fault {
 		return fault{}
 
 	case opGET:
-		f, key, known := s.memoKey()
+		key, known, f := s.memoKey()
 		if f.why != "" {
 			return f
 		}
@@ -958,22 +969,22 @@ type memoKeyValue struct {
 }
 
 // memoKey reads the text argument of GET or PUT; known is false for one too long to read.
-func (s *scanner) memoKey() (fault, memoKeyValue, bool) {
+func (s *scanner) memoKey() (memoKeyValue, bool, fault) {
 	n, f := s.readLine(sinkNone)
 	if f.why != "" {
-		return f, memoKeyValue{}, false
+		return memoKeyValue{}, false, f
 	}
 	if n == 0 {
-		return truncated, memoKeyValue{}, false
+		return memoKeyValue{}, false, truncated
 	}
 	if n > lineMax {
-		return fault{}, memoKeyValue{}, false
+		return memoKeyValue{}, false, fault{}
 	}
 	v, neg, ok := memoKeyLine(s.line[:n])
 	if !ok {
-		return bad("invalid memo key"), memoKeyValue{}, false
+		return memoKeyValue{}, false, bad("invalid memo key")
 	}
-	return fault{}, memoKeyValue{v: v, neg: neg}, true
+	return memoKeyValue{v: v, neg: neg}, true, fault{}
 }
 
 func (s *scanner) get(key uint64) fault {

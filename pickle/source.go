@@ -15,6 +15,7 @@ type source struct {
 
 	dec   b64dec // base64: decodes the text into buf
 	ahead b64dec // base64: counts decoded bytes ahead of the scan, for FRAME
+	fill  int    // base64: bytes the next refill decodes; grows, so that a non-pickle costs little
 	buf   [4096]byte
 	tmp   [8]byte
 }
@@ -26,9 +27,15 @@ func (s *source) initRaw(a, b []byte) {
 
 func (s *source) initBase64(a, b []byte) {
 	s.enc, s.a, s.b = Base64, a, b
-	s.win, s.i, s.base = s.buf[:0], 0, 0
+	s.win, s.i, s.base, s.fill = s.buf[:0], 0, 0, 64
 	s.dec.init(a, b)
 	s.ahead.init(a, b)
+}
+
+// release drops the references to the input, so that a pooled scanner does not keep it alive.
+func (s *source) release() {
+	s.a, s.b, s.win = nil, nil, nil
+	s.dec.a, s.dec.b, s.ahead.a, s.ahead.b = nil, nil, nil, nil
 }
 
 // off is the offset of the next byte.
@@ -47,7 +54,8 @@ func (s *source) refill() bool {
 			s.inB, s.win = true, s.b
 			continue
 		}
-		n := s.dec.decode(s.buf[:])
+		n := s.dec.decode(s.buf[:s.fill])
+		s.fill = min(4*s.fill, len(s.buf))
 		s.win = s.buf[:n]
 		if n == 0 {
 			return false

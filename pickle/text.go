@@ -3,7 +3,7 @@ package pickle
 import (
 	"bytes"
 	"math"
-	"strconv"
+	"unicode/utf8"
 )
 
 // The text opcodes' arguments, read as CPython reads them. Their parsers see the line without its
@@ -194,9 +194,7 @@ func memoKeyLine(line []byte) (key uint64, neg, ok bool) {
 func floatLineOK(line []byte) bool {
 	s := beforeNUL(line)
 	i := 0
-	neg := false
 	if i < len(s) && (s[i] == '+' || s[i] == '-') {
-		neg = s[i] == '-'
 		i++
 	}
 	// _Py_dg_strtod: digits, optional '.', digits, at least one digit in all.
@@ -244,7 +242,7 @@ func floatLineOK(line []byte) bool {
 	if i != len(s) {
 		return false
 	}
-	return !floatOverflows(neg, intDigits, fracDigits, exp)
+	return !floatOverflows(intDigits, fracDigits, exp)
 }
 
 // infOrNaN is _Py_parse_inf_or_nan on the whole of s.
@@ -256,44 +254,29 @@ func infOrNaN(s []byte) bool {
 	return w == "inf" || w == "infinity" || w == "nan"
 }
 
-// floatOverflows reports whether the decimal digits times 10**exp round past the largest double.
-// Up to 800 significant digits and a sticky one decide it exactly: the halfway point between the
-// largest double and 2**1024 has 309.
-func floatOverflows(neg bool, intDigits, fracDigits []byte, exp int64) bool {
-	const keep = 800
-	var buf [keep + 32]byte
-	sig := buf[:0]
-	dropped, sticky := 0, false
-	lead := true
-	for _, part := range [2][]byte{intDigits, fracDigits} {
-		for _, c := range part {
-			if lead && c == '0' {
-				continue
-			}
-			lead = false
-			if len(sig) < keep {
-				sig = append(sig, c)
-			} else {
-				dropped++
-				sticky = sticky || c != '0'
-			}
+// floatOverflows reports whether CPython's load_float raises OverflowError for the literal. dtoa
+// raises for a value of 1e309 or more, never for one up to the largest double, and in between it
+// depends on the digits (1.7976931348623159e308 raises, the 309-digit halfway point to 2**1024
+// does not): there the scan goes on, as Python may.
+func floatOverflows(intDigits, fracDigits []byte, exp int64) bool {
+	mag := int64(-1) // decimal exponent of the first nonzero digit, relative to the point
+	for i, c := range intDigits {
+		if c != '0' {
+			mag = int64(len(intDigits) - i - 1)
+			break
 		}
 	}
-	if len(sig) == 0 {
-		return false
+	if mag < 0 {
+		i := 0
+		for i < len(fracDigits) && fracDigits[i] == '0' {
+			i++
+		}
+		if i == len(fracDigits) {
+			return false // zero
+		}
+		mag = -int64(i) - 1
 	}
-	e := exp - int64(len(fracDigits)) + int64(dropped)
-	if sticky {
-		sig = append(sig, '1')
-		e--
-	}
-	if neg {
-		sig = append([]byte{'-'}, sig...)
-	}
-	sig = append(sig, 'e')
-	sig = strconv.AppendInt(sig, e, 10)
-	f, _ := strconv.ParseFloat(string(sig), 64)
-	return math.IsInf(f, 0)
+	return mag+exp >= 309
 }
 
 // utf8Check validates UTF-8 the way CPython's decoder does in strict mode, or with surrogatepass
@@ -305,8 +288,8 @@ type utf8Check struct {
 }
 
 func (u *utf8Check) feed(p []byte, surrogates bool) {
-	if u.bad {
-		return
+	if u.bad || (u.need == 0 && utf8.Valid(p)) {
+		return // Go's UTF-8 is CPython's strict UTF-8: no surrogates, no overlongs
 	}
 	for i := 0; i < len(p); {
 		c := p[i]

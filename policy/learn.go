@@ -181,7 +181,7 @@ func (l *Learner) observe(m Message, broke bool) {
 // describe works out what the learner keeps of v.
 func (l *Learner) describe(v *fieldView) use {
 	u := use{op: v.op}
-	if v.key != nil {
+	if v.keyField.Kind != protocol.FieldNone {
 		p, ok := KeyPattern(v.key)
 		if !ok {
 			return use{op: v.op, unnamed: true}
@@ -454,24 +454,34 @@ func (l *Learner) rules() []learnedRule {
 
 // note says what k was learned from.
 func (k *keyUse) note() string {
-	n := fmt.Sprintf("%d keys", len(k.keys))
-	if len(k.keys) == 1 {
-		n = "1 key"
-	} else if len(k.keys) >= maxDistinctKeys {
-		n = fmt.Sprintf("%d keys or more", maxDistinctKeys)
+	var s string
+	switch n := len(k.keys); {
+	case n <= len(k.examples):
+		s = fmt.Sprintf("%s: %s", plural(n, "key"), strings.Join(k.examples, " "))
+	case n >= maxDistinctKeys:
+		s = fmt.Sprintf("%d keys or more, such as %s", n, strings.Join(k.examples, " "))
+	default:
+		s = fmt.Sprintf("%d keys, such as %s", n, strings.Join(k.examples, " "))
 	}
-	s := protocol.ShowKey([]byte(k.pattern)) + ": " + n + ", such as " + strings.Join(k.examples, " ") + ".\n"
 	var ops []string
 	for op, c := range k.ops {
 		if c > 0 {
 			ops = append(ops, fmt.Sprintf("%s %d", protocol.Op(op), c))
 		}
 	}
-	s += strings.Join(ops, ", ")
+	s += "\n" + strings.Join(ops, ", ")
 	if k.values > 0 {
-		s += fmt.Sprintf("; %d values of %s, the largest %d bytes", k.values, k.kinds.narrowest(), k.maxBytes)
+		s += fmt.Sprintf("; %s of %s, the largest %s", plural(int(k.values), "value"), k.kinds.narrowest(),
+			plural(int(k.maxBytes), "byte"))
 	}
-	return s + "."
+	return s
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // YAML returns the learned policy as a policy file (ParseFile reads it back): header (lines,
@@ -492,6 +502,12 @@ func (l *Learner) YAML(header string) ([]byte, error) {
 		for i, item := range doc.Content[1].Content {
 			if i < len(lr) && lr[i].note != "" {
 				item.HeadComment = comment(lr[i].note)
+			}
+			// keys and ops on one line each, as docs/policy.md writes them
+			for j := 0; j+1 < len(item.Content); j += 2 {
+				if k := item.Content[j].Value; k == "keys" || k == "ops" {
+					item.Content[j+1].Style = yaml.FlowStyle
+				}
 			}
 		}
 	}

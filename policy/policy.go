@@ -58,6 +58,9 @@ type Config struct {
 	RendezvousState Mode
 	// PickleGlobals: values on any key that are pickles importing a global that runs code (globals.go).
 	PickleGlobals Mode
+	// WriteOnce: the keys torch writes once per rendezvous round (writeonce.go) are not written
+	// again nor deleted; it needs WithStore.
+	WriteOnce Mode
 	// DenyGlobals are more globals to deny, "module.name" or "module.*".
 	DenyGlobals []string
 	// Rules are the policy file's, checked in order before the default rules.
@@ -71,19 +74,22 @@ type Config struct {
 
 // Defaults is the configuration the product ships: both default rules enforced.
 func Defaults() Config {
-	return Config{RendezvousState: Enforce, PickleGlobals: Enforce, Pickle: pickle.DefaultLimits()}
+	return Config{RendezvousState: Enforce, PickleGlobals: Enforce, WriteOnce: Enforce, Pickle: pickle.DefaultLimits()}
 }
 
 // Policy is a compiled Config, shared by every stream; Check may be called from any goroutine.
 type Policy struct {
-	cfg   Config
-	deny  globalSet
-	rules []compiled
+	cfg       Config
+	deny      globalSet
+	rules     []compiled
+	writeOnce []writeOnce // the default rule, then the policy file's
+	written   *Written    // WithStore
+	lookup    Lookup
 }
 
 // New compiles c. Its errors name the rule and what is wrong.
 func New(c Config) (*Policy, error) {
-	p := &Policy{cfg: c, deny: defaultDeny()}
+	p := &Policy{cfg: c, deny: defaultDeny(), writeOnce: []writeOnce{{keys: writeOnceKeys, mode: c.WriteOnce}}}
 	if err := p.deny.add(c.DenyGlobals); err != nil {
 		return nil, fmt.Errorf("deny-globals: %w", err)
 	}
@@ -99,6 +105,10 @@ func New(c Config) (*Policy, error) {
 			continue
 		}
 		seen[r.Name] = true
+		if cr.act == actWriteOnce {
+			p.writeOnce = append(p.writeOnce, writeOnce{name: cr.name, keys: cr.keys, mode: cr.mode})
+			continue
+		}
 		p.rules = append(p.rules, cr)
 	}
 	if len(errs) > 0 {
@@ -111,7 +121,7 @@ func New(c Config) (*Policy, error) {
 func (p *Policy) Config() Config { return p.cfg }
 
 // Wants reports whether Check has anything to judge in a message of op: the default rules read
-// only the ops that write a value, a policy file's rules any op.
+// the ops that write a key (a value, or for write-once any change), a policy file's rules any op.
 func (p *Policy) Wants(op protocol.Op) bool {
 	if p == nil {
 		return false
@@ -121,7 +131,9 @@ func (p *Policy) Wants(op protocol.Op) bool {
 	}
 	switch op {
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpAppend, protocol.OpMultiSet, protocol.OpQueuePush:
-		return p.cfg.RendezvousState != Off || p.cfg.PickleGlobals != Off
+		return true
+	case protocol.OpAdd, protocol.OpDeleteKey, protocol.OpQueuePop:
+		return p.written != nil && len(p.writeOnce) > 0
 	}
 	return false
 }
@@ -150,6 +162,7 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	}
 	var f Finding
 	broke, warned := false, false
+	var marks []string // write-once keys this message writes first
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
 	report := func(x Finding) bool {
 		if x.Mode == Monitor {
@@ -179,8 +192,18 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		if x, hit := p.checkPickle(&fld); hit && report(x) {
 			return false
 		}
+		for i := range p.writeOnce {
+			if x, hit := p.checkWriteOnce(&p.writeOnce[i], &fld, &marks); hit && report(x) {
+				return false
+			}
+		}
 		return true
 	})
+	if !broke {
+		for _, k := range marks {
+			p.written.add(k)
+		}
+	}
 	if p.cfg.Learn != nil {
 		p.cfg.Learn.observe(m, broke || warned)
 	}

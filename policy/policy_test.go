@@ -237,3 +237,37 @@ func TestDenyGlobals(t *testing.T) {
 func pickleGlobal(module, name string) pickle.Global {
 	return pickle.Global{Module: module, Name: name, Resolved: true, Op: "STACK_GLOBAL"}
 }
+
+// BenchmarkCheck is the policy's cost per message: a torchrun state write (the rendezvous rule
+// decodes and scans its base64 pickle, then the pickle rule scans it again raw and as base64), a
+// small SET of an address, and a 1 MiB raw pickle of bytes (a tensor-like payload).
+func BenchmarkCheck(b *testing.B) {
+	p, err := New(Defaults())
+	if err != nil {
+		b.Fatal(err)
+	}
+	big := append([]byte{0x80, 0x04, 0x8e}, make([]byte, 8)...) // BINBYTES8 of 1 MiB, then STOP
+	big[3], big[5] = 0x00, 0x10
+	big = append(append(big, make([]byte, 1<<20)...), '.')
+	for _, bc := range []struct {
+		name string
+		req  protocol.Request
+	}{
+		{"rendezvous state", protocol.Request{Op: protocol.OpCompareSet, Key: []byte(stateKey), Value: []byte("Y2FuaW1hZGFt"), Desired: []byte(realState)}},
+		{"small SET", setReq("/torch.rendezvous.job-7.0/MASTER_ADDR", "10.1.2.3")},
+		{"1 MiB pickle", protocol.Request{Op: protocol.OpSet, Key: []byte("/vllm/t"), Value: big}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			msg, raw := message(b, bc.req)
+			m := Message{Msg: msg, Bytes: protocol.Split{B: raw}}
+			if _, broke := p.Check(m, nil); broke {
+				b.Fatal("the benchmark's message breaks a rule")
+			}
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Check(m, nil)
+			}
+		})
+	}
+}

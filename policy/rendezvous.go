@@ -19,11 +19,15 @@ const rendezvousPrefix = "torch.rendezvous."
 var rendezvousSentinel = []byte("Y2FuaW1hZGFt")
 
 // stateGlobals are the globals a real state pickle imports, torch 2.0.1 to 2.15 alike (pickle
-// protocol 4 and 5): the state and node classes, and datetime for the heartbeats.
+// protocol 4 and 5): the state and node classes, and datetime for the heartbeats. From 2.6 the
+// heartbeats and deadline are datetime.now(timezone.utc): timezone.utc pickles as
+// datetime.timezone(datetime.timedelta(0)).
 var stateGlobals = map[string]bool{
 	"torch.distributed.elastic.rendezvous.dynamic_rendezvous._RendezvousState": true,
 	"torch.distributed.elastic.rendezvous.dynamic_rendezvous._NodeDesc":        true,
-	"datetime.datetime": true,
+	"datetime.datetime":  true,
+	"datetime.timezone":  true,
+	"datetime.timedelta": true,
 }
 
 // stateClass is what a state pickle builds first, and returns.

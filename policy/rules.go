@@ -32,7 +32,7 @@ type Rule struct {
 	Keys    []string   `yaml:"keys,omitempty"`    // globs: * any bytes (/ too), ? one byte; the leading / of the wire key optional
 	Ops     []string   `yaml:"ops,omitempty"`     // op names (set, get, ...), or read, write
 	Sources []string   `yaml:"sources,omitempty"` // CIDRs or addresses
-	Action  string     `yaml:"action"`            // allow, deny, value
+	Action  string     `yaml:"action"`            // allow, deny, value, write-once
 	Value   *ValueRule `yaml:"value,omitempty"`   // with action value
 	Mode    string     `yaml:"mode,omitempty"`    // enforce (the default) or monitor
 }
@@ -95,6 +95,7 @@ const (
 	actAllow action = iota
 	actDeny
 	actValue
+	actWriteOnce // kept apart: see Policy.writeOnce
 )
 
 type compiled struct {
@@ -174,10 +175,18 @@ func compile(r Rule) (compiled, error) {
 		if c.allow, err = newGlobalAllow(c.value.Globals); err != nil {
 			return c, fmt.Errorf("value.globals: %w", err)
 		}
+	case "write-once":
+		c.act = actWriteOnce
+		if len(c.keys) == 0 {
+			return c, errors.New("keys: required with action write-once")
+		}
+		if len(r.Ops) > 0 || len(r.Sources) > 0 {
+			return c, errors.New("ops, sources: a write-once rule applies to every write and delete, from anywhere")
+		}
 	case "":
-		return c, errors.New("action: required (allow, deny or value)")
+		return c, errors.New("action: required (allow, deny, value or write-once)")
 	default:
-		return c, fmt.Errorf("action: %q is not allow, deny or value", r.Action)
+		return c, fmt.Errorf("action: %q is not allow, deny, value or write-once", r.Action)
 	}
 	if r.Value != nil && c.act != actValue {
 		return c, errors.New("value: only with action value")
@@ -330,12 +339,12 @@ func glob(pattern, s []byte) bool {
 	star, mark := -1, 0
 	for i < len(s) {
 		switch {
+		case p < len(pattern) && pattern[p] == '*': // before the literal case: a * of the key is not the star's end
+			star, mark = p, i
+			p++
 		case p < len(pattern) && (pattern[p] == '?' || pattern[p] == s[i]):
 			p++
 			i++
-		case p < len(pattern) && pattern[p] == '*':
-			star, mark = p, i
-			p++
 		case star >= 0:
 			p = star + 1
 			mark++

@@ -46,6 +46,9 @@ func (w *walker) each(fn func(fieldView) bool) {
 				w.scratch = append(append(w.scratch[:0], x...), y...)
 				cur.key = w.scratch
 			}
+			if cur.key == nil {
+				cur.key = []byte{} // an empty key is a key, wherever the split fell
+			}
 			pending = true
 		case protocol.FieldValue, protocol.FieldDesired:
 			cur.val = f

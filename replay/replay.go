@@ -65,6 +65,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -80,6 +81,9 @@ type Options struct {
 	Observer *audit.Observer
 	// OnStream receives each stream's result as soon as it is decided. An error stops the replay.
 	OnStream func(StreamResult) error
+	// Rules, if set, is the policy stage in place of cfg's (`policy learn` passes one with a
+	// policy.Learner).
+	Rules *policy.Policy
 
 	// ReorderWait is how long, in capture time, reassembly waits for a missing segment before
 	// calling it a gap. Default 60s.
@@ -172,9 +176,15 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 	}
 	// Monitor stays off: a stream's judgement ends at its first violation in either mode; the mode
 	// only names the action.
-	rules, err := cfg.Rules()
-	if err != nil {
-		return nil, err
+	rules := opts.Rules
+	if rules == nil {
+		if rules, err = cfg.Rules(); err != nil {
+			return nil, err
+		}
+	}
+	if rules != nil {
+		// Replay has no store to ask: a write-once key is known written when the capture wrote it.
+		rules = rules.WithStore(policy.NewWritten(1<<16), nil)
 	}
 	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen, Rules: rules}, opts: opts,
 		adm: cfg.Admission(), action: audit.ActionBlocked}

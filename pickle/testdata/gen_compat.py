@@ -7,6 +7,7 @@ that runs it is the one whose tables land in the file (CPython 3.8 to 3.12 have 
 """
 import _compat_pickle
 import os
+import subprocess
 import sys
 
 
@@ -40,6 +41,7 @@ def main():
     lines += ["}", ""]
     with open(out, "w") as f:
         f.write("\n".join(lines))
+    subprocess.run(["gofmt", "-w", out], check=True)
 
 
 if __name__ == "__main__":

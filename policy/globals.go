@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/storeguard/storeguard/pickle"
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // The globals a pickle may not import on any key: what picklescan (mmaitre314/picklescan
@@ -49,6 +50,11 @@ var (
 		"run", "startfile", "os", "sys", "subprocess", "builtins", "__builtin__", "posix", "nt",
 		"importlib", "runpy", "pty", "socket", "shutil", "ctypes", "pickle", "_pickle", "marshal"}
 )
+
+// allowedNames are exceptions to deniedModules: names that rebuild data and call nothing of their
+// own. _ctypes._unpickle(type, state) is how a ctypes Structure pickles (vLLM's PyNccl sends its
+// ncclUniqueId so); the type is a global of its own, judged by itself.
+var allowedNames = map[string]bool{"_ctypes._unpickle": true}
 
 // builtinAliases are the module names the unpickler resolves to builtins (fix_imports maps
 // Python 2's __builtin__ to builtins before import; the scanner reports the mapped name, these are
@@ -114,6 +120,9 @@ func (g globalSet) denied(gl pickle.Global) bool {
 		return true // operands the scanner did not keep: it could be anything
 	}
 	mod, name := gl.Module, gl.Name
+	if allowedNames[mod+"."+name] {
+		return false
+	}
 	for m := mod; ; {
 		if g.modules[m] {
 			return true
@@ -143,5 +152,5 @@ func globalName(gl pickle.Global) string {
 	if !gl.Resolved {
 		return "?"
 	}
-	return gl.Module + "." + gl.Name
+	return protocol.ShowKey([]byte(gl.Module + "." + gl.Name)) // the pickle's bytes: escaped for logs and terminals
 }

@@ -9,7 +9,7 @@ import (
 // base64, a pickle may import no denied global. A global imported before a malformed byte counts:
 // the unpickler imports (and calls) as it reads, and raises only when it reaches the bad byte.
 func (p *Policy) checkPickle(v *fieldView) (Finding, bool) {
-	if p.cfg.PickleGlobals == Off || !v.hasValue() || v.val.Len == 0 {
+	if p.cfg.PickleGlobals == Off || !v.hasValue() || v.val.Len == 0 || v.pickleAllowed {
 		return Finding{}, false
 	}
 	r := pickle.Scan(v.va, v.vb, p.cfg.Pickle)

@@ -225,6 +225,7 @@ func TestDenyGlobals(t *testing.T) {
 		{"copyreg", "_reconstructor", false}, {"_codecs", "encode", false}, {"numpy.core.multiarray", "_reconstruct", false},
 		{"torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_RendezvousState", false},
 		{"mypkg.models", "Config.Inner", false}, {"ossify", "x", false},
+		{"_ctypes", "_unpickle", false}, {"_ctypes", "dlopen", true}, {"ctypes", "CDLL", true},
 	} {
 		g := defaultDeny()
 		gl := pickleGlobal(tc.module, tc.name)
@@ -269,5 +270,25 @@ func BenchmarkCheck(b *testing.B) {
 				p.Check(m, nil)
 			}
 		})
+	}
+}
+
+// TestFileAllowListReplacesDefaultDenyForItsKeys: a policy file's pickle allow-list for a key is
+// that key's judgement (a framework may need a global on the deny list); other keys keep the default.
+func TestFileAllowListReplacesDefaultDenyForItsKeys(t *testing.T) {
+	getattr := "\x80\x04\x8c\x08builtins\x8c\x07getattr\x93." // builtins.getattr, as a value
+	c := Defaults()
+	c.Rules = []Rule{{Name: "fw", Keys: []string{"fw/*"}, Action: "value",
+		Value: &ValueRule{Kind: KindPickle, Globals: []string{"builtins.getattr"}}}}
+	p, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]protocol.Rule{"/fw/x": "", "/other": protocol.RulePickleGlobalDenied} {
+		msg, b := message(t, setReq(key, getattr))
+		f, _ := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
+		if f.Rule != want {
+			t.Errorf("%s: %q, want %q", key, f.Rule, want)
+		}
 	}
 }

@@ -221,6 +221,9 @@ func (c *compiled) check(m *Message, v *fieldView) (f Finding, hit, decided bool
 		if why := c.badValue(v); why != "" {
 			return fail(protocol.RuleValueInvalid, v.val, why)
 		}
+		// A pickle allow-list of the operator's own is the judgement of this key's pickles: the
+		// default deny list does not apply to it (a framework's own globals may be on it).
+		v.pickleAllowed = len(c.value.Globals) > 0 && (c.value.Kind == KindPickle || c.value.Kind == KindBase64Pickle)
 	}
 	return Finding{}, false, true
 }

@@ -11,6 +11,9 @@ type fieldView struct {
 	keyField protocol.Field // Kind FieldNone for an op without keys
 	val      protocol.Field // the value written (FieldValue, or COMPARE_SET's FieldDesired); Kind FieldNone if none
 	va, vb   []byte         // the value's bytes in two parts
+	// pickleAllowed: a policy file's pickle allow-list for this key judged the value, in place of
+	// the default pickle rule.
+	pickleAllowed bool
 }
 
 func (v *fieldView) hasValue() bool { return v.val.Kind != protocol.FieldNone }

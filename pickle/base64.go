@@ -91,6 +91,9 @@ func (d *b64dec) decode(dst []byte) int {
 			}
 			if c == b64Skip {
 				d.skipped()
+				for i < len(seg) && b64Table[seg[i]] == b64Skip { // a run of binary: one load a byte
+					i++
+				}
 				continue
 			}
 			d.pads = 0

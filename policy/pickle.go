@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/storeguard/storeguard/pickle"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -22,13 +25,23 @@ func (p *Policy) checkPickle(v *fieldView) (Finding, bool) {
 	return Finding{}, false
 }
 
-// deniedIn reports the first denied global of r.
+// deniedIn reports the first denied global of r, or a pickle whose globals the scan could not
+// all see: one past the scanner's bounds (whatever follows is unknown, so it is refused).
 func (p *Policy) deniedIn(v *fieldView, r *pickle.Report, what string) (Finding, bool) {
+	deny := func(detail string) (Finding, bool) {
+		return Finding{Rule: protocol.RulePickleGlobalDenied, Field: v.val, Key: protocol.ShowKey(v.key),
+			Detail: what + " " + detail, Mode: p.cfg.PickleGlobals}, true
+	}
 	for _, g := range r.Globals {
 		if p.deny.denied(g) {
-			return Finding{Rule: protocol.RulePickleGlobalDenied, Field: v.val, Key: protocol.ShowKey(v.key),
-				Detail: what + " imports " + globalName(g), Mode: p.cfg.PickleGlobals}, true
+			return deny("imports " + globalName(g))
 		}
+	}
+	switch {
+	case len(r.Globals) >= p.cfg.Pickle.MaxGlobals && p.cfg.Pickle.MaxGlobals > 0:
+		return deny(fmt.Sprintf("imports more than %d globals: the rest unseen", p.cfg.Pickle.MaxGlobals))
+	case errors.Is(r.Err, pickle.ErrLimit):
+		return deny("past the scanner's bounds: " + r.Err.Error())
 	}
 	return Finding{}, false
 }

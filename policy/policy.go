@@ -74,7 +74,16 @@ type Config struct {
 
 // Defaults is the configuration the product ships: both default rules enforced.
 func Defaults() Config {
-	return Config{RendezvousState: Enforce, PickleGlobals: Enforce, WriteOnce: Enforce, Pickle: pickle.DefaultLimits()}
+	return Config{RendezvousState: Enforce, PickleGlobals: Enforce, WriteOnce: Enforce, Pickle: Limits()}
+}
+
+// Limits are the pickle scanner's bounds for the policy: every opcode of the largest value a store
+// takes is read (an opcode is at least a byte; values are at most 64 MiB), so that nothing hides
+// past the bound; a pickle past the others (stack, globals) is refused.
+func Limits() pickle.Limits {
+	l := pickle.DefaultLimits()
+	l.MaxOps = 1 << 26
+	return l
 }
 
 // Policy is a compiled Config, shared by every stream; Check may be called from any goroutine.

@@ -292,3 +292,21 @@ func TestFileAllowListReplacesDefaultDenyForItsKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestPickleHidingPastTheBounds: a denied global after more globals than the scanner records, or
+// past its stack bound, is refused all the same.
+func TestPickleHidingPastTheBounds(t *testing.T) {
+	p, _ := New(Defaults())
+	global := func(mod, name string) string {
+		return "\x8c" + string(rune(len(mod))) + mod + "\x8c" + string(rune(len(name))) + name + "\x93"
+	}
+	many := "\x80\x04" + strings.Repeat(global("builtins", "dict")+"0", 300) + global("posix", "system") + "."
+	deep := "\x80\x04" + strings.Repeat("(", 1<<16) + global("posix", "system") + "."
+	for name, v := range map[string]string{"many globals": many, "deep marks": deep} {
+		msg, b := message(t, setReq("/x", v))
+		f, broke := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
+		if !broke || f.Rule != protocol.RulePickleGlobalDenied {
+			t.Errorf("%s: %v %q", name, broke, f.Detail)
+		}
+	}
+}

@@ -140,11 +140,6 @@ func (d *b64dec) finish() bool {
 	return d.done || d.quad == 0
 }
 
-// ended reports whether no more decoded bytes will come.
-func (d *b64dec) ended() bool {
-	return d.done || d.pos >= len(d.a)+len(d.b)
-}
-
 // bytesAt copies the decoded bytes [off, off+len(dst)) of text that had no skipped character up
 // to there (off+len(dst) <= clean, or clean < 0 and they were produced): decoded offset j is bits
 // of the characters at text offsets 4*(j/3) + j%3 and the one after it.

@@ -122,7 +122,15 @@ type Report struct {
 	Ext        bool // an EXT1/EXT2/EXT4 opcode (copyreg extension registry) was read
 	Persistent bool // PERSID/BINPERSID read
 	End        int  // bytes consumed: the offset just past STOP when Complete
+	// Bytes are where the bytes and bytearray literals lie in the (decoded) pickle, at most
+	// MaxGlobals of them (then BytesTruncated): a caller can inspect what a global such as
+	// torch.storage._load_from_bytes will load from one.
+	Bytes          []Span
+	BytesTruncated bool
 }
+
+// Span is a range of the (decoded) pickle's bytes.
+type Span struct{ Off, Len int }
 
 var (
 	// ErrMalformed: Python's unpickler would raise here; what it did before (Globals) still ran.

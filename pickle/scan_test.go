@@ -134,6 +134,10 @@ var scanCases = []scanCase{
 	// Counted arguments and frames.
 	{name: "frame too long", pickle: "\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00N.", err: "malformed@2", proto: 4},
 	{name: "frame not enforced", pickle: "\x80\x04\x95\x01\x00\x00\x00\x00\x00\x00\x00NN\x86.", proto: 4},
+	{name: "frame too long, imports after it never run", pickle: "\x80\x04\x95\x20\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93)R.", err: "malformed@2", proto: 4, end: 11},
+	{name: "frame in a frame too long", pickle: "\x80\x04\x95\x40\x00\x00\x00\x00\x00\x00\x00\x95\x01\x00\x00\x00\x00\x00\x00\x00cos\nsystem\n.", err: "malformed@2", proto: 4, end: 11},
+	{name: "frame past stop, there", pickle: "\x80\x04\x95\x06\x00\x00\x00\x00\x00\x00\x00N.tail", proto: 4, end: 13},
+	{name: "frame too long, limit inside", pickle: "\x80\x04\x95\x20\x00\x00\x00\x00\x00\x00\x00NNNN.", err: "malformed@2", proto: 4, lim: Limits{MaxOps: 4}},
 	{name: "frame length overflow", pickle: "\x95\xff\xff\xff\xff\xff\xff\xff\xff.", err: "malformed@0"},
 	{name: "binbytes truncated", pickle: "B\x05\x00\x00\x00ab", err: "malformed@0", end: 7},
 	{name: "long4 negative", pickle: "\x8b\xff\xff\xff\xff.", err: "malformed@0"},

@@ -162,19 +162,95 @@ const arenaMax = 256 << 10
 // unchecked (a memo key of that length is unknown), which can only make the scan go on further.
 const lineMax = 4096
 
-// fault is why an opcode stopped the scan; the zero value is none.
-type fault struct {
-	why   string
-	limit bool
+// fault is why an opcode stopped the scan; 0 is none. It is a number, not a string, so that the
+// opcode loop's frame holds no pointers to clear on every call.
+type fault uint8
+
+const (
+	fUnderflow fault = iota + 1
+	fNoMark
+	fTruncated
+	fEOF
+	fUnknownOp
+	fProtocol
+	fSize
+	fNegativeLong
+	fStrDecode
+	fStringQuote
+	fStringDecode
+	fUnicodeDecode
+	fNameDecode
+	fNumber
+	fMemoKey
+	fMemoMissing
+	fNegativePut
+	fStackGlobalStr
+	fDictOdd
+	fSetitemsOdd
+	fUnhashable
+	fNoExtend
+	fNoSetitem
+	fNoAdd
+	fArgsNotTuple
+	fNotCallable
+	fNotType
+	fKwargsNotDict
+	fPersidASCII
+	fExtCode
+	fNoBuffers
+	fNotBuffer
+	fShortFrame
+	fLimitOps
+	fLimitStack
+)
+
+var faultText = [...]string{
+	fUnderflow:      "unpickling stack underflow",
+	fNoMark:         "could not find MARK",
+	fTruncated:      "pickle data was truncated",
+	fEOF:            "ran out of input",
+	fUnknownOp:      "invalid load key",
+	fProtocol:       "unsupported pickle protocol",
+	fSize:           "size exceeds the system's maximum",
+	fNegativeLong:   "LONG pickle has negative byte count",
+	fStrDecode:      "str argument does not decode",
+	fStringQuote:    "the STRING opcode argument must be quoted",
+	fStringDecode:   "STRING argument does not decode",
+	fUnicodeDecode:  "UNICODE argument does not decode",
+	fNameDecode:     "module or name line does not decode",
+	fNumber:         "could not convert the text argument",
+	fMemoKey:        "invalid memo key",
+	fMemoMissing:    "memo value not found",
+	fNegativePut:    "negative PUT argument",
+	fStackGlobalStr: "STACK_GLOBAL requires str",
+	fDictOdd:        "odd number of items for DICT",
+	fSetitemsOdd:    "odd number of items for SETITEMS",
+	fUnhashable:     "unhashable key or item",
+	fNoExtend:       "target has no extend or append",
+	fNoSetitem:      "target does not support item assignment",
+	fNoAdd:          "target has no add",
+	fArgsNotTuple:   "argument list must be a tuple",
+	fNotCallable:    "callable is not callable",
+	fNotType:        "class argument must be a type",
+	fKwargsNotDict:  "kwargs argument must be a dict",
+	fPersidASCII:    "persistent IDs in protocol 0 must be ASCII strings",
+	fExtCode:        "EXT specifies code <= 0",
+	fNoBuffers:      "pickle stream refers to out-of-band data but no buffers argument was given",
+	fNotBuffer:      "READONLY_BUFFER of an object without the buffer protocol",
+	fShortFrame:     "pickle data was truncated",
+	fLimitOps:       "MaxOps opcodes read",
+	fLimitStack:     "MaxStack entries on the stack",
 }
 
-func bad(why string) fault { return fault{why: why} }
+// limit: a Limits bound, not something Python raises on.
+func (f fault) limit() bool { return f >= fLimitOps }
 
-var (
-	underflow = bad("unpickling stack underflow")
-	noMark    = bad("could not find MARK")
-	truncated = bad("pickle data was truncated")
-)
+// pendingFrame is a FRAME whose size the scan has not checked yet, and the report as it was then.
+type pendingFrame struct {
+	at, end                      int // offset of the FRAME opcode, and of the frame's end; at -1: none
+	proto, globals, calls, bytes int
+	truncated, ext, persistent   bool
+}
 
 type scanner struct {
 	lim Limits
@@ -183,6 +259,7 @@ type scanner struct {
 
 	globals []Global
 	calls   []Call
+	bytes   []Span
 
 	proto int
 	stack []val
@@ -192,6 +269,8 @@ type scanner struct {
 	sparse   map[uint64]val
 	memoLen  int // entries Python holds (memo_len): where MEMOIZE puts the next one
 	memoLost bool
+
+	pend pendingFrame
 
 	arena []byte
 	nameL nameLine
@@ -208,13 +287,14 @@ func getScanner(lim Limits) *scanner {
 	s := scannerPool.Get().(*scanner)
 	s.lim = lim.withDefaults()
 	s.r = Report{}
-	s.globals, s.calls = s.globals[:0], s.calls[:0]
+	s.globals, s.calls, s.bytes = s.globals[:0], s.calls[:0], s.bytes[:0]
 	s.proto = 0
 	s.stack, s.marks = s.stack[:0], s.marks[:0]
 	clear(s.memo)
 	s.memo = s.memo[:0]
 	clear(s.sparse)
 	s.memoLen, s.memoLost = 0, false
+	s.pend = pendingFrame{at: -1}
 	s.arena = s.arena[:0]
 	return s
 }
@@ -237,29 +317,29 @@ func (s *scanner) fence() int {
 
 func (s *scanner) push(v val) fault {
 	if len(s.stack)+len(s.marks) >= s.lim.MaxStack {
-		return fault{why: "MaxStack entries on the stack", limit: true}
+		return fLimitStack
 	}
 	s.stack = append(s.stack, v)
-	return fault{}
+	return 0
 }
 
 func (s *scanner) pop() (val, fault) {
 	if len(s.stack) <= s.fence() {
-		return val{}, underflow
+		return val{}, fUnderflow
 	}
 	v := s.stack[len(s.stack)-1]
 	s.stack = s.stack[:len(s.stack)-1]
-	return v, fault{}
+	return v, 0
 }
 
 // marker pops the top MARK and returns the stack length it recorded.
 func (s *scanner) marker() (int, fault) {
 	if len(s.marks) == 0 {
-		return 0, noMark
+		return 0, fNoMark
 	}
 	m := s.marks[len(s.marks)-1]
 	s.marks = s.marks[:len(s.marks)-1]
-	return m, fault{}
+	return m, 0
 }
 
 func (s *scanner) addGlobal(g Global) int {
@@ -393,28 +473,73 @@ func (s *scanner) run() {
 	for {
 		at := s.src.off()
 		if s.ops() {
-			s.stop(0, at, fault{why: "MaxOps opcodes read", limit: true})
+			s.stop(0, at, fLimitOps)
 			return
 		}
 		op, ok := s.src.readByte()
 		if !ok {
-			s.stop(0, at, bad("ran out of input"))
+			s.stop(0, at, fEOF)
 			return
 		}
 		if op == opSTOP {
-			if _, f := s.pop(); f.why != "" {
+			if _, f := s.pop(); f != 0 {
 				s.stop(op, at, f)
 				return
 			}
 			s.r.Complete = true
+			s.settleFrame()
 			s.finish()
 			return
 		}
-		if f := s.step(op, at); f.why != "" {
+		if f := s.step(op, at); f != 0 {
 			s.stop(op, at, f)
 			return
 		}
 	}
+}
+
+// frame checks that a FRAME's size bytes follow. For base64 text, where that means decoding
+// ahead, the check waits: the scan goes on, and settleFrame decides once the scan has read past
+// the frame (then it was there) or stopped before its end (then it looks ahead, and if the frame
+// is short undoes what the scan recorded after the FRAME, where Python raises).
+func (s *scanner) frame(at int, size uint64) fault {
+	if s.src.enc == Raw {
+		if !s.src.avail(size) {
+			return fTruncated
+		}
+		return 0
+	}
+	if s.pend.at >= 0 && s.src.off() < s.pend.end && !s.src.avail(uint64(s.pend.end-s.src.off())) {
+		return fShortFrame // a FRAME inside an unchecked one settles the first now (no real pickle does)
+	}
+	if size > uint64(len(s.src.a)+len(s.src.b)) {
+		return fTruncated // more than the text could ever decode to
+	}
+	s.pend = pendingFrame{at: at, end: s.src.off() + int(size), proto: s.proto, globals: len(s.globals),
+		calls: len(s.calls), bytes: len(s.bytes), truncated: s.r.Truncated, ext: s.r.Ext, persistent: s.r.Persistent}
+	return 0
+}
+
+// settleFrame decides the pending FRAME check when the scan stops.
+func (s *scanner) settleFrame() {
+	if s.pend.at < 0 || s.src.off() >= s.pend.end {
+		return
+	}
+	s.src.dec.countTo(s.pend.end) // the scan is over: the main decoder can run on
+	if s.src.dec.out < s.pend.end {
+		s.rollback()
+	}
+}
+
+// rollback makes the report what it was when the pending FRAME raised.
+func (s *scanner) rollback() {
+	p := s.pend
+	s.pend.at = -1
+	s.globals, s.calls, s.bytes = s.globals[:p.globals], s.calls[:p.calls], s.bytes[:p.bytes]
+	s.proto, s.r.Truncated, s.r.Ext, s.r.Persistent = p.proto, p.truncated, p.ext, p.persistent
+	s.r.Complete = false
+	s.r.Err = &Error{Kind: ErrMalformed, Op: opFRAME, Offset: p.at, Reason: faultText[fTruncated]}
+	s.src.rewindTo(p.at + 9)
 }
 
 func (s *scanner) ops() bool {
@@ -426,11 +551,17 @@ func (s *scanner) ops() bool {
 }
 
 func (s *scanner) stop(op byte, at int, f fault) {
+	if f == fShortFrame {
+		s.rollback()
+		s.finish()
+		return
+	}
 	kind := ErrMalformed
-	if f.limit {
+	if f.limit() {
 		kind = ErrLimit
 	}
-	s.r.Err = &Error{Kind: kind, Op: op, Offset: at, Reason: f.why}
+	s.r.Err = &Error{Kind: kind, Op: op, Offset: at, Reason: faultText[f]}
+	s.settleFrame()
 	s.finish()
 }
 
@@ -443,6 +574,9 @@ func (s *scanner) finish() {
 	if len(s.calls) > 0 {
 		s.r.Calls = append([]Call(nil), s.calls...)
 	}
+	if len(s.bytes) > 0 {
+		s.r.Bytes = append([]Span(nil), s.bytes...)
+	}
 }
 
 // step runs one opcode (not STOP) whose byte was read at offset at.
@@ -450,29 +584,29 @@ func (s *scanner) step(op byte, at int) fault {
 	switch op {
 	case opMARK:
 		if len(s.stack)+len(s.marks) >= s.lim.MaxStack {
-			return fault{why: "MaxStack entries on the stack", limit: true}
+			return fLimitStack
 		}
 		s.marks = append(s.marks, len(s.stack))
-		return fault{}
+		return 0
 
 	case opPOP:
 		if len(s.marks) > 0 && s.marks[len(s.marks)-1] == len(s.stack) {
 			s.marks = s.marks[:len(s.marks)-1]
-			return fault{}
+			return 0
 		}
 		_, f := s.pop()
 		return f
 
 	case opPOP_MARK:
 		i, f := s.marker()
-		if f.why == "" {
+		if f == 0 {
 			s.stack = s.stack[:i]
 		}
 		return f
 
 	case opDUP:
 		if len(s.stack) <= s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		return s.push(s.stack[len(s.stack)-1])
 
@@ -498,17 +632,17 @@ func (s *scanner) step(op byte, at int) fault {
 		}
 		p, ok := s.src.read(n)
 		if !ok {
-			return truncated
+			return fTruncated
 		}
 		size := int64(p[0])
 		if n == 4 {
 			size = int64(int32(binary.LittleEndian.Uint32(p)))
 			if size < 0 {
-				return bad("LONG pickle has negative byte count")
+				return fNegativeLong
 			}
 		}
 		if !s.src.skip(uint64(size)) {
-			return truncated
+			return fTruncated
 		}
 		return s.push(val{k: kScalar})
 
@@ -518,28 +652,34 @@ func (s *scanner) step(op byte, at int) fault {
 			k = kByteArray
 		}
 		size, f := s.size(op)
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
+		start := s.src.off()
 		if !s.src.skip(size) {
-			return truncated
+			return fTruncated
+		}
+		if len(s.bytes) < s.lim.MaxGlobals {
+			s.bytes = append(s.bytes, Span{Off: start, Len: int(size)})
+		} else {
+			s.r.BytesTruncated = true
 		}
 		return s.push(val{k: k})
 
 	case opSHORT_BINSTRING, opBINSTRING, opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8:
 		size, f := s.size(op)
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		v, f := s.strPayload(size, op == opSHORT_BINUNICODE || op == opBINUNICODE || op == opBINUNICODE8)
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		return s.push(v)
 
 	case opSTRING, opUNICODE:
 		v, f := s.strLine(op)
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		return s.push(v)
@@ -550,12 +690,12 @@ func (s *scanner) step(op byte, at int) fault {
 		n := int(op-opTUPLE1) + 1
 		start := len(s.stack) - n
 		if start < s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		return s.collapse(start, kTuple)
 	case opTUPLE, opLIST, opDICT, opFROZENSET:
 		i, f := s.marker()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		k := kTuple
@@ -577,12 +717,12 @@ func (s *scanner) step(op byte, at int) fault {
 
 	case opAPPEND:
 		if len(s.stack)-1 <= s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		return s.appends("APPEND", len(s.stack)-1, at)
 	case opAPPENDS:
 		i, f := s.marker()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		return s.appends("APPENDS", i, at)
@@ -590,13 +730,13 @@ func (s *scanner) step(op byte, at int) fault {
 		return s.setitems("SETITEM", len(s.stack)-2, at)
 	case opSETITEMS:
 		i, f := s.marker()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		return s.setitems("SETITEMS", i, at)
 	case opADDITEMS:
 		i, f := s.marker()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		return s.additems(i, at)
@@ -605,10 +745,10 @@ func (s *scanner) step(op byte, at int) fault {
 		return s.globalLines("GLOBAL", at)
 	case opINST:
 		i, f := s.marker()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
-		if f := s.globalLines("INST", at); f.why != "" {
+		if f := s.globalLines("INST", at); f != 0 {
 			return f
 		}
 		g, _ := s.pop()
@@ -620,18 +760,18 @@ func (s *scanner) step(op byte, at int) fault {
 
 	case opREDUCE:
 		args, f := s.pop()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		fn, f := s.pop()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		if args.k.literal() && args.k != kTuple {
-			return bad("REDUCE argument list must be a tuple")
+			return fArgsNotTuple
 		}
 		if fn.k.literal() {
-			return bad("REDUCE callable is not callable")
+			return fNotCallable
 		}
 		s.addCall("REDUCE", fn.callee(), at)
 		return s.push(val{k: kAny, x: fn.callee()})
@@ -641,69 +781,69 @@ func (s *scanner) step(op byte, at int) fault {
 		if op == opNEWOBJ_EX {
 			name = "NEWOBJ_EX"
 			var f fault
-			if kwargs, f = s.pop(); f.why != "" {
+			if kwargs, f = s.pop(); f != 0 {
 				return f
 			}
 		}
 		args, f := s.pop()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		cls, f := s.pop()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		if cls.k.literal() {
-			return bad(name + " class argument must be a type")
+			return fNotType
 		}
 		if args.k.literal() && args.k != kTuple {
-			return bad(name + " args argument must be a tuple")
+			return fArgsNotTuple
 		}
 		if op == opNEWOBJ_EX && kwargs.k.literal() && kwargs.k != kDict {
-			return bad(name + " kwargs argument must be a dict")
+			return fKwargsNotDict
 		}
 		s.addCall(name, cls.callee(), at)
 		return s.push(val{k: kAny, x: cls.callee()})
 	case opOBJ:
 		i, f := s.marker()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		if len(s.stack)-i < 1 {
-			return underflow
+			return fUnderflow
 		}
 		cls := s.stack[i]
 		s.stack = s.stack[:i]
 		if cls.k.literal() {
-			return bad("OBJ class is not callable")
+			return fNotCallable
 		}
 		s.addCall("OBJ", cls.callee(), at)
 		return s.push(val{k: kAny, x: cls.callee()})
 	case opBUILD:
 		if len(s.stack)-2 < s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		s.stack = s.stack[:len(s.stack)-1]
 		s.addCall("BUILD", s.stack[len(s.stack)-1].maker(), at)
-		return fault{}
+		return 0
 
 	case opPUT:
 		key, known, f := s.memoKey()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		if len(s.stack) <= s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		if key.neg {
-			return bad("negative PUT argument")
+			return fNegativePut
 		}
 		if !known {
 			s.memoLost = true // a key too long to read: any entry may have changed
-			return fault{}
+			return 0
 		}
 		s.memoPut(key.v, s.stack[len(s.stack)-1])
-		return fault{}
+		return 0
 	case opBINPUT, opLONG_BINPUT:
 		n := 1
 		if op == opLONG_BINPUT {
@@ -711,30 +851,30 @@ func (s *scanner) step(op byte, at int) fault {
 		}
 		p, ok := s.src.read(n)
 		if !ok {
-			return truncated
+			return fTruncated
 		}
 		if len(s.stack) <= s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		s.memoPut(leUint(p), s.stack[len(s.stack)-1])
-		return fault{}
+		return 0
 	case opMEMOIZE:
 		if len(s.stack) <= s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		s.memoPut(uint64(s.memoLen), s.stack[len(s.stack)-1])
-		return fault{}
+		return 0
 
 	case opGET:
 		key, known, f := s.memoKey()
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		if !known {
 			return s.push(val{k: kAny, x: -1})
 		}
 		if key.neg {
-			return bad("memo value not found")
+			return fMemoMissing
 		}
 		return s.get(key.v)
 	case opBINGET, opLONG_BINGET:
@@ -744,23 +884,23 @@ func (s *scanner) step(op byte, at int) fault {
 		}
 		p, ok := s.src.read(n)
 		if !ok {
-			return truncated
+			return fTruncated
 		}
 		return s.get(leUint(p))
 
 	case opPERSID:
 		s.r.Persistent = true
 		s.nameL = nameLine{ascii: true}
-		if _, f := s.readLine(sinkName); f.why != "" {
+		if _, f := s.readLine(sinkName); f != 0 {
 			return f
 		}
 		if !s.nameL.ok() {
-			return bad("persistent IDs in protocol 0 must be ASCII strings")
+			return fPersidASCII
 		}
 		return s.push(val{k: kAny, x: -1})
 	case opBINPERSID:
 		s.r.Persistent = true
-		if _, f := s.pop(); f.why != "" {
+		if _, f := s.pop(); f != 0 {
 			return f
 		}
 		return s.push(val{k: kAny, x: -1})
@@ -769,14 +909,14 @@ func (s *scanner) step(op byte, at int) fault {
 		n := [...]int{1, 2, 4}[op-opEXT1]
 		p, ok := s.src.read(n)
 		if !ok {
-			return truncated
+			return fTruncated
 		}
 		code := int64(leUint(p))
 		if n == 4 {
 			code = int64(int32(code))
 		}
 		if code <= 0 {
-			return bad("EXT specifies code <= 0")
+			return fExtCode
 		}
 		s.r.Ext = true
 		return s.push(val{k: kGlobal, x: -1})
@@ -784,29 +924,26 @@ func (s *scanner) step(op byte, at int) fault {
 	case opPROTO:
 		p, ok := s.src.read(1)
 		if !ok {
-			return truncated
+			return fTruncated
 		}
 		if p[0] > highestProtocol {
-			return bad("unsupported pickle protocol")
+			return fProtocol
 		}
 		s.proto = int(p[0])
-		return fault{}
+		return 0
 	case opFRAME:
 		size, f := s.size(op)
-		if f.why != "" {
+		if f != 0 {
 			return f
 		}
 		// The C unpickler only checks that the frame is there; it does not hold opcodes to it.
-		if !s.src.avail(size) {
-			return truncated
-		}
-		return fault{}
+		return s.frame(at, size)
 
 	case opNEXT_BUFFER:
-		return bad("pickle stream refers to out-of-band data but no buffers argument was given")
+		return fNoBuffers
 	case opREADONLY_BUFFER:
 		if len(s.stack) <= s.fence() {
-			return underflow
+			return fUnderflow
 		}
 		top := &s.stack[len(s.stack)-1]
 		switch top.k {
@@ -814,11 +951,11 @@ func (s *scanner) step(op byte, at int) fault {
 			top.k = kView
 		case kBytes, kView, kAny, kGlobal:
 		default:
-			return bad("READONLY_BUFFER of an object without the buffer protocol")
+			return fNotBuffer
 		}
-		return fault{}
+		return 0
 	}
-	return bad("invalid load key")
+	return fUnknownOp
 }
 
 func leUint(p []byte) uint64 {
@@ -832,7 +969,7 @@ func leUint(p []byte) uint64 {
 // fixedThen reads an n-byte argument and pushes v.
 func (s *scanner) fixedThen(n int, v val) fault {
 	if _, ok := s.src.read(n); !ok {
-		return truncated
+		return fTruncated
 	}
 	return s.push(v)
 }
@@ -848,13 +985,13 @@ func (s *scanner) size(op byte) (uint64, fault) {
 	}
 	p, ok := s.src.read(n)
 	if !ok {
-		return 0, truncated
+		return 0, fTruncated
 	}
 	v := leUint(p)
 	if v > math.MaxInt64 {
-		return 0, bad("size exceeds the system's maximum")
+		return 0, fSize
 	}
-	return v, fault{}
+	return v, 0
 }
 
 // strPayload reads a counted str argument: UTF-8 with surrogatepass (the BINUNICODE opcodes) or
@@ -868,7 +1005,7 @@ func (s *scanner) strPayload(size uint64, utf8 bool) (val, fault) {
 	for rem := size; rem > 0; {
 		p := s.src.chunk(int(min(rem, 1<<30)))
 		if p == nil {
-			return val{}, truncated
+			return val{}, fTruncated
 		}
 		rem -= uint64(len(p))
 		if utf8 {
@@ -883,15 +1020,15 @@ func (s *scanner) strPayload(size uint64, utf8 bool) (val, fault) {
 		}
 	}
 	if (utf8 && !u.ok()) || nonASCII {
-		return val{}, bad("str argument does not decode")
+		return val{}, fStrDecode
 	}
 	if !keep {
-		return val{k: kStr, n: int32(min(size, math.MaxInt32))}, fault{}
+		return val{k: kStr, n: int32(min(size, math.MaxInt32))}, 0
 	}
 	if s.src.cleanUpTo(start + int(size)) {
-		return val{k: kStr, ref: refInput, n: int32(size), x: start}, fault{}
+		return val{k: kStr, ref: refInput, n: int32(size), x: start}, 0
 	}
-	return s.keepArena(s.out.kept()), fault{}
+	return s.keepArena(s.out.kept()), 0
 }
 
 // What readLine feeds a text argument to, piece by piece.
@@ -908,7 +1045,7 @@ func (s *scanner) readLine(sink uint8) (int, fault) {
 	n := 0
 	for {
 		if s.src.i >= len(s.src.win) && !s.src.refill() {
-			return n, truncated
+			return n, fTruncated
 		}
 		w := s.src.win[s.src.i:]
 		j := 0
@@ -930,7 +1067,7 @@ func (s *scanner) readLine(sink uint8) (int, fault) {
 		n += len(p)
 		if j < len(w) {
 			s.src.i += j + 1
-			return n, fault{}
+			return n, 0
 		}
 		s.src.i += j
 	}
@@ -939,11 +1076,11 @@ func (s *scanner) readLine(sink uint8) (int, fault) {
 // numberLine reads the argument of INT, LONG or FLOAT.
 func (s *scanner) numberLine(op byte) fault {
 	n, f := s.readLine(sinkNone)
-	if f.why != "" {
+	if f != 0 {
 		return f
 	}
 	if n == 0 {
-		return truncated // the C code calls a line of just '\n' truncated input
+		return fTruncated // the C code calls a line of just '\n' fTruncated input
 	}
 	if n <= lineMax {
 		line := s.line[:n]
@@ -957,7 +1094,7 @@ func (s *scanner) numberLine(op byte) fault {
 			ok = floatLineOK(line)
 		}
 		if !ok {
-			return bad("could not convert the text argument")
+			return fNumber
 		}
 	}
 	return s.push(val{k: kScalar})
@@ -971,26 +1108,26 @@ type memoKeyValue struct {
 // memoKey reads the text argument of GET or PUT; known is false for one too long to read.
 func (s *scanner) memoKey() (memoKeyValue, bool, fault) {
 	n, f := s.readLine(sinkNone)
-	if f.why != "" {
+	if f != 0 {
 		return memoKeyValue{}, false, f
 	}
 	if n == 0 {
-		return memoKeyValue{}, false, truncated
+		return memoKeyValue{}, false, fTruncated
 	}
 	if n > lineMax {
-		return memoKeyValue{}, false, fault{}
+		return memoKeyValue{}, false, 0
 	}
 	v, neg, ok := memoKeyLine(s.line[:n])
 	if !ok {
-		return memoKeyValue{}, false, bad("invalid memo key")
+		return memoKeyValue{}, false, fMemoKey
 	}
-	return memoKeyValue{v: v, neg: neg}, true, fault{}
+	return memoKeyValue{v: v, neg: neg}, true, 0
 }
 
 func (s *scanner) get(key uint64) fault {
 	v, ok := s.memoGet(key)
 	if !ok {
-		return bad("memo value not found")
+		return fMemoMissing
 	}
 	return s.push(v)
 }
@@ -1035,26 +1172,26 @@ func (s *scanner) strLine(op byte) (val, fault) {
 	s.out.n = 0
 	if op == opUNICODE {
 		s.uniL = unicodeLine{s: s}
-		if _, f := s.readLine(sinkUnicode); f.why != "" {
+		if _, f := s.readLine(sinkUnicode); f != 0 {
 			return val{}, f
 		}
 		if !s.uniL.dec.end(&s.out) {
-			return val{}, bad("UNICODE argument does not decode")
+			return val{}, fUnicodeDecode
 		}
-		return s.keptOut(), fault{}
+		return s.keptOut(), 0
 	}
 	s.strL = stringLine{s: s}
 	l := &s.strL
-	if _, f := s.readLine(sinkString); f.why != "" {
+	if _, f := s.readLine(sinkString); f != 0 {
 		return val{}, f
 	}
 	if l.n < 2 || l.pending != l.quote || (l.quote != '\'' && l.quote != '"') {
-		return val{}, bad("the STRING opcode argument must be quoted")
+		return val{}, fStringQuote
 	}
 	if !l.dec.end(&s.out) || l.dec.nonASCII {
-		return val{}, bad("STRING argument does not decode")
+		return val{}, fStringDecode
 	}
-	return s.keptOut(), fault{}
+	return s.keptOut(), 0
 }
 
 func (s *scanner) keptOut() val {
@@ -1092,26 +1229,26 @@ func (s *scanner) globalLines(op string, at int) fault {
 	var module [MaxStrLen]byte
 	s.nameL = nameLine{ascii: op == "INST"}
 	mn, f := s.readLine(sinkName)
-	if f.why != "" {
+	if f != 0 {
 		return f
 	}
 	if mn == 0 {
-		return truncated
+		return fTruncated
 	}
 	if !s.nameL.ok() {
-		return bad(op + " module name does not decode")
+		return fNameDecode
 	}
 	copy(module[:], s.line[:min(mn, MaxStrLen)])
 	s.nameL = nameLine{ascii: op == "INST"}
 	nn, f := s.readLine(sinkName)
-	if f.why != "" {
+	if f != 0 {
 		return f
 	}
 	if nn == 0 {
-		return truncated
+		return fTruncated
 	}
 	if !s.nameL.ok() {
-		return bad(op + " name does not decode")
+		return fNameDecode
 	}
 	resolved := mn <= MaxStrLen && nn <= MaxStrLen
 	var name []byte
@@ -1124,15 +1261,15 @@ func (s *scanner) globalLines(op string, at int) fault {
 
 func (s *scanner) stackGlobal(at int) fault {
 	name, f := s.pop()
-	if f.why != "" {
+	if f != 0 {
 		return f
 	}
 	module, f := s.pop()
-	if f.why != "" {
+	if f != 0 {
 		return f
 	}
 	if (module.k.literal() && module.k != kStr) || (name.k.literal() && name.k != kStr) {
-		return bad("STACK_GLOBAL requires str")
+		return fStackGlobalStr
 	}
 	idx := -1
 	if len(s.globals) >= s.lim.MaxGlobals {
@@ -1163,17 +1300,17 @@ func (s *scanner) collapse(start int, k kind) fault {
 		}
 	case kDict:
 		if len(items)%2 != 0 {
-			return bad("odd number of items for DICT")
+			return fDictOdd
 		}
 		for i := 0; i < len(items); i += 2 {
 			if items[i].hashable() == hashNo {
-				return bad("unhashable DICT key")
+				return fUnhashable
 			}
 		}
 	case kFrozenSet:
 		for _, it := range items {
 			if it.hashable() == hashNo {
-				return bad("unhashable FROZENSET item")
+				return fUnhashable
 			}
 		}
 	}
@@ -1184,10 +1321,10 @@ func (s *scanner) collapse(start int, k kind) fault {
 // appends is do_append: items from x on go to the list below them.
 func (s *scanner) appends(op string, x, at int) fault {
 	if x > len(s.stack) || x <= s.fence() {
-		return underflow
+		return fUnderflow
 	}
 	if x == len(s.stack) {
-		return fault{}
+		return 0
 	}
 	target := s.stack[x-1]
 	switch target.k {
@@ -1195,62 +1332,62 @@ func (s *scanner) appends(op string, x, at int) fault {
 	case kAny, kGlobal:
 		s.addCall(op, target.maker(), at)
 	default:
-		return bad(op + " to an object without extend or append")
+		return fNoExtend
 	}
 	s.stack = s.stack[:x]
-	return fault{}
+	return 0
 }
 
 // setitems is do_setitems: key, value pairs from x on go into the mapping below them.
 func (s *scanner) setitems(op string, x, at int) fault {
 	if x > len(s.stack) || x <= s.fence() {
-		return underflow
+		return fUnderflow
 	}
 	if x == len(s.stack) {
-		return fault{}
+		return 0
 	}
 	if (len(s.stack)-x)%2 != 0 {
-		return bad("odd number of items for SETITEMS")
+		return fSetitemsOdd
 	}
 	target := s.stack[x-1]
 	switch target.k {
 	case kDict:
 		for i := x; i < len(s.stack); i += 2 {
 			if s.stack[i].hashable() == hashNo {
-				return bad("unhashable key")
+				return fUnhashable
 			}
 		}
 	case kList, kByteArray:
 	case kAny, kGlobal:
 		s.addCall(op, target.maker(), at)
 	default:
-		return bad(op + " to an object that does not support item assignment")
+		return fNoSetitem
 	}
 	s.stack = s.stack[:x]
-	return fault{}
+	return 0
 }
 
 // additems is load_additems: items from x on go into the set below them.
 func (s *scanner) additems(x, at int) fault {
 	if x > len(s.stack) || x <= s.fence() {
-		return underflow
+		return fUnderflow
 	}
 	if x == len(s.stack) {
-		return fault{}
+		return 0
 	}
 	target := s.stack[x-1]
 	switch target.k {
 	case kSet:
 		for _, it := range s.stack[x:] {
 			if it.hashable() == hashNo {
-				return bad("unhashable set item")
+				return fUnhashable
 			}
 		}
 	case kAny, kGlobal:
 		s.addCall("ADDITEMS", target.maker(), at)
 	default:
-		return bad("ADDITEMS to an object without add")
+		return fNoAdd
 	}
 	s.stack = s.stack[:x]
-	return fault{}
+	return 0
 }

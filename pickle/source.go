@@ -113,6 +113,12 @@ func (s *source) skip(n uint64) bool {
 	return true
 }
 
+// rewindTo sets the offset reported as consumed back to off, once the scan is over; only the
+// report reads it then.
+func (s *source) rewindTo(off int) {
+	s.win, s.i, s.base = nil, 0, off
+}
+
 // avail reports whether at least n more bytes follow, without consuming them.
 func (s *source) avail(n uint64) bool {
 	if s.enc == Raw {

@@ -56,6 +56,13 @@ var (
 // ncclUniqueId so); the type is a global of its own, judged by itself.
 var allowedNames = map[string]bool{"_ctypes._unpickle": true}
 
+// moduleNames are modules that no name of a pickle may be, whatever module it is found in: a
+// module's attribute that is such a module hands it over (pathlib.os, then os.system by name).
+var moduleNames = map[string]bool{"os": true, "sys": true, "subprocess": true, "builtins": true,
+	"__builtins__": true, "__builtin__": true, "posix": true, "nt": true, "importlib": true, "runpy": true,
+	"pty": true, "socket": true, "shutil": true, "ctypes": true, "pickle": true, "_pickle": true,
+	"marshal": true, "code": true, "pdb": true, "_posixsubprocess": true}
+
 // builtinAliases are the module names the unpickler resolves to builtins (fix_imports maps
 // Python 2's __builtin__ to builtins before import; the scanner reports the mapped name, these are
 // for DenyGlobals written the old way).
@@ -136,6 +143,9 @@ func (g globalSet) denied(gl pickle.Global) bool {
 	first, _, _ := strings.Cut(name, ".")
 	if g.names[mod][first] || g.names[mod][name] {
 		return true
+	}
+	if moduleNames[first] {
+		return true // a module object reached as another module's attribute: pathlib.os
 	}
 	if strings.Contains(name, ".") {
 		for _, part := range strings.Split(name, ".") {

@@ -225,6 +225,7 @@ func TestDenyGlobals(t *testing.T) {
 		{"copyreg", "_reconstructor", false}, {"_codecs", "encode", false}, {"numpy.core.multiarray", "_reconstruct", false},
 		{"torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_RendezvousState", false},
 		{"mypkg.models", "Config.Inner", false}, {"ossify", "x", false},
+		{"pathlib", "os", true}, {"torch.serialization", "pickle", true}, {"mypkg", "sysconfig_helper", false},
 		{"_ctypes", "_unpickle", false}, {"_ctypes", "dlopen", true}, {"ctypes", "CDLL", true},
 	} {
 		g := defaultDeny()
@@ -307,6 +308,39 @@ func TestPickleHidingPastTheBounds(t *testing.T) {
 		f, broke := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
 		if !broke || f.Rule != protocol.RulePickleGlobalDenied {
 			t.Errorf("%s: %v %q", name, broke, f.Detail)
+		}
+	}
+}
+
+// TestWhatTorchStorageLoads: torch.storage._load_from_bytes runs torch.load on bytes inside the
+// pickle: a pickle hidden there is inspected like the outer one; a zip there is refused.
+func TestWhatTorchStorageLoads(t *testing.T) {
+	p, _ := New(Defaults())
+	loader := func(inner []byte) string {
+		return "\x80\x02ctorch.storage\n_load_from_bytes\nq\x00B" + string([]byte{byte(len(inner)), byte(len(inner) >> 8), 0, 0}) +
+			string(inner) + "\x85R."
+	}
+	magic := "\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19." // torch.save's magic number, first of its pickles
+	for _, tc := range []struct {
+		name   string
+		inner  string
+		detail string
+	}{
+		{"the magic number, then an os.system", magic + string(unhex(t, evil4)), "loaded by torch.storage._load_from_bytes imports posix.system"},
+		{"os.system first", string(unhex(t, evil0)), "imports posix.system"},
+		{"a zip", "PK\x03\x04" + strings.Repeat("\x00", 40), "zip archive"},
+		{"a loader in a loader", loader([]byte(magic)), "nests"},
+		{"torch's magic and nothing else", magic, ""},
+	} {
+		f, broke := judgeSet(t, p, "/vllm/t", []byte(loader([]byte(tc.inner))))
+		if tc.detail == "" {
+			if broke {
+				t.Errorf("%s: %q", tc.name, f.Detail)
+			}
+			continue
+		}
+		if !broke || !strings.Contains(f.Detail, tc.detail) {
+			t.Errorf("%s: %v %q, want %q", tc.name, broke, f.Detail, tc.detail)
 		}
 	}
 }

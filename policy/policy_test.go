@@ -344,3 +344,26 @@ func TestWhatTorchStorageLoads(t *testing.T) {
 		}
 	}
 }
+
+// TestStateCallsTorchNeverMakes: a state pickle of torch's own globals that also sets a class's
+// attributes (BUILD on the class itself) is no state torch writes.
+func TestStateCallsTorchNeverMakes(t *testing.T) {
+	p, _ := New(Defaults())
+	const mod = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+	sg := func(name string) string {
+		return "\x8c" + string(rune(len(mod))) + mod + "\x8c" + string(rune(len(name))) + name + "\x93"
+	}
+	state := "\x80\x04" + sg("_RendezvousState") + ")\x81}b"
+	for _, tc := range []struct {
+		name, pickle, detail string
+	}{
+		{"the state alone", state + ".", ""},
+		{"a BUILD of the node class itself", state + sg("_NodeDesc") + "}\x8c\x01x\x8c\x01ysb0.", "BUILD of an object that is no global"},
+		{"a REDUCE of the state class", "\x80\x04" + sg("_RendezvousState") + ")R.", "REDUCE of " + mod + "._RendezvousState"},
+	} {
+		f, broke := judgeSet(t, p, "/torch.rendezvous.j", []byte(base64.StdEncoding.EncodeToString([]byte(tc.pickle))))
+		if tc.detail == "" && broke || tc.detail != "" && (!broke || !strings.Contains(f.Detail, tc.detail)) {
+			t.Errorf("%s: %v %q, want %q", tc.name, broke, f.Detail, tc.detail)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"strings"
 
 	"github.com/storeguard/storeguard/pickle"
 	"github.com/storeguard/storeguard/protocol"
@@ -77,7 +78,9 @@ func (p *Policy) checkRendezvous(v *fieldView) (Finding, bool) {
 	if !isStrictBase64(v.va) || !isStrictBase64(v.vb) {
 		return fail("not base64: torch writes base64(pickle) or its sentinel")
 	}
-	r, ok := pickle.ScanBase64(v.va, v.vb, p.cfg.Pickle)
+	lim := p.cfg.Pickle
+	lim.MaxGlobals = stateCalls
+	r, ok := pickle.ScanBase64(v.va, v.vb, lim)
 	if !ok {
 		return fail("base64 that does not decode")
 	}
@@ -88,6 +91,9 @@ func (p *Policy) checkRendezvous(v *fieldView) (Finding, bool) {
 	}
 	if len(r.Globals) == 0 || r.Globals[0].Module+"."+r.Globals[0].Name != stateClass || !builds(&r, 0) {
 		return fail("not a torch rendezvous state: it does not build a " + stateClass)
+	}
+	if why := stateCallsWrong(&r); why != "" {
+		return fail(why + ": not a torch rendezvous state")
 	}
 	switch {
 	case r.Truncated, r.Ext, r.Persistent:
@@ -100,6 +106,41 @@ func (p *Policy) checkRendezvous(v *fieldView) (Finding, bool) {
 		return fail(detail)
 	}
 	return Finding{}, false
+}
+
+// stateCalls bounds the globals and calls recorded of a state pickle: torch's makes about four a
+// node (NEWOBJ and BUILD of its _NodeDesc, its heartbeat's datetime), so this covers a rendezvous
+// of 30,000 nodes; a larger one is refused (Truncated).
+const stateCalls = 1 << 17
+
+// stateCallsWrong says which call of r torch's state never makes, "" when none: NEWOBJ and BUILD
+// of the state classes, REDUCE of the datetime types, nothing else (a BUILD of a global itself
+// would set the class's attributes; a call on an object that is not a plain container runs its
+// methods).
+func stateCallsWrong(r *pickle.Report) string {
+	name := func(i int) string {
+		if i < 0 || i >= len(r.Globals) {
+			return ""
+		}
+		return r.Globals[i].Module + "." + r.Globals[i].Name
+	}
+	for _, c := range r.Calls {
+		callee := name(c.Callee)
+		ok := false
+		switch c.Op {
+		case "NEWOBJ", "BUILD":
+			ok = strings.HasPrefix(callee, "torch.distributed.elastic.rendezvous.dynamic_rendezvous.")
+		case "REDUCE":
+			ok = strings.HasPrefix(callee, "datetime.")
+		}
+		if !ok {
+			if callee == "" {
+				callee = "an object that is no global"
+			}
+			return c.Op + " of " + protocol.ShowKey([]byte(callee))
+		}
+	}
+	return ""
 }
 
 // equal2 reports whether a then b is want.

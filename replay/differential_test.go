@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/proxy"
@@ -89,7 +92,7 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 		for m, s := range pairs[i] {
 			mark := s.audit.count()
 			for _, st := range streams {
-				outcomes[m] = append(outcomes[m], s.send(t, st, len(protocol.ValidPrefix(dec, st.data)) > 0))
+				outcomes[m] = append(outcomes[m], s.send(t, st, len(validPrefix(t, cfg, dec, st.data)) > 0))
 			}
 			serveFlows[m] = s.collect(t, mark, outcomes[m])
 		}
@@ -99,7 +102,7 @@ func FuzzServeModesAndReplayAgree(f *testing.F) {
 			loops, goroutines := outcomes[0][j], outcomes[1][j]
 			where := fmt.Sprintf("%s, seed %d, connection %d (%s, %d bytes in writes %v)\n%x\n", cfg.Generation, seed, j,
 				st.what, len(st.data), st.writeLens(), st.data[:min(len(st.data), 1024)])
-			want := protocol.ValidPrefix(dec, st.data)
+			want := validPrefix(t, cfg, dec, st.data)
 			for m, o := range []outcome{loops, goroutines} {
 				if !bytes.Equal(o.stored, want) {
 					t.Fatalf("%s%s: the store received %x\nwant the valid messages %x", where, pairs[i][m].mode, o.stored, want)
@@ -345,6 +348,10 @@ func appendRequest(b []byte, rng *rand.Rand, g protocol.Generation, lim config.L
 	}
 	r := protocol.Request{Op: ops[rng.IntN(len(ops))], Key: key(), Value: value(), Desired: value(), Int: rng.Int64(),
 		U32: rng.Uint32()}
+	if rng.IntN(16) == 0 { // a well-formed attack, for the policy stage
+		h := hostileValues[rng.IntN(len(hostileValues))]
+		r = protocol.Request{Op: protocol.OpSet, Key: h[0], Value: h[1]}
+	}
 	for range rng.IntN(4) {
 		r.Keys, r.Values = append(r.Keys, key()), append(r.Values, value())
 	}
@@ -354,6 +361,26 @@ func appendRequest(b []byte, rng *rand.Rand, g protocol.Generation, lim config.L
 	}
 	return b
 }
+
+// validPrefix is what a guard may forward of data: every complete message before the first that
+// breaks a decoder's or a policy's rule (protocol.ValidPrefix, with the policy stage).
+func validPrefix(t *testing.T, cfg config.Config, dec protocol.Config, data []byte) []byte {
+	rules, err := cfg.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g guard.Stream
+	g.Reset(dec, &guard.Policy{Configured: dec.Gen, Rules: rules}, time.Time{})
+	d := g.Feed(data, time.Time{})
+	return data[:d.Forward]
+}
+
+// hostileValues are well-formed attacks that appendRequest mixes in: a pickle of os.system on a
+// key of its own, and base64 of it as torchrun's rendezvous state.
+var hostileValues = func() [][2][]byte {
+	evil, _ := hex.DecodeString("80049527000000000000008c05706f736978948c0673797374656d9493948c0c746f756368202f746d702f7894859452942e")
+	return [][2][]byte{{[]byte("/vllm/obj"), evil}, {[]byte("/torch.rendezvous.j"), []byte(base64.StdEncoding.EncodeToString(evil))}}
+}()
 
 func wire(g protocol.Generation, op protocol.Op) byte {
 	w, _ := protocol.WireOf(g, op)

@@ -165,12 +165,15 @@ func bytesAt(a, b []byte, off int, dst []byte) {
 	}
 }
 
-// decodeBase64 is base64.b64decode(a+b) in full: the decoded bytes and whether it would return.
-// Scans never call it; it is the decoder's reference for tests.
+// DecodeBase64 is base64.b64decode(a+b) in full: the decoded bytes and whether it would return.
+// Scans never need it (they decode as they read); it allocates the decoded size, for a caller that
+// must read a base64 pickle's literals (Report.Bytes) and for the decoder's tests.
+func DecodeBase64(a, b []byte) ([]byte, bool) { return decodeBase64(a, b) }
+
 func decodeBase64(a, b []byte) ([]byte, bool) {
 	var d b64dec
 	d.init(a, b)
-	var out []byte
+	out := make([]byte, 0, (len(a)+len(b))/4*3+3)
 	var buf [4096]byte
 	for {
 		n := d.decode(buf[:])

@@ -28,7 +28,13 @@ func (p *Policy) checkPickle(v *fieldView) (Finding, bool) {
 			return f, true
 		}
 		if loadsBytes(&r) {
-			return p.refuse(v, "base64 pickle", "loads bytes with "+bytesLoader+": not inspected in base64")
+			// Its literals lie in the decoded bytes: decode it whole (a tensor broadcast as base64:
+			// rare, and the value is within the limits) and read them there.
+			raw, ok := pickle.DecodeBase64(v.va, v.vb)
+			if !ok {
+				return p.refuse(v, "base64 pickle", "loads bytes with "+bytesLoader+" and does not decode")
+			}
+			return p.loadedBytes(v, &r, protocol.Split{B: raw}, "base64 pickle")
 		}
 	}
 	return Finding{}, false

@@ -333,6 +333,10 @@ func TestWhatTorchStorageLoads(t *testing.T) {
 		{"torch's magic and nothing else", magic, ""},
 	} {
 		f, broke := judgeSet(t, p, "/vllm/t", []byte(loader([]byte(tc.inner))))
+		if f64, broke64 := judgeSet(t, p, "/vllm/t", []byte(base64.StdEncoding.EncodeToString([]byte(loader([]byte(tc.inner)))))); broke64 != broke ||
+			broke && !strings.Contains(f64.Detail, tc.detail) {
+			t.Errorf("%s, base64: %v %q", tc.name, broke64, f64.Detail)
+		}
 		if tc.detail == "" {
 			if broke {
 				t.Errorf("%s: %q", tc.name, f.Detail)

@@ -20,6 +20,8 @@ import os
 import pickle
 import sys
 
+from policy_attack import serve_store  # noqa: E402  (interop/ is the script's directory)
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -72,15 +74,6 @@ def client(host, port, timeout):
 def fail(error):
     print(json.dumps({"ok": False, "error": error}), flush=True)
     os._exit(1)
-
-
-def serve_store(port):
-    import torch.distributed as dist
-    td = datetime.timedelta(seconds=300)
-    try:
-        return dist.TCPStore("127.0.0.1", port, None, True, td, wait_for_workers=False)
-    except TypeError:
-        return dist.TCPStore("127.0.0.1", port, None, True, td)
 
 
 def main():

@@ -1223,32 +1223,33 @@ func (l *nameLine) ok() bool {
 	return l.u.ok()
 }
 
+// nameLineOf reads the module or the name line of GLOBAL or INST (INST's are ASCII) into s.line.
+func (s *scanner) nameLineOf(op string) (int, fault) {
+	s.nameL = nameLine{ascii: op == "INST"}
+	n, f := s.readLine(sinkName)
+	switch {
+	case f != 0:
+		return 0, f
+	case n == 0:
+		return 0, fTruncated
+	case !s.nameL.ok():
+		return 0, fNameDecode
+	}
+	return n, 0
+}
+
 // globalLines reads the module and name lines of GLOBAL or INST, records the find_class call and
 // pushes its result.
 func (s *scanner) globalLines(op string, at int) fault {
 	var module [MaxStrLen]byte
-	s.nameL = nameLine{ascii: op == "INST"}
-	mn, f := s.readLine(sinkName)
+	mn, f := s.nameLineOf(op)
 	if f != 0 {
 		return f
-	}
-	if mn == 0 {
-		return fTruncated
-	}
-	if !s.nameL.ok() {
-		return fNameDecode
 	}
 	copy(module[:], s.line[:min(mn, MaxStrLen)])
-	s.nameL = nameLine{ascii: op == "INST"}
-	nn, f := s.readLine(sinkName)
+	nn, f := s.nameLineOf(op)
 	if f != 0 {
 		return f
-	}
-	if nn == 0 {
-		return fTruncated
-	}
-	if !s.nameL.ok() {
-		return fNameDecode
 	}
 	resolved := mn <= MaxStrLen && nn <= MaxStrLen
 	var name []byte

@@ -112,3 +112,23 @@ func TestPolicyFailsClosedWithoutTheHeldBytes(t *testing.T) {
 		t.Fatalf("%+v: want a violation and nothing sent", d)
 	}
 }
+
+// TestFeedWithRulesAllocates: with the default rules, a message that breaks none (a job's SET of
+// an address, a GET) costs the guard nothing but the pickle scanner's two error values (the
+// value read raw and as base64 stops at a byte no pickle has: pickle.Report.Err is a *Error).
+func TestFeedWithRulesAllocates(t *testing.T) {
+	rules, _ := policy.New(policy.Defaults())
+	pol := &Policy{Configured: protocol.GenSetting{Gen: protocol.G1}, Rules: rules}
+	msgs := append(setHex(t, "/torch.rendezvous.r.0/other", []byte("10.0.0.1:29500")), unhex(t, getA)...)
+	var s Stream
+	s.Reset(g1Config(), pol, t0)
+	h := &heldBytes{}
+	s.Hold(h)
+	if n := testing.AllocsPerRun(1000, func() {
+		if d := s.Feed(msgs, t0); d.Violation != nil || d.Forward != len(msgs) {
+			t.Fatalf("%+v", d)
+		}
+	}); n > 2 {
+		t.Fatalf("Feed allocates %.1f times a run, want at most the scanner's 2", n)
+	}
+}

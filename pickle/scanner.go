@@ -845,18 +845,14 @@ func (s *scanner) step(op byte, at int) fault {
 		s.memoPut(key.v, s.stack[len(s.stack)-1])
 		return 0
 	case opBINPUT, opLONG_BINPUT:
-		n := 1
-		if op == opLONG_BINPUT {
-			n = 4
-		}
-		p, ok := s.src.read(n)
-		if !ok {
-			return fTruncated
+		key, f := s.memoIndex(op == opLONG_BINPUT)
+		if f != 0 {
+			return f
 		}
 		if len(s.stack) <= s.fence() {
 			return fUnderflow
 		}
-		s.memoPut(leUint(p), s.stack[len(s.stack)-1])
+		s.memoPut(key, s.stack[len(s.stack)-1])
 		return 0
 	case opMEMOIZE:
 		if len(s.stack) <= s.fence() {
@@ -878,15 +874,11 @@ func (s *scanner) step(op byte, at int) fault {
 		}
 		return s.get(key.v)
 	case opBINGET, opLONG_BINGET:
-		n := 1
-		if op == opLONG_BINGET {
-			n = 4
+		key, f := s.memoIndex(op == opLONG_BINGET)
+		if f != 0 {
+			return f
 		}
-		p, ok := s.src.read(n)
-		if !ok {
-			return fTruncated
-		}
-		return s.get(leUint(p))
+		return s.get(key)
 
 	case opPERSID:
 		s.r.Persistent = true
@@ -992,6 +984,19 @@ func (s *scanner) size(op byte) (uint64, fault) {
 		return 0, fSize
 	}
 	return v, 0
+}
+
+// memoIndex reads the memo key of BINPUT/BINGET (one byte) or LONG_BINPUT/LONG_BINGET (four).
+func (s *scanner) memoIndex(long bool) (uint64, fault) {
+	n := 1
+	if long {
+		n = 4
+	}
+	p, ok := s.src.read(n)
+	if !ok {
+		return 0, fTruncated
+	}
+	return leUint(p), 0
 }
 
 // strPayload reads a counted str argument: UTF-8 with surrogatepass (the BINUNICODE opcodes) or

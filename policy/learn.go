@@ -267,11 +267,11 @@ func valueKinds(v *fieldView) (kindSet, [2][]string) {
 		}
 		return c.badValue(v) == ""
 	}
-	if names, ok := listable(pickle.Scan(v.va, v.vb, pickle.DefaultLimits())); ok && fits(KindPickle, names) {
+	if names, ok := listable(pickle.Scan(v.va, v.vb, Limits())); ok && fits(KindPickle, names) {
 		ks |= kindPickle
 		globals[0] = names
 	}
-	if r, ok := pickle.ScanBase64(v.va, v.vb, pickle.DefaultLimits()); ok {
+	if r, ok := pickle.ScanBase64(v.va, v.vb, Limits()); ok {
 		if names, ok := listable(r); ok && fits(KindBase64Pickle, names) {
 			ks |= kindBase64Pickle
 			globals[1] = names

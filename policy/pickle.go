@@ -13,7 +13,7 @@ import (
 // base64, a pickle may import no denied global. A global imported before a malformed byte counts:
 // the unpickler imports (and calls) as it reads, and raises only when it reaches the bad byte.
 func (p *Policy) checkPickle(v *fieldView) (Finding, bool) {
-	if p.cfg.PickleGlobals == Off || !v.hasValue() || v.val.Len == 0 || v.pickleAllowed {
+	if p.cfg.PickleGlobals == Off || !v.hasValue() || v.val.Len == 0 || v.pickleJudged {
 		return Finding{}, false
 	}
 	r := pickle.Scan(v.va, v.vb, p.cfg.Pickle)

@@ -10,6 +10,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -121,7 +122,7 @@ func New(c Config) (*Policy, error) {
 		p.rules = append(p.rules, cr)
 	}
 	if len(errs) > 0 {
-		return nil, joinErrs(errs)
+		return nil, errors.Join(errs...)
 	}
 	return p, nil
 }

@@ -73,6 +73,7 @@ func (p *Policy) checkRendezvous(v *fieldView) (Finding, bool) {
 		return Finding{}, false
 	}
 	if equal2(v.va, v.vb, rendezvousSentinel) {
+		v.pickleJudged = true
 		return Finding{}, false
 	}
 	if !isStrictBase64(v.va) || !isStrictBase64(v.vb) {
@@ -105,6 +106,9 @@ func (p *Policy) checkRendezvous(v *fieldView) (Finding, bool) {
 		}
 		return fail(detail)
 	}
+	// An allow-list of torch's own globals judged it; as raw bytes, strict base64 imports nothing
+	// (GLOBAL and INST need a newline, STACK_GLOBAL is 0x93): the deny list has nothing to add.
+	v.pickleJudged = true
 	return Finding{}, false
 }
 

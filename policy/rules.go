@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -162,7 +163,7 @@ func compile(r Rule) (compiled, error) {
 			return c, errors.New("value: required with action value")
 		}
 		c.value = *r.Value
-		if !contains(kinds, c.value.Kind) {
+		if !slices.Contains(kinds, c.value.Kind) {
 			return c, fmt.Errorf("value.kind: %q is not one of %s", c.value.Kind, strings.Join(kinds, ", "))
 		}
 		if c.value.MaxBytes < 0 {
@@ -223,7 +224,7 @@ func (c *compiled) check(m *Message, v *fieldView) (f Finding, hit, decided bool
 		}
 		// A pickle allow-list of the operator's own is the judgement of this key's pickles: the
 		// default deny list does not apply to it (a framework's own globals may be on it).
-		v.pickleAllowed = len(c.value.Globals) > 0 && (c.value.Kind == KindPickle || c.value.Kind == KindBase64Pickle)
+		v.pickleJudged = len(c.value.Globals) > 0 && (c.value.Kind == KindPickle || c.value.Kind == KindBase64Pickle)
 	}
 	return Finding{}, false, true
 }
@@ -272,10 +273,10 @@ func (c *compiled) badValue(v *fieldView) string {
 	case KindPickle, KindBase64Pickle:
 		var r pickle.Report
 		if c.value.Kind == KindPickle {
-			r = pickle.Scan(v.va, v.vb, pickle.DefaultLimits())
+			r = pickle.Scan(v.va, v.vb, Limits())
 		} else {
 			var ok bool
-			if r, ok = pickle.ScanBase64(v.va, v.vb, pickle.DefaultLimits()); !ok {
+			if r, ok = pickle.ScanBase64(v.va, v.vb, Limits()); !ok {
 				return "not base64"
 			}
 		}
@@ -378,14 +379,3 @@ func opNames() string {
 	}
 	return strings.Join(names, ", ")
 }
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func joinErrs(errs []error) error { return errors.Join(errs...) }

@@ -11,9 +11,9 @@ type fieldView struct {
 	keyField protocol.Field // Kind FieldNone for an op without keys
 	val      protocol.Field // the value written (FieldValue, or COMPARE_SET's FieldDesired); Kind FieldNone if none
 	va, vb   []byte         // the value's bytes in two parts
-	// pickleAllowed: a policy file's pickle allow-list for this key judged the value, in place of
-	// the default pickle rule.
-	pickleAllowed bool
+	// pickleJudged: an allow-list judged the value's pickle (the rendezvous state's, or a policy
+	// file's for the key), in place of the default pickle rule's deny list: one scan, not two.
+	pickleJudged bool
 }
 
 func (v *fieldView) hasValue() bool { return v.val.Kind != protocol.FieldNone }

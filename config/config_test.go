@@ -680,3 +680,16 @@ func TestDecoderLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestPolicyErrorsAllAtOnce: a bad policy mode and a bad policy file are both named, each by its key.
+func TestPolicyErrorsAllAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(bad, []byte("rules:\n  - name: x\n    action: nope\n"), 0o600)
+	cfgFile := filepath.Join(dir, "c.yaml")
+	os.WriteFile(cfgFile, []byte("policy:\n  file: "+bad+"\n  write-once: maybe\n"), 0o600)
+	_, err := Load(Options{File: cfgFile, Env: []string{}})
+	if err == nil || !strings.Contains(err.Error(), "policy.write-once") || !strings.Contains(err.Error(), `policy.file: `+bad+`: rules[0] (x): action: "nope"`) {
+		t.Fatalf("%v", err)
+	}
+}

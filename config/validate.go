@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -138,6 +139,10 @@ func (c Config) validate() []error {
 	if v.ok("policy.rendezvous-state", "policy.pickle-globals", "policy.write-once") {
 		if _, err := c.Rules(); err != nil {
 			v.errs = append(v.errs, err)
+		}
+	} else if c.Policy.File != "" { // the file's problems too, all at once
+		if _, err := policy.LoadFile(c.Policy.File); err != nil {
+			v.add("policy.file", "%v", err)
 		}
 	}
 

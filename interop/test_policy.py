@@ -362,6 +362,29 @@ def test_pickle_broadcast_of_ordinary_objects_passes(procs, binary, tmp_path, ve
     guard.assert_clean()
 
 
+# --- T9: a pickle that runs code, on any key (vLLM-style broadcast keys) ---------------------------
+
+@pytest.mark.parametrize("version", [v for v in ("1.13.1", "2.4.1", "2.15.0") if v in ENVS])
+def test_pickle_on_any_key_blocked(procs, binary, tmp_path, version):
+    """torch's own client SETs a pickle of os.system, raw and as base64, on keys a framework broadcasts objects
+    through, each on a connection of its own, against a real store through the default guard: each is closed
+    with pickle_global_denied naming the global, and none of their bytes reach the store (recording relay)."""
+    relay, guard = guarded_store(procs, binary, tmp_path, version)
+    specs = [{"op": "set", "key": "vllm/broadcast/0", "value": {"raw_pickle_system": "true"}, "tag": "raw"},
+             {"op": "set", "key": "bc/obj", "value": {"pickle_system": "true"}, "tag": "base64"}]
+    p = run_py(version, HERE / "policy_attack.py", "127.0.0.1", guard.port, json.dumps(specs), timeout=120)
+    attacks = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert len(attacks) == 2, f"rc={p.returncode} {p.stdout[-1500:]} {p.stderr[-1500:]}"
+    for a in attacks:
+        assert a["raised"] and not a.get("client_bug") and a["stage"] in ("call", "check"), a
+        payload = a["payload"].encode("latin-1")
+        assert not any(payload in b for b in relay_bytes(relay)), f"{a['tag']}: the pickle reached the store"
+    evs = [e for e in guard.events() if e.get("event.action") == "blocked"]
+    assert sorted((e.get("storeguard.key"), e.get("event.reason")) for e in evs) == [
+        ("/bc/obj", "pickle_global_denied"), ("/vllm/broadcast/0", "pickle_global_denied")], evs
+    assert all("posix.system" in e.get("storeguard.detail", "") for e in evs), evs
+
+
 # --- no false positive: elastic restarts and two nodes ---------------------------------------------
 
 @pytest.mark.parametrize("version", WRITE_ONCE_VERSIONS)

@@ -43,6 +43,7 @@ type Config struct {
 	Caps     Caps     `mapstructure:"caps"`
 	Ban      Ban      `mapstructure:"ban"`
 	Policy   Policy   `mapstructure:"policy"`
+	Quota    Quota    `mapstructure:"quota"`
 	Scan     Scan     `mapstructure:"scan"`
 	Audit    Audit    `mapstructure:"audit"`
 	Log      Log      `mapstructure:"log"`
@@ -265,8 +266,17 @@ type Policy struct {
 	File            string   `mapstructure:"file"`
 }
 
-// Rules compiles the policy stage of c, reading its policy file: nil when every rule is off and no
-// file is given.
+// Quota caps what clients make the store hold (quota.*): bytes and keys, per source and in all.
+type Quota struct {
+	Mode                string `mapstructure:"mode"`
+	StoreBytes          int64  `mapstructure:"store-bytes"`
+	PerSourceStoreBytes int64  `mapstructure:"per-source-store-bytes"`
+	StoreKeys           int64  `mapstructure:"store-keys"`
+	PerSourceStoreKeys  int64  `mapstructure:"per-source-store-keys"`
+}
+
+// Rules compiles the policy stage of c, reading its policy file, with the store quota: nil when
+// every rule and the quota are off and no file is given.
 func (c Config) Rules() (*policy.Policy, error) {
 	pc := policy.Defaults()
 	var err error
@@ -285,7 +295,14 @@ func (c Config) Rules() (*policy.Policy, error) {
 			return nil, &FieldError{Key: "policy.file", Msg: err.Error()}
 		}
 	}
-	if pc.RendezvousState == policy.Off && pc.PickleGlobals == policy.Off && pc.WriteOnce == policy.Off && len(pc.Rules) == 0 {
+	if pc.Quota.Mode, err = policy.ParseMode(c.Quota.Mode); err != nil {
+		return nil, &FieldError{Key: "quota.mode", Msg: err.Error()}
+	}
+	q := c.Quota
+	pc.Quota.SourceBytes, pc.Quota.TotalBytes = q.PerSourceStoreBytes, q.StoreBytes
+	pc.Quota.SourceKeys, pc.Quota.TotalKeys = q.PerSourceStoreKeys, q.StoreKeys
+	if pc.RendezvousState == policy.Off && pc.PickleGlobals == policy.Off && pc.WriteOnce == policy.Off &&
+		pc.Quota.Mode == policy.Off && len(pc.Rules) == 0 {
 		return nil, nil
 	}
 	p, err := policy.New(pc)

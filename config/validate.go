@@ -23,6 +23,8 @@ const (
 	maxCount        = 1 << 30
 	maxConnections  = 1 << 24
 	maxEventLoops   = 1024
+	maxQuotaBytes   = 1 << 48
+	maxQuotaKeys    = 1 << 28 // the account keeps about 40 bytes a key: 10 GiB at most
 	maxRate         = 1e9
 )
 
@@ -133,10 +135,21 @@ func (c Config) validate() []error {
 		}
 	}
 
+	q := c.Quota
+	oneOf(&v, "quota.mode", q.Mode, "enforce", "monitor", "off")
+	v.between("quota.store-bytes", q.StoreBytes, 0, maxQuotaBytes)
+	v.between("quota.per-source-store-bytes", q.PerSourceStoreBytes, 0, maxQuotaBytes)
+	v.between("quota.store-keys", q.StoreKeys, 0, maxQuotaKeys)
+	v.between("quota.per-source-store-keys", q.PerSourceStoreKeys, 0, maxQuotaKeys)
+	if v.ok("quota.mode", "quota.store-keys") && q.Mode != "off" && q.StoreKeys == 0 {
+		// The account's memory is bounded by its key cap (about 40 bytes a key).
+		v.add("quota.store-keys", "must be set (1 to %d) while quota.mode is %s: it bounds the account's memory", int64(maxQuotaKeys), q.Mode)
+	}
+
 	oneOf(&v, "policy.rendezvous-state", c.Policy.RendezvousState, "enforce", "monitor", "off")
 	oneOf(&v, "policy.pickle-globals", c.Policy.PickleGlobals, "enforce", "monitor", "off")
 	oneOf(&v, "policy.write-once", c.Policy.WriteOnce, "enforce", "monitor", "off")
-	if v.ok("policy.rendezvous-state", "policy.pickle-globals", "policy.write-once") {
+	if v.ok("policy.rendezvous-state", "policy.pickle-globals", "policy.write-once", "quota.mode") {
 		if _, err := c.Rules(); err != nil {
 			v.errs = append(v.errs, err)
 		}

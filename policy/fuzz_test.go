@@ -24,9 +24,9 @@ func FuzzCheck(f *testing.F) {
 		}
 		msg, b := message(t, protocol.Request{Op: protocol.OpQueuePush, Key: []byte(key), Value: value})
 		// Each judgement with write-once keys of its own: the first would mark the key for the second.
-		whole, wholeBroke := p.WithStore(NewWritten(4), nil).Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
+		whole, wholeBroke := p.WithStore(Store{Written: NewWritten(4), Quota: NewQuota()}).Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
 		at := int(cut) % (len(b) + 1)
-		split, splitBroke := p.WithStore(NewWritten(4), nil).Check(Message{Msg: msg, Bytes: protocol.Split{A: b[:at], B: b[at:]}}, nil)
+		split, splitBroke := p.WithStore(Store{Written: NewWritten(4), Quota: NewQuota()}).Check(Message{Msg: msg, Bytes: protocol.Split{A: b[:at], B: b[at:]}}, nil)
 		if wholeBroke != splitBroke || whole.Rule != split.Rule || whole.Detail != split.Detail {
 			t.Fatalf("whole: %v %s %q; split at %d: %v %s %q", wholeBroke, whole.Rule, whole.Detail, at, splitBroke, split.Rule, split.Detail)
 		}

@@ -68,6 +68,8 @@ type Config struct {
 	Rules []Rule
 	// Pickle bounds each pickle scan.
 	Pickle pickle.Limits
+	// Quota caps what sources make the store hold (quota.go); it needs WithStore with a Quota.
+	Quota QuotaLimits
 	// Learn, if set, is given every message that breaks no rule (learn.go), and Wants is true for
 	// every op: `storeguard policy learn`.
 	Learn *Learner
@@ -95,6 +97,8 @@ type Policy struct {
 	writeOnce []writeOnce // the default rule, then the policy file's
 	written   *Written    // WithStore
 	lookup    Lookup
+	quota     *Quota
+	count     Count
 }
 
 // New compiles c. Its errors name the rule and what is wrong.
@@ -143,10 +147,27 @@ func (p *Policy) Wants(op protocol.Op) bool {
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpAppend, protocol.OpMultiSet, protocol.OpQueuePush:
 		return true
 	case protocol.OpAdd, protocol.OpDeleteKey, protocol.OpQueuePop:
-		return p.written != nil && len(p.writeOnce) > 0
+		return p.written != nil && len(p.writeOnce) > 0 || p.quotaOn()
 	}
 	return false
 }
+
+// chargeQuota charges the message's changes to src's account. Before a write is refused, the store
+// is asked whether the account outlived its keys (Quota.stale): then the account starts afresh.
+func (p *Policy) chargeQuota(src netip.Addr, changes []change) (Finding, bool) {
+	f, over := p.quota.charge(p.cfg.Quota, src, changes)
+	if !over || p.count == nil {
+		return f, over
+	}
+	if n, err := p.count(); err == nil && p.quota.stale(n) {
+		p.quota.Reset()
+		return p.quota.charge(p.cfg.Quota, src, changes)
+	}
+	return f, over
+}
+
+// quotaOn reports whether the store quota is checked.
+func (p *Policy) quotaOn() bool { return p.quota != nil && p.cfg.Quota.Mode != Off }
 
 // Message is one complete request as the policy judges it.
 type Message struct {
@@ -173,6 +194,8 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	var f Finding
 	broke, warned := false, false
 	var marks []string // write-once keys this message writes first
+	var chArr [4]change
+	changes := chArr[:0] // what the message does to the quota's account
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
 	report := func(x Finding) bool {
 		if x.Mode == Monitor {
@@ -207,8 +230,16 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 				return false
 			}
 		}
+		if p.quotaOn() {
+			changes = p.quota.note(&fld, changes)
+		}
 		return true
 	})
+	if !broke && len(changes) > 0 {
+		if x, over := p.chargeQuota(m.Src, changes); over {
+			report(x)
+		}
+	}
 	if !broke {
 		for _, k := range marks {
 			p.written.add(k)

@@ -11,6 +11,7 @@ type fieldView struct {
 	keyField protocol.Field // Kind FieldNone for an op without keys
 	val      protocol.Field // the value written (FieldValue, or COMPARE_SET's FieldDesired); Kind FieldNone if none
 	va, vb   []byte         // the value's bytes in two parts
+	expected int64          // COMPARE_SET's expected value's length
 	// pickleJudged: an allow-list judged the value's pickle (the rendezvous state's, or a policy
 	// file's for the key), in place of the default pickle rule's deny list: one scan, not two.
 	pickleJudged bool
@@ -53,6 +54,8 @@ func (w *walker) each(fn func(fieldView) bool) {
 				cur.key = []byte{} // an empty key is a key, wherever the split fell
 			}
 			pending = true
+		case protocol.FieldExpected:
+			cur.expected = int64(f.Len)
 		case protocol.FieldValue, protocol.FieldDesired:
 			cur.val = f
 			cur.va, cur.vb = s.Parts(f.BodyOff(), f.Len)

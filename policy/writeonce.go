@@ -67,6 +67,15 @@ func (w *Written) add(key string) {
 	w.set[key] = struct{}{}
 }
 
+// Reset forgets every key: the store went away.
+func (w *Written) Reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	clear(w.set)
+	clear(w.ring)
+	w.next = 0
+}
+
 // Len is how many keys w remembers.
 func (w *Written) Len() int {
 	w.mu.Lock()
@@ -80,11 +89,18 @@ func (w *Written) Len() int {
 // the job's weak point) and is counted by the caller.
 type Lookup func(key []byte) (exists bool, err error)
 
-// WithStore returns a copy of p that remembers write-once keys in w and asks lookup (nil: no store
-// to ask, as in replay) about keys it has not seen written.
-func (p *Policy) WithStore(w *Written, lookup Lookup) *Policy {
+// Store is what the streams of one server share about the store behind them, kept across reloads.
+type Store struct {
+	Written *Written // the write-once keys written through the guard
+	Lookup  Lookup   // asks the store about keys not seen written; nil: no store to ask (replay)
+	Quota   *Quota   // the store quota's account; nil: no quota
+	Count   Count    // asks the store how many keys it holds, when the quota refuses; nil: never
+}
+
+// WithStore returns a copy of p that keeps what it learns of the store in s.
+func (p *Policy) WithStore(s Store) *Policy {
 	q := *p
-	q.written, q.lookup = w, lookup
+	q.written, q.lookup, q.quota, q.count = s.Written, s.Lookup, s.Quota, s.Count
 	return &q
 }
 
@@ -118,7 +134,7 @@ func (p *Policy) checkWriteOnce(r *writeOnce, v *fieldView, marks *[]string) (Fi
 		return Finding{Rule: protocol.RuleKeyWriteOnce, Field: v.keyField, Key: protocol.ShowKey(v.key),
 			Detail: v.op.String() + " of a key written once, " + detail, Mode: r.mode}, true
 	}
-	if p.written.has(v.key) {
+	if p.written.has(v.key) && !p.lostByStore(v.key) {
 		return fail("already written through the guard")
 	}
 	for _, m := range *marks {
@@ -136,4 +152,15 @@ func (p *Policy) checkWriteOnce(r *writeOnce, v *fieldView, marks *[]string) (Fi
 		*marks = append(*marks, string(v.key))
 	}
 	return Finding{}, false
+}
+
+// lostByStore reports whether the store says it does not hold key, a key written through the
+// guard: it went away since (a store restarted under a guard that did not see it go, or a job
+// started anew on the same port), and the next write is a first one. An error is no answer.
+func (p *Policy) lostByStore(key []byte) bool {
+	if p.lookup == nil {
+		return false
+	}
+	exists, err := p.lookup(key)
+	return err == nil && !exists
 }

@@ -24,12 +24,15 @@ func TestWriteOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p = p.WithStore(NewWritten(16), lookup)
+	p = p.WithStore(Store{Written: NewWritten(16), Lookup: lookup})
 	check := func(r protocol.Request) (protocol.Rule, string) {
 		t.Helper()
 		msg, b := message(t, r)
 		f, broke := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
 		if !broke {
+			for _, k := range append([][]byte{r.Key}, r.Keys...) { // the store now holds them
+				inStore[string(k)] = r.Op != protocol.OpDeleteKey
+			}
 			return "", ""
 		}
 		return f.Rule, f.Detail
@@ -84,6 +87,20 @@ func TestWriteOnce(t *testing.T) {
 	if r, _ := check(setReq("/torch.rendezvous.job-7.3/MASTER_ADDR", "10.0.0.1")); r != "" {
 		t.Fatalf("store not answering: %s", r)
 	}
+	// A store that does not answer is no proof that a key written through the guard went away.
+	if r, _ := check(setReq(masterAddr, "6.6.6.6")); r != protocol.RuleKeyWriteOnce {
+		t.Fatalf("second write, store not answering: %s", r)
+	}
+	// The store restarted (a new job on the same port) without the guard noticing: it holds none
+	// of the keys, and the new job's first writes pass.
+	lookupErr = nil
+	clear(inStore)
+	if r, _ := check(setReq(masterAddr, "10.0.0.2")); r != "" {
+		t.Fatalf("first write to a restarted store: %s", r)
+	}
+	if r, _ := check(setReq(masterAddr, "6.6.6.6")); r != protocol.RuleKeyWriteOnce {
+		t.Fatalf("second write to the restarted store: %s", r)
+	}
 	// Other keys are never looked up.
 	before := lookups
 	check(setReq("/torch.rendezvous.job-7.3/other", "x"))
@@ -102,7 +119,7 @@ func TestWriteOnceFileRuleAndBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := NewWritten(2)
-	p = p.WithStore(w, nil)
+	p = p.WithStore(Store{Written: w})
 	check := func(key string) protocol.Rule {
 		msg, b := message(t, setReq(key, "id"))
 		f, _ := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)

@@ -94,6 +94,9 @@ const (
 	RulePolicyDenied Rule = "policy_denied"
 	// RuleValueInvalid: a value that is not of the kind a policy rule asks for.
 	RuleValueInvalid Rule = "value_invalid"
+	// RuleStoreQuota: a write that would make the store hold more for its source, or for everyone,
+	// than quota.* allows (valid SETs that fill the store's host).
+	RuleStoreQuota Rule = "store_quota_exceeded"
 )
 
 // IsRule reports whether s names a rule.
@@ -113,13 +116,14 @@ func Rules() []Rule {
 		RulePingBeforeValidate, RuleOpNotInBackend, RuleWatchKeyBlocked, RuleZeroCount,
 		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore, RuleRepliesUnread,
 		RuleTruncatedMessage, RulePickleGlobalDenied, RuleRendezvousStateInvalid, RuleKeyWriteOnce,
-		RulePolicyDenied, RuleValueInvalid}
+		RulePolicyDenied, RuleValueInvalid, RuleStoreQuota}
 }
 
 // IsPolicyRule reports whether r is one of the policy stage's rules: broken by a well-formed message.
 func IsPolicyRule(r Rule) bool {
 	switch r {
-	case RulePickleGlobalDenied, RuleRendezvousStateInvalid, RuleKeyWriteOnce, RulePolicyDenied, RuleValueInvalid:
+	case RulePickleGlobalDenied, RuleRendezvousStateInvalid, RuleKeyWriteOnce, RulePolicyDenied, RuleValueInvalid,
+		RuleStoreQuota:
 		return true
 	}
 	return false

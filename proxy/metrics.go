@@ -47,6 +47,8 @@ type metrics struct {
 	storeInfo      *prometheus.GaugeVec
 	storeConns     prometheus.GaugeFunc
 	storeLimit     prometheus.GaugeFunc
+	quotaBytes     prometheus.GaugeFunc
+	quotaKeys      prometheus.GaugeFunc
 	storeRefused   *prometheus.CounterVec
 	handovers      *prometheus.CounterVec
 	handoverConns  prometheus.Gauge
@@ -56,6 +58,7 @@ type metrics struct {
 type readings struct {
 	bansActive, buffered, auditLost, logsDropped func() float64
 	storeConns, storeLimit                       func() float64
+	quotaBytes, quotaKeys                        func() float64
 }
 
 // setStore shows the store's generation and backend as learned in auto mode (known), or that it
@@ -135,6 +138,10 @@ func newMetrics(read readings) *metrics {
 		"Connections to the store held for clients now (each client's from its first valid message).")), read.storeConns)
 	m.storeLimit = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_limit",
 		"The cap on store_connections in effect (caps.max-store-connections, auto: from the store's descriptor limit); +Inf for none.")), read.storeLimit)
+	m.quotaBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_quota_bytes",
+		"What clients have made the store hold through the guard, as the store quota counts it (quota.store-bytes): keys, values and 200 bytes a key.")), read.quotaBytes)
+	m.quotaKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_quota_keys",
+		"Keys clients have made the store hold through the guard, as the store quota counts them (quota.store-keys).")), read.quotaKeys)
 	m.storeRefused = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connections_refused_total",
 		"Clients closed after waiting timeouts.upstream-dial for a store connection, by the cap that was full (not violations).")),
 		[]string{"reason"})
@@ -168,7 +175,7 @@ func newMetrics(read readings) *metrics {
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
-		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.handovers, m.handoverConns,
+		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.

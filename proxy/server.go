@@ -39,9 +39,9 @@ type settings struct {
 	local   netip.AddrPort // the upstream, when it is an address on this host (connectNow)
 }
 
-// newSettings validates c; onMessage sees each complete message of every connection; the policy's
-// write-once keys are remembered in written and looked up in the store with lookup.
-func newSettings(c config.Config, onMessage func(*protocol.Message), written *policy.Written, lookup policy.Lookup) (*settings, error) {
+// newSettings validates c; onMessage sees each complete message of every connection; the policy
+// keeps what it learns of the store (write-once keys, the quota's account) in store.
+func newSettings(c config.Config, onMessage func(*protocol.Message), store policy.Store) (*settings, error) {
 	dec, err := c.Decoder()
 	if err != nil {
 		return nil, err
@@ -51,7 +51,7 @@ func newSettings(c config.Config, onMessage func(*protocol.Message), written *po
 		return nil, err
 	}
 	if rules != nil {
-		rules = rules.WithStore(written, lookup)
+		rules = rules.WithStore(store)
 	}
 	monitor := c.Mode == config.ModeMonitor
 	st := &settings{cfg: c, dec: dec, monitor: monitor,
@@ -123,9 +123,12 @@ type Server struct {
 
 	// store is, in auto mode, the generation the store speaks, learned from it (learnStore); a
 	// reload that changes the upstream or switches to auto starts learning anew (startLearning).
-	store       atomic.Pointer[storeState]
-	written     *policy.Written // the policy's write-once keys written through the guard, kept across reloads
-	keys        *keyOracle      // asks the store about the others
+	store atomic.Pointer[storeState]
+	// What the policy learns of the store, kept across reloads, forgotten when the store goes away
+	// (storeGone): the write-once keys written through the guard, and the quota's account.
+	written     *policy.Written
+	quota       *policy.Quota
+	keys        *keyOracle // asks the store about write-once keys not seen written
 	learnMu     sync.Mutex
 	learnCtx    context.Context // Serve's, once it runs
 	learnCancel context.CancelFunc
@@ -174,8 +177,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.written, s.keys = policy.NewWritten(writtenKeys), &keyOracle{s: s}
-	st, err := newSettings(cfg, s.countMessage, s.written, s.keys.exists)
+	s.written, s.quota, s.keys = policy.NewWritten(writtenKeys), policy.NewQuota(), &keyOracle{s: s}
+	st, err := newSettings(cfg, s.countMessage, s.policyStore())
 	if err != nil {
 		return nil, err
 	}
@@ -206,6 +209,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		},
 		storeConns: func() float64 { return float64(s.slots.InUse()) },
 		storeLimit: s.storeLimitGauge,
+		quotaBytes: func() float64 { return float64(s.quota.Stats().Bytes) },
+		quotaKeys:  func() float64 { return float64(s.quota.Stats().Keys) },
 	})
 	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})
@@ -465,7 +470,7 @@ func (s *Server) reload(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	st, err := newSettings(cfg, s.countMessage, s.written, s.keys.exists)
+	st, err := newSettings(cfg, s.countMessage, s.policyStore())
 	if err != nil {
 		return err
 	}
@@ -481,10 +486,25 @@ func (s *Server) reload(cfg config.Config) error {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}
 	s.kickStoreLimit() // auto: the upstream may have changed
+	if old.Upstream != cfg.Upstream {
+		s.storeGone() // another store: none of the keys known are in it
+	}
 	if strings.EqualFold(old.Generation, "auto") != st.dec.Gen.Auto || old.Upstream != cfg.Upstream {
 		s.startLearning()
 	}
 	return nil
+}
+
+// policyStore is what the policy of every configuration shares about the store.
+func (s *Server) policyStore() policy.Store {
+	return policy.Store{Written: s.written, Lookup: s.keys.exists, Quota: s.quota, Count: s.keys.count}
+}
+
+// storeGone forgets what the guard knew of the store's keys: the store went away (a restarted
+// store holds none), or the upstream changed.
+func (s *Server) storeGone() {
+	s.written.Reset()
+	s.quota.Reset()
 }
 
 // sweepLoop lets the gate forget idle sources and ended bans every 5 s until ctx ends.

@@ -296,6 +296,7 @@ func (s *Server) learnStore(ctx context.Context, state *storeState, addr string)
 		sentinel.Close()
 		state.forget()
 		if ctx.Err() == nil {
+			s.storeGone()
 			s.m.setStore(info, false)
 			s.log.Warn("auto: the store closed the guard's connection (a restart?); new connections wait until its generation is learned again",
 				"upstream", addr, "err", err)

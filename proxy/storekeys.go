@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -16,44 +17,85 @@ import (
 // time lets the write through (policy.Lookup), counted.
 const keyLookupTimeout = 250 * time.Millisecond
 
-// keyOracle asks the store whether a key exists (CHECK), for the write-once rule: in a transparent
-// sidecar the master host's own ranks write past the guard. It keeps one connection of its own to
-// the store between questions (a torch store accepts about 10 connections a second), opened
-// lazily and again after any error, and asks one question at a time.
+// keyOracle asks the store about its keys: whether a key exists (CHECK), for the write-once rule (in
+// a transparent sidecar the master host's own ranks write past the guard), and how many it holds
+// (GETNUMKEYS), for the quota. It keeps one connection of its own to the store between questions
+// (a torch store accepts about 10 connections a second), opened lazily and again after any error,
+// and asks one question at a time.
 type keyOracle struct {
 	s    *Server
 	mu   sync.Mutex
 	conn net.Conn
 	gen  protocol.Generation
 	addr string
+	// The last answer to GETNUMKEYS and when it came: asked again at most once a second, however
+	// many writes the quota refuses.
+	numKeys   int64
+	numKeysAt time.Time
 }
 
 var errStoreUnknown = errors.New("the store's generation is not known yet")
 
 // exists asks the store whether key, as the wire has it, exists.
 func (o *keyOracle) exists(key []byte) (bool, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	exists, err := o.ask(key)
+	var reply [1]byte // CheckResponseType: READY 0, NOT_READY 1
+	err := o.ask(protocol.Request{Op: protocol.OpCheck, Keys: [][]byte{key}}, reply[:])
 	result := "absent"
 	switch {
 	case err != nil:
 		result = "error"
-		o.drop()
-	case exists:
+	case reply[0] == 0:
 		result = "exists"
+	case reply[0] != 1:
+		result, err = "error", fmt.Errorf("CHECK answered %#x", reply[0])
 	}
 	o.s.m.keyLookups.WithLabelValues(result).Inc()
-	return exists, err
+	return result == "exists", err
 }
 
-func (o *keyOracle) ask(key []byte) (bool, error) {
+// count asks the store how many keys it holds, or answers as it did less than a second ago.
+func (o *keyOracle) count() (int64, error) {
+	o.mu.Lock()
+	if now := o.s.now(); !o.numKeysAt.IsZero() && now.Sub(o.numKeysAt) < time.Second && now.After(o.numKeysAt) {
+		defer o.mu.Unlock()
+		return o.numKeys, nil
+	}
+	o.mu.Unlock()
+	var reply [8]byte // int64, the store's byte order (little-endian on every platform torch ships)
+	if err := o.ask(protocol.Request{Op: protocol.OpGetNumKeys}, reply[:]); err != nil {
+		return 0, err
+	}
+	n := int64(binary.LittleEndian.Uint64(reply[:]))
+	o.mu.Lock()
+	o.numKeys, o.numKeysAt = n, o.s.now()
+	o.mu.Unlock()
+	return n, nil
+}
+
+// ask sends r and reads its reply, of len(reply) bytes. A connection kept from an earlier question
+// that fails, but for a timeout, is replaced once: the store may have restarted since.
+func (o *keyOracle) ask(r protocol.Request, reply []byte) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	reused := o.conn != nil
+	err := o.exchange(r, reply)
+	if ne := net.Error(nil); err != nil && reused && !(errors.As(err, &ne) && ne.Timeout()) {
+		o.drop()
+		err = o.exchange(r, reply)
+	}
+	if err != nil {
+		o.drop()
+	}
+	return err
+}
+
+func (o *keyOracle) exchange(r protocol.Request, reply []byte) error {
 	st := o.s.set.Load()
 	gen := st.dec.Gen.Gen
 	if st.dec.Gen.Auto {
 		info, known, _ := o.s.store.Load().get()
 		if !known {
-			return false, errStoreUnknown
+			return errStoreUnknown
 		}
 		gen = info.Gen
 	}
@@ -62,39 +104,30 @@ func (o *keyOracle) ask(key []byte) (bool, error) {
 		o.drop()
 		c, err := net.DialTimeout("tcp", st.cfg.Upstream, keyLookupTimeout)
 		if err != nil {
-			return false, err
+			return err
 		}
 		o.conn, o.gen, o.addr = c, gen, st.cfg.Upstream
 		c.SetDeadline(deadline)
 		if _, err := c.Write(protocol.AppendHandshake(nil, gen, 1)); err != nil {
-			return false, err
+			return err
 		}
 		if _, ok := protocol.WireOf(gen, protocol.OpPing); ok {
 			var pong [4]byte // PING's reply: its nonce
 			if _, err := io.ReadFull(c, pong[:]); err != nil {
-				return false, err
+				return err
 			}
 		}
 	}
 	o.conn.SetDeadline(deadline)
-	msg, err := protocol.Append(nil, gen, protocol.Request{Op: protocol.OpCheck, Keys: [][]byte{key}})
+	msg, err := protocol.Append(nil, gen, r)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if _, err := o.conn.Write(msg); err != nil {
-		return false, err
+		return err
 	}
-	var reply [1]byte // CheckResponseType: READY 0, NOT_READY 1
-	if _, err := io.ReadFull(o.conn, reply[:]); err != nil {
-		return false, err
-	}
-	switch reply[0] {
-	case 0:
-		return true, nil
-	case 1:
-		return false, nil
-	}
-	return false, fmt.Errorf("CHECK answered %#x", reply[0])
+	_, err = io.ReadFull(o.conn, reply)
+	return err
 }
 
 func (o *keyOracle) drop() {

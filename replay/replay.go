@@ -183,8 +183,9 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 		}
 	}
 	if rules != nil {
-		// Replay has no store to ask: a write-once key is known written when the capture wrote it.
-		rules = rules.WithStore(policy.NewWritten(1<<16), nil)
+		// Replay has no store to ask: a write-once key is known written when the capture wrote it,
+		// and the quota counts what the capture wrote from its start.
+		rules = rules.WithStore(policy.Store{Written: policy.NewWritten(1 << 16), Quota: policy.NewQuota()})
 	}
 	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen, Rules: rules}, opts: opts,
 		adm: cfg.Admission(), action: audit.ActionBlocked}

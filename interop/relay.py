@@ -5,7 +5,10 @@ A stand-in for the Go proxy when checking that a topology puts *every* store
 connection through the proxy port: it counts the connections it forwarded and
 prints {"connections": N} on SIGTERM/SIGINT or after --seconds.
 
-  relay.py LISTEN_PORT UPSTREAM_PORT [--upstream-host 127.0.0.1] [--seconds S] [--record DIR]
+  relay.py LISTEN_PORT UPSTREAM_PORT [--upstream-host 127.0.0.1] [--source ADDR] [--seconds S] [--record DIR]
+
+--source binds each upstream connection to ADDR (another loopback address, 127.0.0.2): the guard behind
+it sees the client as that source.
 """
 import argparse
 import json
@@ -39,6 +42,7 @@ def main():
     ap.add_argument("listen_port", type=int)
     ap.add_argument("upstream_port", type=int)
     ap.add_argument("--upstream-host", default="127.0.0.1")
+    ap.add_argument("--source", default=None, metavar="ADDR", help="bind upstream connections to ADDR")
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--record", default=None, metavar="DIR", help="write DIR/conn<N>.c2s and .s2c")
     a = ap.parse_args()
@@ -52,7 +56,12 @@ def main():
     def accept():
         while True:
             c, _ = ls.accept()
-            u = socket.create_connection((a.upstream_host, a.upstream_port))
+            try:
+                u = socket.create_connection((a.upstream_host, a.upstream_port),
+                                             source_address=(a.source, 0) if a.source else None)
+            except OSError:  # refused upstream (a guard refusing the source): the client sees its close
+                c.close()
+                continue
             n = count[0]
             count[0] += 1
             rc = rs = None

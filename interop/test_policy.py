@@ -442,3 +442,32 @@ def test_single_writer_keys_overwrite_blocked(outcomes, version):
     if o["rc"] != 0 or o["results"]:
         probs.append(f"the job failed: rc {o['rc']} {o['results']}: {o['tail'].splitlines()[-1:]}")
     assert not probs, "overwrites of single-writer keys were not stopped:\n  " + "\n  ".join(probs)
+
+
+# --- no false positive: a new job on the same port, with the same run id ------------------------------
+
+@pytest.mark.parametrize("generation", ["auto", "2.15"])
+def test_next_job_on_a_restarted_store_no_policy_violation(procs, binary, tmp_path, generation):
+    """Two torchrun jobs one after the other through one long-lived guard, with the same --rdzv_id (torchrun's
+    default is "none"), the store restarted between them on the same port, as a job's master does: the second
+    job's round 0 writes MASTER_ADDR, MASTER_PORT and the rest again, to a store that holds none of them. It
+    succeeds with 0 violations, whether the guard saw the store go (generation auto: its idle connection
+    closed) or not (a generation configured: the store, asked, no longer has the keys)."""
+    version = "2.15.0"
+    if version not in ENVS:
+        pytest.skip(f"torch {version} is not installed")
+    store, sport = start_store(procs, version, default_backend(version))
+    guard = Guard(procs, binary, sport, generation, tmp_path)
+    wait_ready(guard.mport, "the guard")
+    for i in range(2):
+        out = tmp_path / f"job{i}-out"
+        job = Job(procs, version, guard.port, tmp_path, "none", out, name=f"job{i}", seconds=1)
+        rc = job.wait(180)
+        assert rc == 0 and not result_problems(out, 2), f"job {i}: rc {rc} {result_problems(out, 2)}\n{job.tail()}\n" \
+                                                        f"guard events: {guard.events()}"
+        if i == 0:
+            store.terminate()
+            store.wait(15)
+            store, _ = start_store(procs, version, default_backend(version), port=sport)
+            wait_ready(guard.mport, "the guard after the store's restart")
+    guard.assert_clean()

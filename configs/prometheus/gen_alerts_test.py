@@ -45,6 +45,12 @@ T('a pickle global denied fires critical in either mode, with its rule; other ru
     ('5m', 'StoreguardPickleGlobalDenied', [exp('StoreguardPickleGlobalDenied', rule='pickle_global_denied', mode='enforce'),
                                             exp('StoreguardPickleGlobalDenied', rule='rendezvous_state_invalid', mode='monitor')]),
     ('13m', 'StoreguardPickleGlobalDenied', [exp('StoreguardPickleGlobalDenied', rule='rendezvous_state_invalid', mode='monitor')])])
+T('store quota refusals fire a warning per mode; other rules do not', [
+    S('storeguard_violations_total', '0 0 3 3 3 3 3 3 3 3 3 3 3 3 3 3', rule='store_quota_exceeded', mode='enforce'),
+    S('storeguard_violations_total', '0 5 9 9 9 9 9 9 9 9 9 9 9 9 9 9', rule='key_too_long', mode='enforce'),
+], [('1m', 'StoreguardStoreQuotaExceeded', []),
+    ('5m', 'StoreguardStoreQuotaExceeded', [exp('StoreguardStoreQuotaExceeded', mode='enforce')]),
+    ('14m', 'StoreguardStoreQuotaExceeded', [])])
 T('a ban fires once per instance, while new or active; clears after', [
     S('storeguard_bans_total', '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'),
     S('storeguard_bans_active', '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0'),

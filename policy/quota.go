@@ -13,9 +13,9 @@ import (
 // the largest legal values fills the store's host (100 × 8 MiB took a 2.15 store from 620 MB to
 // 1.4 GB in 1.2 s), the #106294 outcome reached with valid messages. The quota is an account of
 // what each source has made the store hold, and a write that would take a source, or everyone,
-// past its cap is refused before a byte of it reaches the store (store_quota_exceeded). A write
-// that holds no more than before (an overwrite as long or shorter, a DELETE_KEY, an ADD to a key
-// that exists) always passes.
+// past its cap is refused before a byte of it reaches the store (store_quota_exceeded). Only growth
+// is checked: a write that leaves its source and the store holding no more than before (an
+// overwrite as long or shorter, a DELETE_KEY, an ADD to a key that exists) always passes.
 
 // QuotaLimits are the caps of the account (quota.* of the configuration); a zero cap is none.
 type QuotaLimits struct {
@@ -217,6 +217,7 @@ func (q *Quota) charge(lim QuotaLimits, src netip.Addr, cs []change) (f Finding,
 	}
 	// First the totals as they would be; then, if within the caps, the entries.
 	myBytes, myKeys, allBytes, allKeys := me.bytes, me.keys, q.all.bytes, q.all.keys
+	my0, myKeys0, all0, allKeys0 := myBytes, myKeys, allBytes, allKeys
 	var overlay map[uint64]held // entries as earlier changes of this message leave them
 	look := func(h uint64) held {
 		if e, ok := overlay[h]; ok {
@@ -228,6 +229,10 @@ func (q *Quota) charge(lim QuotaLimits, src netip.Addr, cs []change) (f Finding,
 		c := &cs[i]
 		h := look(c.hash)
 		bytes, items, exists := c.after(h)
+		owner := me // the writer owns what it wrote
+		if h.owner != nil && !c.writes() {
+			owner = h.owner
+		}
 		if h.owner != nil {
 			allBytes -= h.bytes
 			allKeys--
@@ -240,13 +245,18 @@ func (q *Quota) charge(lim QuotaLimits, src netip.Addr, cs []change) (f Finding,
 		if exists {
 			allBytes += bytes
 			allKeys++
-			myBytes += bytes // the writer owns what it wrote
-			myKeys++
-			next = held{bytes: bytes, base: c.base, items: items, queue: c.op == protocol.OpQueuePush || c.op == protocol.OpQueuePop, owner: me}
+			if owner == me {
+				myBytes += bytes
+				myKeys++
+			}
+			next = held{bytes: bytes, base: c.base, items: items, queue: c.op == protocol.OpQueuePush || c.op == protocol.OpQueuePop, owner: owner}
 		}
-		grew := exists && (h.owner == nil || bytes > h.bytes)
-		if grew && !found {
-			if f, found = lim.over(c, myBytes, myKeys, allBytes, allKeys, p); found && lim.Mode != Monitor {
+		// Only what grows is checked: a write that leaves its source and the store holding no
+		// more than before the message passes.
+		if !found {
+			u := usage{bytes: grown(myBytes, my0), keys: grown(myKeys, myKeys0)}
+			a := usage{bytes: grown(allBytes, all0), keys: grown(allKeys, allKeys0)}
+			if f, found = lim.over(c, u, a, p); found && lim.Mode != Monitor {
 				return f, true
 			}
 		}
@@ -264,6 +274,18 @@ func (q *Quota) charge(lim QuotaLimits, src netip.Addr, cs []change) (f Finding,
 	}
 	return f, found
 }
+
+// grown is now if it is more than before, else 0: what a cap is checked against.
+func grown(now, before int64) int64 {
+	if now > before {
+		return now
+	}
+	return 0
+}
+
+// writes reports whether c sets what its key holds, so that its writer owns the key: an ADD to a
+// counter that exists or a QUEUE_POP leaves the key its owner's.
+func (c *change) writes() bool { return c.op != protocol.OpAdd && c.op != protocol.OpQueuePop }
 
 // apply replaces the entry prev of hash with next (no owner: removed), moving the charges.
 func (q *Quota) apply(hash uint64, prev, next held) {
@@ -302,18 +324,19 @@ func (q *Quota) uncharge(h held) {
 	}
 }
 
-// over reports the cap that the totals after c break, if any.
-func (l QuotaLimits) over(c *change, myBytes, myKeys, allBytes, allKeys int64, src netip.Prefix) (Finding, bool) {
+// over reports the cap that src's account u, or everyone's a, breaks after c, if any: each holds
+// a total that grew, zero for one that did not.
+func (l QuotaLimits) over(c *change, u, a usage, src netip.Prefix) (Finding, bool) {
 	var what string
 	switch {
-	case l.SourceBytes > 0 && myBytes > l.SourceBytes:
-		what = fmt.Sprintf("%s would hold %d bytes in the store, over quota.per-source-store-bytes %d", showSource(src), myBytes, l.SourceBytes)
-	case l.SourceKeys > 0 && myKeys > l.SourceKeys:
-		what = fmt.Sprintf("%s would hold %d keys in the store, over quota.per-source-store-keys %d", showSource(src), myKeys, l.SourceKeys)
-	case l.TotalBytes > 0 && allBytes > l.TotalBytes:
-		what = fmt.Sprintf("the store would hold %d bytes, over quota.store-bytes %d", allBytes, l.TotalBytes)
-	case l.TotalKeys > 0 && allKeys > l.TotalKeys:
-		what = fmt.Sprintf("the store would hold %d keys, over quota.store-keys %d", allKeys, l.TotalKeys)
+	case l.SourceBytes > 0 && u.bytes > l.SourceBytes:
+		what = fmt.Sprintf("%s would hold %d bytes in the store, over quota.per-source-store-bytes %d", showSource(src), u.bytes, l.SourceBytes)
+	case l.SourceKeys > 0 && u.keys > l.SourceKeys:
+		what = fmt.Sprintf("%s would hold %d keys in the store, over quota.per-source-store-keys %d", showSource(src), u.keys, l.SourceKeys)
+	case l.TotalBytes > 0 && a.bytes > l.TotalBytes:
+		what = fmt.Sprintf("the store would hold %d bytes, over quota.store-bytes %d", a.bytes, l.TotalBytes)
+	case l.TotalKeys > 0 && a.keys > l.TotalKeys:
+		what = fmt.Sprintf("the store would hold %d keys, over quota.store-keys %d", a.keys, l.TotalKeys)
 	default:
 		return Finding{}, false
 	}

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"testing"
@@ -274,4 +275,91 @@ func TestQuotaOutlivedStore(t *testing.T) {
 	if r, _, _ := send(t, p, "10.0.0.2", protocol.Request{Op: protocol.OpQueuePush, Key: []byte("/q3"), Value: valueOf(1)}); r != protocol.RuleStoreQuota {
 		t.Fatalf("a third queue, the store holding no key: %q", r)
 	}
+}
+
+// TestQuotaInvariants: any sequence of writes, overwrites, deletes and queue ops from several
+// sources, some refused, leaves the account consistent: the total is the sum of the sources', each
+// source holds keys, nothing is negative, the caps hold, and deleting everything empties it.
+func TestQuotaInvariants(t *testing.T) {
+	lim := QuotaLimits{SourceBytes: 20_000, TotalBytes: 50_000, SourceKeys: 30, TotalKeys: 80, Mode: Enforce}
+	p, q := quotaPolicy(t, lim)
+	rng := rand.New(rand.NewPCG(7, 25))
+	srcs := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "2001:db8::1", "2001:db8::2"}
+	key := func() []byte { return fmt.Appendf(nil, "/k%d", rng.IntN(60)) }
+	ops := []protocol.Op{protocol.OpSet, protocol.OpSet, protocol.OpCompareSet, protocol.OpAdd, protocol.OpDeleteKey,
+		protocol.OpAppend, protocol.OpMultiSet, protocol.OpQueuePush, protocol.OpQueuePop}
+	check := func(step int) {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		var bytes, keys, kv int64
+		for _, h := range q.keys {
+			if h.owner == nil || h.bytes < h.base-entryCost || h.items < 0 {
+				t.Fatalf("step %d: entry %+v", step, h)
+			}
+			if !h.queue {
+				kv++
+			}
+		}
+		for p, u := range q.srcs {
+			if u.src != p || u.keys <= 0 || u.bytes <= 0 {
+				t.Fatalf("step %d: source %v %+v", step, p, u)
+			}
+			if u.bytes > lim.SourceBytes || u.keys > lim.SourceKeys {
+				t.Fatalf("step %d: source %v over its caps: %+v", step, p, u)
+			}
+			bytes += u.bytes
+			keys += u.keys
+		}
+		if bytes != q.all.bytes || keys != q.all.keys || keys != int64(len(q.keys)) || kv != q.kv {
+			t.Fatalf("step %d: sources %d bytes %d keys, total %+v, %d entries, kv %d/%d", step, bytes, keys, q.all, len(q.keys), kv, q.kv)
+		}
+		if q.all.bytes > lim.TotalBytes || q.all.keys > lim.TotalKeys {
+			t.Fatalf("step %d: total over the caps: %+v", step, q.all)
+		}
+	}
+	refused := 0
+	for step := range 20000 {
+		r := protocol.Request{Op: ops[rng.IntN(len(ops))], Key: key(), Value: valueOf(rng.IntN(3000))}
+		switch r.Op {
+		case protocol.OpCompareSet:
+			r.Value, r.Desired = valueOf(rng.IntN(2)), valueOf(rng.IntN(3000))
+		case protocol.OpAdd:
+			r.Value, r.Int = nil, 1
+		case protocol.OpDeleteKey, protocol.OpQueuePop:
+			r.Value = nil
+		case protocol.OpMultiSet:
+			r.Keys, r.Values = [][]byte{r.Key, key(), r.Key}, [][]byte{r.Value, valueOf(rng.IntN(500)), valueOf(rng.IntN(500))}
+			r.Key, r.Value = nil, nil
+		}
+		if rule, _, _ := send(t, p, srcs[rng.IntN(len(srcs))], r); rule == protocol.RuleStoreQuota {
+			refused++
+		}
+		check(step)
+	}
+	if refused == 0 {
+		t.Fatal("no write was refused: the caps were never reached")
+	}
+	for i := range 60 {
+		send(t, p, "10.0.0.1", protocol.Request{Op: protocol.OpDeleteKey, Key: fmt.Appendf(nil, "/k%d", i)})
+		for range 200 {
+			send(t, p, "10.0.0.1", protocol.Request{Op: protocol.OpQueuePop, Key: fmt.Appendf(nil, "/k%d", i)})
+		}
+	}
+	check(-1)
+	if s := q.Stats(); s.Bytes != int64(q.queueBases()) {
+		t.Fatalf("after deleting everything: %+v", s)
+	}
+}
+
+// queueBases is what the emptied queues still hold: each costs its key and entryCost.
+func (q *Quota) queueBases() (n int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, h := range q.keys {
+		if !h.queue || h.items != 0 {
+			return -1
+		}
+		n += h.base
+	}
+	return n
 }

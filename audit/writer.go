@@ -39,7 +39,7 @@ type Options struct {
 	Compress   bool  // gzip rotated files to path.N.gz
 
 	// SeparateFlows makes Open write the flow records of connections that passed or are still
-	// open (PassedFlow: a job's own accounting, never sampled) to a file set of their own,
+	// open (passedFlow: a job's own accounting, never sampled) to a file set of their own,
 	// FlowsPath(path), rotated at FlowsMaxBytes with FlowsMaxBackups kept (as MaxBytes and
 	// MaxBackups), created at its first record. Every valid connection writes one, from any
 	// number of sources, so in one set they would rotate the security events out (500 one-message
@@ -257,12 +257,12 @@ func neverSampled(e *Event) bool {
 	case ActionBanned, ActionScan, ActionSampledSummary, ActionDroppedSummary, ActionHandover:
 		return true
 	}
-	return PassedFlow(e)
+	return passedFlow(e)
 }
 
-// PassedFlow reports whether e is the flow record of a connection that passed, or of one still
+// passedFlow reports whether e is the flow record of a connection that passed, or of one still
 // open (an interim record): a job's own accounting rather than evidence of an attack.
-func PassedFlow(e *Event) bool {
+func passedFlow(e *Event) bool {
 	return e.Action == ActionFlow && (e.Verdict == VerdictPassed || e.Verdict == VerdictOpen)
 }
 
@@ -380,7 +380,7 @@ func (w *Writer) writeLocked(e Event) error {
 
 // setFor is the file set e goes to; nil when writing to New's writer.
 func (w *Writer) setFor(e *Event) *fileSet {
-	if w.flows != nil && PassedFlow(e) {
+	if w.flows != nil && passedFlow(e) {
 		return w.flows
 	}
 	return w.events

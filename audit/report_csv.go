@@ -30,14 +30,19 @@ type csvRow struct {
 	rule, action, sources, ips    string // policy rows
 }
 
+// record is the row's cells, every one through cellText: most carry what a log said.
 func (r csvRow) record() []string {
-	return []string{r.section, r.key, r.events, r.suppressed, r.estimated, formatTime(r.first, ""), formatTime(r.last, ""),
+	cells := []string{r.section, r.key, r.events, r.suppressed, r.estimated, formatTime(r.first, ""), formatTime(r.last, ""),
 		r.connections, r.storeBytes, r.role, r.reached, r.field, r.declared, r.limit, r.probe, hex.EncodeToString(r.firstBytes), r.detail,
 		r.rule, r.action, r.sources, r.ips}
+	for i, c := range cells {
+		cells[i] = cellText(c)
+	}
+	return cells
 }
 
-// cellText is a string from a log as a CSV cell: printable ASCII, and not a formula. A spreadsheet
-// runs a cell that starts with = + - or @ (OWASP's CSV injection): such a cell starts with ' instead,
+// cellText is a string as a CSV cell: printable ASCII, and not a formula. A spreadsheet runs a
+// cell that starts with = + - or @ (OWASP's CSV injection): such a cell starts with ' instead,
 // which the spreadsheet shows and does not run. Tab and CR, which lead to the same, are escaped.
 func cellText(s string) string {
 	s = printable(s)
@@ -69,7 +74,7 @@ func ipKey(ip netip.Addr) string {
 	if !ip.IsValid() {
 		return ""
 	}
-	return ip.String()
+	return formatIP(ip)
 }
 
 func (s Summary) writeCSV(w io.Writer) error {
@@ -107,8 +112,8 @@ func (s Summary) writeCSV(w io.Writer) error {
 		if p.Action == string(ActionWouldBlock) {
 			wb = p.Events
 		}
-		put(csvRow{section: "policy", key: cellText(p.Key), events: u(p.Events), estimated: u(p.Events), first: p.FirstSeen, last: p.LastSeen,
-			reached: policyReached(wb), detail: cellText(p.Detail), rule: cellText(p.Rule), action: cellText(p.Action),
+		put(csvRow{section: "policy", key: p.Key, events: u(p.Events), estimated: u(p.Events), first: p.FirstSeen, last: p.LastSeen,
+			reached: policyReached(wb), detail: p.Detail, rule: p.Rule, action: p.Action,
 			sources: strconv.Itoa(p.Sources), ips: strings.Join(ips, " ")})
 	}
 	for _, r := range s.ByRule {
@@ -143,7 +148,7 @@ func (s Summary) writeCSV(w io.Writer) error {
 		put(csvRow{section: "hour", key: h.Hour.Format(time.RFC3339), events: u(h.Events)})
 	}
 	for _, src := range s.Sources {
-		put(csvRow{section: "source", key: formatIP(src.IP), events: u(src.Exact), suppressed: u(src.Suppressed),
+		put(csvRow{section: "source", key: ipKey(src.IP), events: u(src.Exact), suppressed: u(src.Suppressed),
 			estimated: u(src.Estimated), first: src.FirstSeen, last: src.LastSeen,
 			connections: u(src.Connections + src.ConnectionsSuppressed), storeBytes: u(src.StoreBytes),
 			role: src.Role, reached: src.Reached, probe: strings.Join(src.Probes, " "), detail: verdictsText(src.ByVerdict)})

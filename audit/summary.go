@@ -50,7 +50,8 @@ func (f Filter) match(e Event) bool {
 // (ByRule, Probes, Ops, Fields, Denials, Bans, Scans), and whether anything hostile reached the
 // store: the messages that broke a policy rule, by key (Policy), and what flow records and
 // would_block events say of each hostile source (Reached). It is the JSON schema of
-// `storeguard audit --format json`: fields are added, never renamed or removed.
+// `storeguard audit --format json`: fields are added, never renamed or removed. A name that
+// storeguard never writes (a log may come from anywhere) is counted as OtherName (knownNames).
 //
 // Events counts the event lines written: alerts and notices (blocked, would_block, denied, banned,
 // scan_detected), not flow records (Connections) nor bookkeeping (sampled_summary, dropped_summary,
@@ -353,8 +354,10 @@ func (z *Summarizer) Read(name string, r io.Reader) {
 // included: the progress of a long read.
 func (z *Summarizer) Lines() uint64 { return z.lines }
 
-// Add counts one event if the filter selects it.
+// Add counts one event if the filter selects it. Names storeguard does not write count as
+// OtherName (knownNames).
 func (z *Summarizer) Add(e Event) {
+	e = knownNames(e)
 	if !z.filter.match(e) {
 		return
 	}

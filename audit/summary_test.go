@@ -207,7 +207,7 @@ func TestSummaryTop(t *testing.T) {
 // prints: the summary of paths and their rotated backups.
 func summaryOutput(t *testing.T, format string, paths ...string) []byte {
 	t.Helper()
-	files, err := ExpandFiles(paths, true)
+	files, err := ExpandFiles(paths, true, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestFilters(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			paths, err := ExpandFiles(append([]string{"audit.log", "extra.log"}, tt.paths...), true)
+			paths, err := ExpandFiles(append([]string{"audit.log", "extra.log"}, tt.paths...), true, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -310,7 +310,7 @@ func TestFilters(t *testing.T) {
 		})
 	}
 
-	paths, err := ExpandFiles([]string{"audit.log", "extra.log", "audit.log"}, false)
+	paths, err := ExpandFiles([]string{"audit.log", "extra.log", "audit.log"}, false, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestFilters(t *testing.T) {
 		t.Errorf("without rotated backups: %d files, %d events; want 2 files, fewer than 11 events", got.Files, got.Events)
 	}
 
-	if paths, err := ExpandFiles([]string{"missing.log"}, true); err != nil || !slices.Equal(paths, []string{"missing.log"}) {
+	if paths, err := ExpandFiles([]string{"missing.log"}, true, true); err != nil || !slices.Equal(paths, []string{"missing.log"}) {
 		t.Errorf("a missing file expands to %v, %v; want itself, for Summarize to report", paths, err)
 	}
 }

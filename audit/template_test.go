@@ -414,8 +414,10 @@ func TestVectorConfig(t *testing.T) {
 			files = append(files, inc.(string))
 		}
 	}
-	if !slices.Contains(files, logPath) {
-		t.Errorf("the file sources read %v, not %s", files, logPath)
+	for _, p := range []string{logPath, audit.FlowsPath(logPath)} {
+		if !slices.Contains(files, p) {
+			t.Errorf("the file sources read %v, not %s", files, p)
+		}
 	}
 	var parses bool
 	for _, tr := range cfg.Transforms {

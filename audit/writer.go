@@ -14,6 +14,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,6 +37,17 @@ type Options struct {
 	MaxBytes   int64 // rotate before a line would take the file past this; 0 = never
 	MaxBackups int   // rotated files kept as path.1 … path.N; 0 = none kept
 	Compress   bool  // gzip rotated files to path.N.gz
+
+	// SeparateFlows makes Open write the flow records of connections that passed or are still
+	// open (passedFlow: a job's own accounting, never sampled) to a file set of their own,
+	// FlowsPath(path), rotated at FlowsMaxBytes with FlowsMaxBackups kept (as MaxBytes and
+	// MaxBackups), created at its first record. Every valid connection writes one, from any
+	// number of sources, so in one set they would rotate the security events out (500 one-message
+	// connections erased a probe's blocked event from 256 KiB and 1 backup); apart, no number of
+	// them can. New ignores it: its writer gets every event.
+	SeparateFlows   bool
+	FlowsMaxBytes   int64
+	FlowsMaxBackups int
 
 	// Per source IP, the first SampleFirst events of a SampleWindow are
 	// written, then one in SampleEvery (0: none). SampleWindow 0 disables
@@ -62,22 +74,22 @@ type Options struct {
 
 // Stats are exact counts since the Writer was created.
 type Stats struct {
-	Written    uint64 // lines written, sampled_summary events included
-	Suppressed uint64 // events sampled away
-	Errors     uint64 // failed writes, rotations or closes
-	Evicted    uint64 // sampling windows cut short because the table was full
-	Rotations  uint64
+	Written        uint64 // lines written, sampled_summary events included
+	Suppressed     uint64 // events sampled away
+	Errors         uint64 // failed writes, rotations or closes
+	Evicted        uint64 // sampling windows cut short because the table was full
+	Rotations      uint64 // of path's file set
+	FlowsRotations uint64 // of FlowsPath(path)'s (Options.SeparateFlows)
 }
 
 // Writer writes events as JSON Lines. It is safe for concurrent use.
 type Writer struct {
-	opts Options
-	path string // "" when writing to an io.Writer; no rotation then
+	opts   Options
+	events *fileSet // nil when writing to an io.Writer (New): no rotation then
+	flows  *fileSet // passed and open flow records (Options.SeparateFlows); nil: in events
 
 	mu      sync.Mutex
-	out     io.Writer
-	file    *os.File // nil after a failed rotation; reopened on the next write
-	size    int64
+	out     io.Writer // New's writer
 	closed  bool
 	buf     bytes.Buffer
 	enc     *json.Encoder // into buf
@@ -98,14 +110,35 @@ type window struct {
 	elem       *list.Element
 }
 
+// fileSet is a file and its rotated backups: path, path.1 … path.N (.gz when compressed).
+type fileSet struct {
+	path       string
+	maxBytes   int64 // 0 = never rotate
+	maxBackups int
+	compress   bool
+	file       *os.File // nil before the first line of a set opened lazily, or after a failed rotation
+	size       int64
+	rotations  atomic.Uint64 // read by metrics without the Writer's lock, which a stalled disk may hold
+}
+
+// FlowsPath is the file set that passed and open flow records go to (Options.SeparateFlows)
+// next to the audit log at path: path.flows, path.flows.1 … (a name RotatedFiles(path) does not
+// take for one of path's own backups).
+func FlowsPath(path string) string { return path + ".flows" }
+
 // Open appends to the file at path, creating it if needed.
 func Open(path string, opts Options) (*Writer, error) {
 	f, size, err := openAppend(path)
 	if err != nil {
 		return nil, err
 	}
-	w := newWriter(f, opts)
-	w.path, w.file, w.size = path, f, size
+	w := newWriter(nil, opts)
+	w.events = &fileSet{path: path, maxBytes: opts.MaxBytes, maxBackups: opts.MaxBackups, compress: opts.Compress,
+		file: f, size: size}
+	if opts.SeparateFlows {
+		w.flows = &fileSet{path: FlowsPath(path), maxBytes: opts.FlowsMaxBytes, maxBackups: opts.FlowsMaxBackups,
+			compress: opts.Compress}
+	}
 	return w, nil
 }
 
@@ -223,10 +256,14 @@ func neverSampled(e *Event) bool {
 	switch e.Action {
 	case ActionBanned, ActionScan, ActionSampledSummary, ActionDroppedSummary, ActionHandover:
 		return true
-	case ActionFlow:
-		return e.Verdict == VerdictPassed || e.Verdict == VerdictOpen
 	}
-	return false
+	return passedFlow(e)
+}
+
+// passedFlow reports whether e is the flow record of a connection that passed, or of one still
+// open (an interim record): a job's own accounting rather than evidence of an attack.
+func passedFlow(e *Event) bool {
+	return e.Action == ActionFlow && (e.Verdict == VerdictPassed || e.Verdict == VerdictOpen)
 }
 
 // sampleKind is what an event is of, for sampling and sampled_summary's storeguard.suppressed_by:
@@ -316,16 +353,23 @@ func (w *Writer) writeLocked(e Event) error {
 		w.stats.Errors++
 		return fmt.Errorf("audit: encode event: %w", err)
 	}
-	rotErr := w.rotateIfNeeded(int64(w.buf.Len()))
-	if rotErr != nil {
-		w.stats.Errors++
-		if w.file == nil {
-			return rotErr
+	out, set := w.out, w.setFor(&e)
+	var rotErr error
+	if set != nil {
+		rotErr = set.rotateIfNeeded(int64(w.buf.Len()))
+		if rotErr != nil {
+			w.stats.Errors++
+			if set.file == nil {
+				return rotErr
+			}
+			// The rotation failed but a file is open: keep the line rather than lose it.
 		}
-		// The rotation failed but a file is open: keep the line rather than lose it.
+		out = set.file
 	}
-	n, err := w.out.Write(w.buf.Bytes())
-	w.size += int64(n)
+	n, err := out.Write(w.buf.Bytes())
+	if set != nil {
+		set.size += int64(n)
+	}
 	if err != nil {
 		w.stats.Errors++
 		return errors.Join(rotErr, fmt.Errorf("audit: write: %w", err))
@@ -334,33 +378,50 @@ func (w *Writer) writeLocked(e Event) error {
 	return rotErr
 }
 
-func (w *Writer) rotateIfNeeded(next int64) error {
-	if w.path == "" {
-		return nil
+// setFor is the file set e goes to; nil when writing to New's writer.
+func (w *Writer) setFor(e *Event) *fileSet {
+	if w.flows != nil && passedFlow(e) {
+		return w.flows
 	}
-	if w.file == nil { // an earlier rotation lost the file
-		f, size, err := openAppend(w.path)
+	return w.events
+}
+
+// rotateIfNeeded opens the file if it is not (a lazy set's first line, or after a failed
+// rotation), and rotates it if a line of next bytes would take it past maxBytes.
+func (s *fileSet) rotateIfNeeded(next int64) error {
+	if s.file == nil {
+		f, size, err := openAppend(s.path)
 		if err != nil {
-			return fmt.Errorf("audit: reopen: %w", err)
+			return fmt.Errorf("audit: open: %w", err)
 		}
-		w.file, w.out, w.size = f, f, size
+		s.file, s.size = f, size
 	}
-	if w.opts.MaxBytes <= 0 || w.size == 0 || w.size+next <= w.opts.MaxBytes {
+	if s.maxBytes <= 0 || s.size == 0 || s.size+next <= s.maxBytes {
 		return nil
 	}
-	err := w.file.Close()
-	w.file, w.out = nil, nil
-	err = errors.Join(err, shiftBackups(w.path, w.opts.MaxBackups, w.opts.Compress))
-	f, size, openErr := openAppend(w.path)
+	err := s.file.Close()
+	s.file = nil
+	err = errors.Join(err, shiftBackups(s.path, s.maxBackups, s.compress))
+	f, size, openErr := openAppend(s.path)
 	if openErr != nil {
 		return fmt.Errorf("audit: rotate: %w", errors.Join(err, openErr))
 	}
-	w.file, w.out, w.size = f, f, size
-	w.stats.Rotations++
+	s.file, s.size = f, size
+	s.rotations.Add(1)
 	if err != nil {
 		return fmt.Errorf("audit: rotate: %w", err)
 	}
 	return nil
+}
+
+// close closes the file, if open.
+func (s *fileSet) close() error {
+	if s == nil || s.file == nil {
+		return nil
+	}
+	err := s.file.Close()
+	s.file = nil
+	return err
 }
 
 // shiftBackups renames path.i[.gz] to path.i+1[.gz], drops the oldest and
@@ -475,12 +536,11 @@ func (w *Writer) Close() error {
 	}
 	err := w.expire(w.opts.Clock(), true)
 	w.closed = true
-	if w.file != nil {
-		if cerr := w.file.Close(); cerr != nil {
+	for _, set := range []*fileSet{w.events, w.flows} {
+		if cerr := set.close(); cerr != nil {
 			w.stats.Errors++
 			err = errors.Join(err, cerr)
 		}
-		w.file = nil
 	}
 	return err
 }
@@ -492,5 +552,19 @@ func (w *Writer) Lost() uint64 { return w.Stats().Errors }
 func (w *Writer) Stats() Stats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.stats
+	st := w.stats
+	st.Rotations, st.FlowsRotations = w.Rotations()
+	return st
+}
+
+// Rotations is how many times the audit log's file set and the flows' (Options.SeparateFlows)
+// rotated. It never waits for the writer (metrics read it while the sink may be stalled).
+func (w *Writer) Rotations() (events, flows uint64) {
+	if w.events != nil {
+		events = w.events.rotations.Load()
+	}
+	if w.flows != nil {
+		flows = w.flows.rotations.Load()
+	}
+	return events, flows
 }

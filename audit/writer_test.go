@@ -549,3 +549,128 @@ func TestSamplingKeepsFirstOfEachKind(t *testing.T) {
 		t.Errorf("summaries say %d suppressed, want 33", total)
 	}
 }
+
+// TestSecurityEventsOutlivePassedFlows: a probe's blocked event, then a million connections that
+// passed, from as many other sources (an IPv6 /64 has 2^64), through the real writer at small
+// rotation sizes: the passed flows rotate their own file set hundreds of times and the blocked
+// event is still in the audit log. Without SeparateFlows the same writer loses it within a few
+// thousand (the control), as serve did before: 500 connections at 256 KiB and 1 backup. About 7 s;
+// under the race detector 100,000 connections (52 s for a million).
+func TestSecurityEventsOutlivePassedFlows(t *testing.T) {
+	const rotateAt, keep = 64 << 10, 1
+	flood := func(t *testing.T, separate bool, n int) (Stats, []Event) {
+		path := filepath.Join(t.TempDir(), "audit.log")
+		w, err := Open(path, Options{MaxBytes: rotateAt, MaxBackups: keep, SeparateFlows: separate,
+			FlowsMaxBytes: rotateAt, FlowsMaxBackups: keep,
+			SampleFirst: 100, SampleEvery: 1000, SampleWindow: 10 * time.Minute, Clock: func() time.Time { return t0 }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(Event{ID: "probe", Action: ActionBlocked, Reason: "key_too_long", SourceIP: ip("192.0.2.66"),
+			Probe: "rdp_x224", Mode: ModeEnforce}); err != nil {
+			t.Fatal(err)
+		}
+		src := netip.MustParseAddr("2001:db8::").As16()
+		for i := range n {
+			src[12], src[13], src[14], src[15] = byte(i>>24), byte(i>>16), byte(i>>8), byte(i)
+			if err := w.Write(Event{Action: ActionFlow, Verdict: VerdictPassed, SourceIP: netip.AddrFrom16(src)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		files, err := RotatedFiles(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.Stats(), readAll(t, files...)
+	}
+	probeKept := func(events []Event) bool {
+		return slices.ContainsFunc(events, func(e Event) bool { return e.ID == "probe" && e.Action == ActionBlocked })
+	}
+
+	connections := 1_000_000
+	if raceDetector {
+		connections = 100_000
+	}
+	st, events := flood(t, true, connections)
+	if !probeKept(events) {
+		t.Fatalf("the blocked event is gone from the audit log after %d passed flows (stats %+v)", connections, st)
+	}
+	if st.Written != uint64(connections)+1 || st.Errors != 0 || st.Suppressed != 0 || st.Rotations != 0 || st.FlowsRotations < 100 {
+		t.Errorf("stats %+v: want every line written, none sampled away, the flows' set rotated, the audit log's not", st)
+	}
+
+	st, events = flood(t, false, 2000)
+	if probeKept(events) || st.Rotations == 0 {
+		t.Errorf("control: the blocked event is still there after 2000 passed flows in the same file set (stats %+v)", st)
+	}
+}
+
+// TestSeparateFlows: passed and interim flow records go to FlowsPath, every other event stays in
+// the audit log, and storeguard audit (ExpandFiles, then Summarize) reads both: a connection whose
+// interim record is in the one and whose blocked record is in the other counts once, as blocked.
+func TestSeparateFlows(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.log")
+	w, err := Open(path, Options{SeparateFlows: true, Clock: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(FlowsPath(path)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the flows' file exists before a flow passed (%v)", err)
+	}
+	job, scanner := netip.AddrPortFrom(ip("192.0.2.7"), 40001), netip.AddrPortFrom(ip("198.51.100.9"), 40002)
+	store := netip.MustParseAddrPort("10.0.0.1:29500")
+	long := Flow{ConnID: 2, Src: scanner, Dst: store, Start: t0, Verdict: VerdictOpen, FromClient: 30, ToStore: 30, Messages: 1}
+	for _, e := range []Event{
+		(&Flow{ConnID: 1, Src: job, Dst: store, Start: t0, End: t0, Verdict: VerdictPassed, Messages: 3}).Event(),
+		long.Event(),
+		{Action: ActionBlocked, Reason: "unknown_opcode", SourceIP: scanner.Addr(), SourcePort: scanner.Port(), ConnID: 2},
+		(&Flow{ConnID: 2, Src: scanner, Dst: store, Start: t0, End: t0.Add(time.Hour), Verdict: VerdictBlocked,
+			Reason: "unknown_opcode", FromClient: 40, ToStore: 30, Messages: 1}).Event(),
+		(&Flow{ConnID: 3, Src: scanner, Dst: store, Start: t0, End: t0, Verdict: VerdictEmpty}).Event(),
+		{Action: ActionScan, SourceIP: scanner.Addr()},
+	} {
+		if err := w.Write(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kinds := func(events []Event) []string {
+		var out []string
+		for _, e := range events {
+			out = append(out, string(e.Action)+"/"+string(e.Verdict))
+		}
+		return out
+	}
+	if got, want := kinds(readAll(t, path)), []string{"blocked/", "flow/blocked", "flow/empty", "scan_detected/"}; !slices.Equal(got, want) {
+		t.Errorf("audit log %q, want %q", got, want)
+	}
+	if got, want := kinds(readAll(t, FlowsPath(path))), []string{"flow/passed", "flow/open"}; !slices.Equal(got, want) {
+		t.Errorf("flows %q, want %q", got, want)
+	}
+
+	files, err := ExpandFiles([]string{path}, true, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(files, []string{FlowsPath(path), path}) {
+		t.Fatalf("files %q, want the flows first, then the audit log", files)
+	}
+	s, err := Summarize(files, Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ConnCount{{"blocked", 1, 0, 1}, {"empty", 1, 0, 1}, {"passed", 1, 0, 1}}
+	if s.Connections != 3 || !slices.Equal(s.ByVerdict, want) || s.JobSources != 1 || s.HostileSources != 1 {
+		t.Errorf("connections %d by verdict %v, %d job and %d hostile sources; want 3 %v, 1 and 1",
+			s.Connections, s.ByVerdict, s.JobSources, s.HostileSources, want)
+	}
+	if files, _ := ExpandFiles([]string{path}, true, false); !slices.Equal(files, []string{path}) {
+		t.Errorf("without flows: %q", files)
+	}
+}

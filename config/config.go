@@ -166,12 +166,16 @@ const (
 
 // Audit configures the audit-log file and its per-source sampling (audit.*).
 type Audit struct {
-	MaxBytes     int64         `mapstructure:"max-bytes"`
-	MaxBackups   int           `mapstructure:"max-backups"`
-	SampleFirst  int           `mapstructure:"sample-first"`
-	SampleEvery  int           `mapstructure:"sample-every"`
-	SampleWindow time.Duration `mapstructure:"sample-window"`
-	FlowInterim  time.Duration `mapstructure:"flow-interim"` // 0 = no interim flow records
+	MaxBytes   int64 `mapstructure:"max-bytes"`
+	MaxBackups int   `mapstructure:"max-backups"`
+	// The flow records of passed and open connections go to a file set of their own,
+	// audit.FlowsPath(audit-log), rotated by these, so that they never rotate a security event out.
+	FlowsMaxBytes   int64         `mapstructure:"flows-max-bytes"`
+	FlowsMaxBackups int           `mapstructure:"flows-max-backups"`
+	SampleFirst     int           `mapstructure:"sample-first"`
+	SampleEvery     int           `mapstructure:"sample-every"`
+	SampleWindow    time.Duration `mapstructure:"sample-window"`
+	FlowInterim     time.Duration `mapstructure:"flow-interim"` // 0 = no interim flow records
 }
 
 // Log configures the structured log (log.*).

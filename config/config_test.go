@@ -72,7 +72,7 @@ func TestDefaults(t *testing.T) {
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second}},
 		{"scan", got.Scan, Scan{8, time.Minute}},
 		{"flows", got.Flows, FlowsAll},
-		{"audit", got.Audit, Audit{104857600, 5, 100, 1000, 10 * time.Minute, time.Hour}},
+		{"audit", got.Audit, Audit{104857600, 5, 104857600, 2, 100, 1000, 10 * time.Minute, time.Hour}},
 		{"log", got.Log, Log{slog.LevelInfo, LogJSON}},
 		{"replay", got.Replay, Replay{[]uint16{29500}}},
 	}
@@ -386,6 +386,8 @@ func TestValidationErrors(t *testing.T) {
 		{"ban window negative", "ban:\n  violations: 0\n  window: -1s\n", nil, "ban.window", "must not be negative"},
 		{"audit max-bytes", "audit:\n  max-bytes: 0\n", nil, "audit.max-bytes", "must be between 1 and"},
 		{"audit max-backups", "audit:\n  max-backups: -1\n", nil, "audit.max-backups", "must be between 0 and 10000"},
+		{"audit flows-max-bytes", "audit:\n  flows-max-bytes: 0\n", nil, "audit.flows-max-bytes", "must be between 1 and"},
+		{"audit flows-max-backups", "audit:\n  flows-max-backups: 10001\n", nil, "audit.flows-max-backups", "must be between 0 and 10000"},
 		{"audit sample-first", "audit:\n  sample-first: -1\n", nil, "audit.sample-first", "must be between 0 and"},
 		{"audit sample-every", "audit:\n  sample-every: 0\n", nil, "audit.sample-every", "must be between 1 and"},
 		{"audit sample-window", "audit:\n  sample-window: 0s\n", nil, "audit.sample-window", "must be positive"},
@@ -506,7 +508,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
 	custom.Caps = Caps{10, 0, 0.25, 1, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17}
 	custom.Ban = Ban{}
-	custom.Audit = Audit{1, 0, 0, 1, time.Second, 0}
+	custom.Audit = Audit{1, 0, 2, 3, 0, 1, time.Second, 0}
 	custom.Scan = Scan{3, time.Second}
 	custom.Flows = FlowsSuspicious
 	custom.Log = Log{slog.LevelError, LogText}

@@ -162,6 +162,8 @@ func (c Config) validate() []error {
 	a := c.Audit
 	v.between("audit.max-bytes", a.MaxBytes, 1, maxBudgetBytes)
 	v.between("audit.max-backups", int64(a.MaxBackups), 0, 10000)
+	v.between("audit.flows-max-bytes", a.FlowsMaxBytes, 1, maxBudgetBytes)
+	v.between("audit.flows-max-backups", int64(a.FlowsMaxBackups), 0, 10000)
 	v.between("audit.sample-first", int64(a.SampleFirst), 0, maxCount)
 	v.between("audit.sample-every", int64(a.SampleEvery), 1, maxCount)
 	v.positive("audit.sample-window", a.SampleWindow)

@@ -175,6 +175,8 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"scan.window":                       dur(c.Scan.Window),
 		"audit.max-bytes":                   num(c.Audit.MaxBytes),
 		"audit.max-backups":                 num(int64(c.Audit.MaxBackups)),
+		"audit.flows-max-bytes":             num(c.Audit.FlowsMaxBytes),
+		"audit.flows-max-backups":           num(int64(c.Audit.FlowsMaxBackups)),
 		"audit.sample-first":                num(int64(c.Audit.SampleFirst)),
 		"audit.sample-every":                num(int64(c.Audit.SampleEvery)),
 		"audit.sample-window":               dur(c.Audit.SampleWindow),

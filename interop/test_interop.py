@@ -192,9 +192,7 @@ class Guard:
         return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
 
     def records(self):
-        if not self.audit.exists():
-            return []
-        return [json.loads(line) for line in self.audit.read_text().splitlines() if line.strip()]
+        return audit_records(self.audit)
 
     def events(self):
         """The audit events that are findings: all but flow records and scan notices (flows)."""
@@ -218,6 +216,17 @@ class Guard:
 
 # Audit records that are no finding by themselves: a connection's account, and a scan notice.
 RECORDS = ("flow", "scan_detected")
+
+
+def audit_records(path):
+    """Every record of the audit log at path: its passed connections' flows first (path.flows, which
+    storeguard keeps apart; a long connection's interim records are there), then the log itself."""
+    path = Path(path)
+    out = []
+    for p in (path.with_name(path.name + ".flows"), path):
+        if p.exists():
+            out += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return out
 
 
 def run_py(version, *args, timeout=180, env=None):

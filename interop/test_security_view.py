@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from test_interop import ENVS, binary, free_port, minor, procs, release, rss_kib, start_store, wait_ready  # noqa: F401
+from test_interop import ENVS, audit_records, binary, free_port, minor, procs, release, rss_kib, start_store, wait_ready  # noqa: F401
 from test_zero_downtime import Job, check_job
 
 # torch 1.13 (G0, legacy: reads the probe as an ADD with a 962 GB key), 2.6 and 2.15 (libuv, the
@@ -310,13 +310,6 @@ class ServeGuard:
             raise AssertionError(f"storeguard did not exit 40 s after SIGTERM: {self.log()[-3000:]}") from None
 
 
-def read_events(path):
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def parse_time(s):
     """RFC 3339 with nanoseconds (Go's RFC3339Nano) to an aware datetime."""
     return datetime.datetime.fromisoformat(s.replace("Z", "+00:00"))
@@ -512,7 +505,7 @@ def replay_problems(binary, cap, audit_path, version, port, scanner, serve_evs):
                         str(cap)], capture_output=True, text=True, timeout=120)
     if p.returncode not in (0, 1):  # 1: violations found
         return [f"storeguard replay exited {p.returncode}: {p.stdout[-1000:]} {p.stderr[-1000:]}"], 0
-    replayed_all = read_events(audit_path)
+    replayed_all = audit_records(audit_path)
     replayed = [e for e in replayed_all if e.get("source.ip") == scanner]
     problems = []
     half_open = [e for e in replayed if e.get("event.action") == "flow" and e.get("storeguard.verdict") == "half_open"]
@@ -606,7 +599,7 @@ def test_the_security_teams_view_of_a_scan_during_a_job(procs, binary, scanner_n
     assert not new_store_peers, f"the store accepted connections during the scans: {sorted(new_store_peers)}"
     assert growth < 64 * 1024, f"the store's RSS grew {growth} KiB during the scans"
 
-    evs = read_events(guard.audit)
+    evs = audit_records(guard.audit)
     banned = {e.get("source.ip") for e in evs if e.get("event.action") == "banned"}
     assert scanner in banned, f"the scanner was not banned (bans are on by default): {sorted(banned)}"
     job_alarms = [e for e in evs if is_loopback(e) and e.get("event.action") in

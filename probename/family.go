@@ -25,6 +25,11 @@ var families = [...]func(b []byte) string{
 	smtpHello,
 }
 
+// familyNames are the names the families give (with requestNames').
+var familyNames = [...]string{"http", "rtsp", "sip", "tls_client_hello", "ssl2_client_hello", "sunrpc", "ssh",
+	"redis_resp", "rdp_x224", "smb_negotiate", "kerberos", "dns_tcp", "ldap", "x11", "java_rmi", "ms_wms",
+	"smtp_ehlo", "smtp_helo"}
+
 // complete reports whether b holds the family's unit of n bytes, or as much of it as Name looks at.
 func complete(b []byte, n int) bool { return len(b) >= min(n, MaxPrefix) }
 

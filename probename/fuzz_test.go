@@ -32,6 +32,9 @@ func FuzzName(f *testing.F) {
 		if !nameSyntax.MatchString(name) {
 			t.Fatalf("%q is not lower snake case", name)
 		}
+		if !Known(name) {
+			t.Fatalf("Name gives %q, which Known does not know", name)
+		}
 		if err := notTorch(b[:min(len(b), MaxPrefix)]); err != nil {
 			t.Fatalf("named %q: %v", name, err)
 		}

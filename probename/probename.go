@@ -74,6 +74,24 @@ func Name(first []byte) string {
 	return ""
 }
 
+// Known reports whether name is one that Name gives. A reader of audit logs shows only those: a log
+// may come from anywhere, and one edited by hand can put any string where a probe's name goes.
+func Known(name string) bool { return known[name] }
+
+var known = func() map[string]bool {
+	m := make(map[string]bool)
+	for _, e := range exacts {
+		m[e.name] = true
+	}
+	for _, r := range requestNames {
+		m[r.name] = true
+	}
+	for _, n := range familyNames {
+		m[n] = true
+	}
+	return m
+}()
+
 // exact is a tool's probe matched on its bytes.
 type exact struct {
 	name string

@@ -58,6 +58,23 @@ func TestObserved(t *testing.T) {
 		if got := Name(v.bytes); got != v.Want {
 			t.Errorf("%s (%d bytes %.16x…): Name = %q, want %q", v, len(v.bytes), v.bytes, got, v.Want)
 		}
+		if v.Want != "" && !Known(v.Want) {
+			t.Errorf("%s: Known(%q) is false", v, v.Want)
+		}
+	}
+}
+
+// TestKnown: Known knows every name of the table and the families, and nothing else.
+func TestKnown(t *testing.T) {
+	for _, name := range []string{"nmap_terminal_server_cookie", "masscan_http_get", "http_options", "rtsp", "smtp_helo"} {
+		if !Known(name) {
+			t.Errorf("Known(%q) is false", name)
+		}
+	}
+	for _, name := range []string{"", "other", "rdp_x224\x1b]0;t\x07", "=cmd|' /C calc'!A0", "HTTP_GET"} {
+		if Known(name) {
+			t.Errorf("Known(%q) is true", name)
+		}
 	}
 }
 
@@ -171,6 +188,9 @@ func TestFamilies(t *testing.T) {
 	} {
 		if got := Name([]byte(c.in)); got != c.want {
 			t.Errorf("%s: Name = %q, want %q", c.name, got, c.want)
+		}
+		if c.want != "" && !Known(c.want) {
+			t.Errorf("%s: Known(%q) is false", c.name, c.want)
 		}
 	}
 }

@@ -3,6 +3,9 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,5 +248,23 @@ func testInterimFlows(t *testing.T, m mode) {
 	flows := h.flowsOf("flow", 2)
 	if last := flows[1]; last["storeguard.verdict"] != "passed" || num(last, "source.bytes") != float64(2*len(get)) {
 		t.Fatalf("final record %v", last)
+	}
+}
+
+// TestAuditRotationsMetric: audit_rotations_total shows how often each of the audit writer's file
+// sets rotated, as Options.AuditRotations reads them.
+func TestAuditRotationsMetric(t *testing.T) {
+	cfg := config.Default()
+	cfg.Upstream, cfg.MetricsListen = "127.0.0.1:29501", ""
+	srv, err := New(cfg, Options{AuditRotations: func() (events, flows uint64) { return 2, 40 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	srv.httpHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, want := range []string{`storeguard_audit_rotations_total{log="events"} 2`, `storeguard_audit_rotations_total{log="flows"} 40`} {
+		if !strings.Contains(rec.Body.String(), want+"\n") {
+			t.Errorf("no %s in /metrics", want)
+		}
 	}
 }

@@ -59,7 +59,11 @@ type readings struct {
 	bansActive, buffered, auditLost, logsDropped func() float64
 	storeConns, storeLimit                       func() float64
 	quotaBytes, quotaKeys                        func() float64
+	auditRotations                               func(log string) float64 // of auditLogs
 }
+
+// auditLogs are the audit writer's file sets: the security events, and passed connections' flows.
+var auditLogs = []string{"events", "flows"}
 
 // setStore shows the store's generation and backend as learned in auto mode (known), or that it
 // is not known now.
@@ -177,6 +181,12 @@ func newMetrics(read readings) *metrics {
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, log := range auditLogs {
+		// How long each set keeps its records: a rate of rotations times max-backups.
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "audit_rotations_total",
+			Help:        "Rotations of the audit log's file sets: events (security events and suspicious flows), flows (passed connections).",
+			ConstLabels: prometheus.Labels{"log": log}}, func() float64 { return read.auditRotations(log) }))
+	}
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.
 	for g := protocol.G0; g <= protocol.LatestGeneration; g++ {

@@ -95,6 +95,9 @@ type Options struct {
 	Clock func() time.Time
 	// LogDropped, if set, reads how many log lines the logger's sink dropped (nbwriter).
 	LogDropped func() uint64
+	// AuditRotations, if set, reads how many times the audit log's file sets rotated
+	// (audit.Writer.Rotations): it must not wait for a stalled sink.
+	AuditRotations func() (events, flows uint64)
 	// HoldHeap sets the process's soft memory limit to what the buffer budget needs
 	// (heapLimit), unless GOMEMLIMIT is set: serve's process has one Server.
 	HoldHeap bool
@@ -211,6 +214,16 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		storeLimit: s.storeLimitGauge,
 		quotaBytes: func() float64 { return float64(s.quota.Stats().Bytes) },
 		quotaKeys:  func() float64 { return float64(s.quota.Stats().Keys) },
+		auditRotations: func(log string) float64 {
+			if opts.AuditRotations == nil {
+				return 0
+			}
+			events, flows := opts.AuditRotations()
+			if log == "flows" {
+				return float64(flows)
+			}
+			return float64(events)
+		},
 	})
 	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})

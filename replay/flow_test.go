@@ -3,12 +3,16 @@ package replay
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,18 +45,41 @@ func flowRun(t *testing.T, mod func(*config.Config), build scenario) ([]StreamRe
 	return got, readEvents(t, path)
 }
 
-// readEvents reads every event of the audit log at path.
+// readEvents reads every event of the audit log at path, its passed flows included (auditLines).
 func readEvents(t *testing.T, path string) []audit.Event {
 	t.Helper()
-	f, err := os.Open(path)
-	must(t, err)
-	defer f.Close()
 	var events []audit.Event
-	for e, err := range audit.Events(f) {
+	for e, err := range audit.Events(strings.NewReader(strings.Join(auditLines(t, path), "\n"))) {
 		must(t, err)
 		events = append(events, e)
 	}
 	return events
+}
+
+// auditLines are the lines of the audit log at path and of its passed flows (audit.FlowsPath,
+// which the writer keeps apart), merged by time: the audit log's first at equal times.
+func auditLines(t testing.TB, path string) []string {
+	t.Helper()
+	var lines []string
+	for _, p := range []string{path, audit.FlowsPath(path)} {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) && p != path {
+			continue
+		}
+		must(t, err)
+		for line := range strings.Lines(string(b)) {
+			lines = append(lines, strings.TrimSuffix(line, "\n"))
+		}
+	}
+	at := func(line string) time.Time {
+		var e struct {
+			At time.Time `json:"@timestamp"`
+		}
+		must(t, json.Unmarshal([]byte(line), &e))
+		return e.At
+	}
+	slices.SortStableFunc(lines, func(a, b string) int { return at(a).Compare(at(b)) })
+	return lines
 }
 
 // ofAction returns the events of action a.

@@ -208,6 +208,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 	if opts.AuditFile != "" {
 		a := cfg.Audit
 		w, err := audit.Open(opts.AuditFile, audit.Options{MaxBytes: a.MaxBytes, MaxBackups: a.MaxBackups,
+			SeparateFlows: true, FlowsMaxBytes: a.FlowsMaxBytes, FlowsMaxBackups: a.FlowsMaxBackups,
 			SampleFirst: a.SampleFirst, SampleEvery: a.SampleEvery, SampleWindow: a.SampleWindow,
 			Clock: func() time.Time { return r.clock }, Observer: opts.Observer})
 		if err != nil {

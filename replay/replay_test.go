@@ -406,9 +406,7 @@ func run(t testing.TB, tc goldenCase, data []byte) ([]StreamResult, error, []map
 	}
 	var events []map[string]any
 	if tc.audit {
-		b, rerr := os.ReadFile(opts.AuditFile)
-		must(t, rerr)
-		for line := range strings.Lines(string(b)) {
+		for _, line := range auditLines(t, opts.AuditFile) {
 			var e map[string]any
 			must(t, json.Unmarshal([]byte(line), &e))
 			delete(e, "event.id") // random

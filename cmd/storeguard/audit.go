@@ -21,7 +21,7 @@ func newAuditCommand() *cobra.Command {
 		f                    audit.Filter
 		format, html         string
 		top                  int
-		rotated              bool
+		rotated, flows       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "audit FILE...",
@@ -42,7 +42,7 @@ func newAuditCommand() *cobra.Command {
 			if !slices.Contains([]string{"table", "json", "csv"}, format) {
 				return fmt.Errorf("--format: want table, json or csv, got %q", format)
 			}
-			paths, err := audit.ExpandFiles(args, rotated)
+			paths, err := audit.ExpandFiles(args, rotated, flows)
 			if err != nil {
 				return err
 			}
@@ -72,6 +72,7 @@ func newAuditCommand() *cobra.Command {
 	fl.StringVar(&format, "format", "table", "output format: table, json or csv")
 	fl.IntVar(&top, "top", 8, "sources listed, hostile first, then most events and connections (0 = all)")
 	fl.BoolVar(&rotated, "rotated", true, "also read each FILE's rotated backups (FILE.N, FILE.N.gz)")
+	fl.BoolVar(&flows, "flows", true, "also read each FILE's flow records of passed connections, which serve and replay keep apart (FILE.flows)")
 	fl.StringVar(&html, "html", "", "also write a self-contained HTML report to this file")
 	return cmd
 }

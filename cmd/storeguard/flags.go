@@ -19,7 +19,7 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("upstream", d.Upstream, "address of the real TCPStore")
 	fs.String("metrics-listen", d.MetricsListen, `Prometheus /metrics address; "" disables`)
 	fs.String("audit-log", d.AuditLog, `audit JSONL file; "" sends audit events to the log`)
-	fs.String("flows", string(d.Flows), "flow records in the audit log: all | suspicious | off")
+	fs.String("flows", string(d.Flows), "flow records in the audit log (passed ones in AUDIT-LOG.flows): all | suspicious | off")
 	fs.String("generation", d.Generation, "store generation: auto | G0..G6 | torch release MAJOR.MINOR")
 	fs.String("backend", string(d.Backend), "store backend: auto | legacy | libuv")
 	fs.String("mode", string(d.Mode), "enforce | monitor")

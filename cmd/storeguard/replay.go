@@ -34,8 +34,8 @@ func newReplayCommand() *cobra.Command {
 			"not decoded; a banned source's first bytes (up to 64, read for ban.peek) are judged as\n" +
 			"serve's refused flow judges them (--json: judged). --json adds each stream's flow verdict\n" +
 			"(passed, empty, truncated, blocked, would_block, incomplete, refused, half_open, open);\n" +
-			"--audit gets serve's flow records (as --flows selects them), denied and banned events and\n" +
-			"scan notices too. With generation auto, a stream that does not start with VALIDATE is read as G0; use\n" +
+			"--audit gets serve's flow records (as --flows selects them; passed ones in FILE.flows, as\n" +
+			"serve keeps them), denied and banned events and scan notices too. With generation auto, a stream that does not start with VALIDATE is read as G0; use\n" +
 			"--generation 2.1 for torch 2.1 clients.\n\n" +
 			"Exit status: 0 no violation, 1 violations found, 2 error (results so far are printed).",
 		Args:         cobra.MinimumNArgs(1),
@@ -48,7 +48,7 @@ func newReplayCommand() *cobra.Command {
 	fs.IntSlice("port", nil, "TCPStore server port (repeatable; default: config replay.ports, 29500)")
 	fs.Bool("json", false, "one JSON object per line per stream")
 	fs.String("audit", "", "write the audit events serve would have written (mode replay) to this file")
-	fs.String("flows", string(d.Flows), "flow records in the audit file: all | suspicious | off")
+	fs.String("flows", string(d.Flows), "flow records in the audit files: all | suspicious | off")
 	cmd.RunE = func(cmd *cobra.Command, files []string) error {
 		cfg, err := config.Load(loadOptions(fs))
 		if err != nil {

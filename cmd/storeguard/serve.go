@@ -69,6 +69,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	defer logSink.Close(sinkWait)
 	var aw *audit.Writer
 	aopts := audit.Options{MaxBytes: cfg.Audit.MaxBytes, MaxBackups: cfg.Audit.MaxBackups,
+		SeparateFlows: true, FlowsMaxBytes: cfg.Audit.FlowsMaxBytes, FlowsMaxBackups: cfg.Audit.FlowsMaxBackups,
 		SampleFirst: cfg.Audit.SampleFirst, SampleEvery: cfg.Audit.SampleEvery, SampleWindow: cfg.Audit.SampleWindow,
 		Observer: observer("proxy", true)}
 	if cfg.AuditLog != "" {
@@ -86,7 +87,8 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 		}
 	}()
 
-	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped, HoldHeap: true})
+	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped,
+		AuditRotations: aw.Rotations, HoldHeap: true})
 	if err != nil {
 		return err
 	}

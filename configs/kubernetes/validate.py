@@ -7,7 +7,8 @@
    port, and the scrape annotations name that port;
 3. the init container has NET_ADMIN and loads the rules; the embedded storeguard.nft is byte-for-byte
    configs/nftables/storeguard.nft, and its ports agree with storeguard's listen/upstream and the Service;
-4. the embedded storeguard.yaml passes `storeguard config check` (when $STOREGUARD_BIN or storeguard is on PATH);
+4. the embedded storeguard.yaml passes `storeguard config check` (when $STOREGUARD_BIN or storeguard is on PATH),
+   and its audit files (the log and its passed flows, with their backups) fit the audit volume's sizeLimit;
 5. the objects pass `kubernetes-validate --strict` against Kubernetes $K8S_VERSION (default 1.30.0) when the
    kubernetes_validate package is importable (pip install kubernetes-validate: schemas ship in the package,
    no network needed).
@@ -98,6 +99,22 @@ check(any(p.get("targetPort") == store_port for p in svc["spec"]["ports"]), "Ser
 audit = cfg.get("audit-log", "")
 mounts = [m["mountPath"] for m in sg.get("volumeMounts", []) if not m.get("readOnly")]
 check(any(audit.startswith(m.rstrip("/") + "/") for m in mounts), "audit-log %s is not on a writable volume" % audit)
+
+# --- the audit files fit their volume (an emptyDir over its sizeLimit gets the pod evicted) ---
+defaults = yaml.safe_load(open(os.path.join(CONFIGS, "storeguard.yaml")))["audit"]
+acfg = {**defaults, **(cfg.get("audit") or {})}
+# The audit log and the passed flows (audit-log.flows), each a file and its backups.
+audit_bytes = acfg["max-bytes"] * (1 + acfg["max-backups"]) + acfg["flows-max-bytes"] * (1 + acfg["flows-max-backups"])
+UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+def quantity(q):
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi)?", str(q))
+    return int(m.group(1)) * UNITS.get(m.group(2), 1) if m else None
+audit_mount = max((m for m in sg.get("volumeMounts", []) if audit.startswith(m["mountPath"].rstrip("/") + "/")),
+                  key=lambda m: len(m["mountPath"]), default=None)
+audit_vol = next((v for v in spec.get("volumes", []) if audit_mount and v["name"] == audit_mount["name"]), {})
+limit = quantity((audit_vol.get("emptyDir") or {}).get("sizeLimit", ""))
+check(limit is None or audit_bytes <= limit,
+      "the audit files can reach %d bytes, over their volume's sizeLimit (%d)" % (audit_bytes, limit or 0))
 
 # --- storeguard config check ---
 sgbin = os.environ.get("STOREGUARD_BIN") or shutil.which("storeguard")

@@ -48,6 +48,8 @@ type metrics struct {
 	storeConns     prometheus.GaugeFunc
 	storeLimit     prometheus.GaugeFunc
 	storeRefused   *prometheus.CounterVec
+	storeQueue     *prometheus.CounterVec
+	storeWaiting   prometheus.GaugeFunc
 	handovers      *prometheus.CounterVec
 	handoverConns  prometheus.Gauge
 }
@@ -55,7 +57,7 @@ type metrics struct {
 // readings are what the gauges and counters that others count read.
 type readings struct {
 	bansActive, buffered, auditLost, logsDropped func() float64
-	storeConns, storeLimit                       func() float64
+	storeConns, storeLimit, storeWaiting         func() float64
 }
 
 // setStore shows the store's generation and backend as learned in auto mode (known), or that it
@@ -83,6 +85,10 @@ const (
 )
 
 var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop", "dial", "awaiting"}
+
+// storeReasons are what can hold a client back from a store connection.
+var storeReasons = []admission.Reason{admission.MaxStoreConnections, admission.SourceStoreConnections,
+	admission.StoreDialRate, admission.SourceStoreDialRate}
 
 // newMetrics makes the metrics; read reads what others count: bans, buffered bytes, audit events lost,
 // log lines dropped, store connections and their cap.
@@ -138,6 +144,11 @@ func newMetrics(read readings) *metrics {
 	m.storeRefused = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connections_refused_total",
 		"Clients closed after waiting timeouts.upstream-dial for a store connection, by the cap that was full (not violations).")),
 		[]string{"reason"})
+	m.storeQueue = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connection_waits_total",
+		"Clients whose first valid message had to wait for a store connection, by what held it back first: a cap full, or a dial rate spent (caps.*store-dial-rate). Not violations.")),
+		[]string{"reason"})
+	m.storeWaiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_waiting",
+		"Clients waiting now for a store connection (a cap full, or a dial rate spent).")), read.storeWaiting)
 	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
 		"Connections an event loop forwards now (the others run on goroutines).")))
 	handbacks := prometheus.NewCounterVec(prometheus.CounterOpts(f("event_loop_handbacks_total",
@@ -168,7 +179,7 @@ func newMetrics(read readings) *metrics {
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
-		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.handovers, m.handoverConns,
+		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.storeQueue, m.storeWaiting, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.
@@ -184,8 +195,9 @@ func newMetrics(read readings) *metrics {
 	for _, r := range refuseReasons {
 		m.refused.WithLabelValues(string(r))
 	}
-	for _, r := range []admission.Reason{admission.MaxStoreConnections, admission.SourceStoreConnections} {
+	for _, r := range storeReasons {
 		m.storeRefused.WithLabelValues(string(r))
+		m.storeQueue.WithLabelValues(string(r))
 	}
 	for _, r := range []string{"learned", "failed"} {
 		m.storeProbes.WithLabelValues(r)

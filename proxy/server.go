@@ -186,6 +186,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}
+	s.slots.SetDialRate(cfg.DialRate())
 	s.storeLimitKick = make(chan struct{}, 1)
 	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
 	s.limitHeap(cfg)
@@ -204,8 +205,9 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 			}
 			return float64(opts.LogDropped())
 		},
-		storeConns: func() float64 { return float64(s.slots.InUse()) },
-		storeLimit: s.storeLimitGauge,
+		storeConns:   func() float64 { return float64(s.slots.InUse()) },
+		storeLimit:   s.storeLimitGauge,
+		storeWaiting: func() float64 { return float64(s.slots.Waiting()) },
 	})
 	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})
@@ -480,6 +482,7 @@ func (s *Server) reload(cfg config.Config) error {
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}
+	s.slots.SetDialRate(cfg.DialRate())
 	s.kickStoreLimit() // auto: the upstream may have changed
 	if strings.EqualFold(old.Generation, "auto") != st.dec.Gen.Auto || old.Upstream != cfg.Upstream {
 		s.startLearning()

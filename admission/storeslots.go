@@ -37,8 +37,8 @@ type DialRate struct {
 // store. It is safe for concurrent use.
 //
 // Clients that cannot have a slot at once wait in one queue (Take), served in this order: sources
-// that already serve a job, then the source that dialled least lately (a new host's rank before a
-// churning host's next connection), then first come. Slots freed, limits raised and dial tokens
+// that already serve a job and do not churn, then the source that dialled least lately (a new
+// host's rank before a churning host's next connection), then first come. Slots freed, limits raised and dial tokens
 // coming due are handed straight to waiters, so a client asking later (TryTake) never overtakes one.
 type StoreSlots struct {
 	now func() time.Time
@@ -60,7 +60,7 @@ type StoreSlots struct {
 // slotWaiter is a client queued in Take.
 type slotWaiter struct {
 	src     netip.Addr
-	serving bool   // its source serves a job: it goes first
+	serving bool   // its source serves a job: it goes first unless it churns
 	seq     uint64 // arrival order
 	reason  Reason // what holds it back now
 	granted chan struct{}
@@ -174,19 +174,21 @@ func (s *StoreSlots) serveLocked() {
 }
 
 // nextLocked is the waiter to serve now, or nil: of those nothing holds back, one whose source
-// serves a job, then the one whose source has the most dial tokens left, then the earliest. Every
-// waiter's reason is brought up to date.
+// serves a job and has not spent half its dial burst (a job's host, not churning), then the one
+// whose source has the most dial tokens left (a new host before a churning one, serving or not),
+// then the earliest. Every waiter's reason is brought up to date.
 func (s *StoreSlots) nextLocked(now time.Time) *slotWaiter {
 	var best *slotWaiter
-	bestTokens := 0.0
+	bestFirst, bestTokens := false, 0.0
 	for _, w := range s.queue {
 		var tokens float64
 		if w.reason, tokens = s.holdsBack(w.src, now); w.reason != "" {
 			continue
 		}
-		if best == nil || w.serving && !best.serving ||
-			w.serving == best.serving && (tokens > bestTokens || tokens == bestTokens && w.seq < best.seq) {
-			best, bestTokens = w, tokens
+		first := w.serving && (s.rate.PerSourceRate == 0 || 2*tokens >= float64(s.rate.PerSourceBurst))
+		if best == nil || first && !bestFirst ||
+			first == bestFirst && (tokens > bestTokens || tokens == bestTokens && w.seq < best.seq) {
+			best, bestFirst, bestTokens = w, first, tokens
 		}
 	}
 	return best
@@ -249,7 +251,8 @@ func (s *StoreSlots) TryTake(src netip.Addr) (release func(), reason Reason) {
 
 // Take takes a slot for src, waiting in the queue until one is free and a dial token is there for
 // it, or until ctx ends: then reason names what held it back last. serving: src has a live
-// connection serving a job, and goes before sources that have none.
+// connection serving a job, and goes before other sources while it has not spent half its dial
+// burst (a churning source is not let first by one live connection).
 func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (release func(), reason Reason) {
 	w := &slotWaiter{src: src.Unmap(), serving: serving, granted: make(chan struct{})}
 	s.mu.Lock()

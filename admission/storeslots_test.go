@@ -254,6 +254,20 @@ func queued(t *testing.T, s *StoreSlots, src string, serving bool) <-chan Reason
 	return got
 }
 
+// served is what the waiter got, failing the test if it is still waiting after a serve that should
+// have granted it (the grant is made within serve; 10 s is only for its goroutine to report).
+func served(t *testing.T, waiter <-chan Reason, who string) {
+	t.Helper()
+	select {
+	case r := <-waiter:
+		if r != "" {
+			t.Fatalf("%s: %q", who, r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s was not served", who)
+	}
+}
+
 // When the store's dial tokens are short, the next one goes to a source that serves a job, then to
 // the source that has dialled least lately (a new host's rank), and last to a churning source,
 // whatever the order they came in.
@@ -267,16 +281,31 @@ func TestStoreSlotsQueueOrder(t *testing.T) {
 	churner := queued(t, s, "10.0.0.1", false)
 	newRank := queued(t, s, "10.0.0.2", false)
 	jobRank := queued(t, s, "10.0.0.3", true)
-	for i, want := range []<-chan Reason{jobRank, newRank, churner} {
+	for i, who := range []string{"the job's rank", "the new rank", "the churner"} {
 		clk.advance(100 * time.Millisecond) // one token of the store's
 		s.serve()
-		if r := <-want; r != "" {
-			t.Fatalf("waiter %d of 3 served: %q", i+1, r)
-		}
+		served(t, []<-chan Reason{jobRank, newRank, churner}[i], who)
 		if n := s.Waiting(); n != 2-i {
-			t.Fatalf("%d waiting after %d tokens, want %d: served out of order", n, i+1, 2-i)
+			t.Fatalf("%d waiting after %d tokens, want %d", n, i+1, 2-i)
 		}
 	}
+}
+
+// One live connection of a job does not put a churning source first: past half its dial burst it
+// waits behind a new host's rank, as any churner does.
+func TestStoreSlotsServingChurnerGoesLast(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 4, PerSourceRate: 10, PerSourceBurst: 4})
+	for range 4 {
+		s.TryTake(gateAddr("10.0.0.1"))
+	}
+	churner := queued(t, s, "10.0.0.1", true)
+	newRank := queued(t, s, "10.0.0.2", false)
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, newRank, "the new rank")
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, churner, "the churner")
 }
 
 // A client asking now does not take a token a waiter was due.
@@ -288,9 +317,7 @@ func TestStoreSlotsTryTakeDoesNotOvertake(t *testing.T) {
 	if _, r := s.TryTake(gateAddr("10.0.0.3")); r != StoreDialRate {
 		t.Fatalf("TryTake took the token the waiter was due: %q", r)
 	}
-	if r := <-waiter; r != "" {
-		t.Fatalf("the waiter: %q", r)
-	}
+	served(t, waiter, "the waiter")
 }
 
 // Take is woken when its token comes due (a timer, on the real clock: the bound is generous).

@@ -37,9 +37,11 @@ type DialRate struct {
 // store. It is safe for concurrent use.
 //
 // Clients that cannot have a slot at once wait in one queue (Take), served in this order: sources
-// that already serve a job and do not churn, then the source that dialled least lately (a new
-// host's rank before a churning host's next connection), then first come. Slots freed, limits raised and dial tokens
-// coming due are handed straight to waiters, so a client asking later (TryTake) never overtakes one.
+// that serve a job and have not dialled within recentDial (a job's host), then other sources that
+// have not (a new host's rank), each first come; last the sources that dialled within recentDial
+// (churning ones), the one that dialled longest ago first, so that they share what is left in turn.
+// Slots freed, limits raised and dial tokens coming due are handed straight to waiters, so a
+// client asking later (TryTake) never overtakes one.
 type StoreSlots struct {
 	now func() time.Time
 
@@ -49,10 +51,10 @@ type StoreSlots struct {
 	used     int
 	bySource map[netip.Addr]int
 	rate     DialRate
-	all      bucket                 // dial tokens of the store (rate.Rate > 0)
-	dialled  map[netip.Addr]*bucket // dial tokens of sources that dialled lately: absent is full
-	swept    int                    // len(dialled) after its last sweep
-	queue    []*slotWaiter          // in arrival order
+	all      bucket                      // dial tokens of the store (rate.Rate > 0)
+	sources  map[netip.Addr]*sourceDials // sources that dialled lately; absent: not within recentDial, tokens full
+	swept    int                         // len(sources) after its last sweep
+	queue    []*slotWaiter               // in arrival order
 	arrivals uint64
 	timer    *time.Timer // serves the queue when the next dial token a waiter needs is due
 }
@@ -60,18 +62,28 @@ type StoreSlots struct {
 // slotWaiter is a client queued in Take.
 type slotWaiter struct {
 	src     netip.Addr
-	serving bool   // its source serves a job: it goes first unless it churns
+	serving bool   // its source serves a job: it goes first unless it dialled lately
 	seq     uint64 // arrival order
 	reason  Reason // what holds it back now
 	granted chan struct{}
 	release func() // set before granted is closed
 }
 
+// recentDial is how lately a source must have dialled the store to wait behind sources that have
+// not: a churning source dials again within it, a job's host seldom does.
+const recentDial = time.Second
+
+// sourceDials is what StoreSlots remembers of a source's recent store dials.
+type sourceDials struct {
+	tokens bucket    // rate.PerSourceRate > 0
+	last   time.Time // its last dial
+}
+
 // NewStoreSlots caps store connections at limit in all and perSource per source (0: no cap), with
 // no dial rate until SetDialRate.
 func NewStoreSlots(limit, perSource int) *StoreSlots {
 	return &StoreSlots{now: time.Now, limit: limit, perSrc: perSource, bySource: map[netip.Addr]int{},
-		dialled: map[netip.Addr]*bucket{}}
+		sources: map[netip.Addr]*sourceDials{}}
 }
 
 // full says which cap keeps src from another store connection now, or "".
@@ -85,25 +97,19 @@ func (s *StoreSlots) full(src netip.Addr) Reason {
 	return ""
 }
 
-// holdsBack says what keeps src from a store connection at now (a cap, then a dial rate), or "";
-// tokens is the source's dial tokens, which orders the queue.
-func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) (r Reason, tokens float64) {
-	if s.rate.PerSourceRate > 0 {
-		tokens = float64(s.rate.PerSourceBurst)
-		if b := s.dialled[src]; b != nil {
-			tokens = b.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst)
-		}
+// holdsBack says what keeps src from a store connection at now (a cap, then a dial rate), or "".
+func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
+	if r := s.full(src); r != "" {
+		return r
 	}
-	if r = s.full(src); r != "" {
-		return r, tokens
+	if d := s.sources[src]; d != nil && s.rate.PerSourceRate > 0 &&
+		d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) < 1 {
+		return SourceStoreDialRate
 	}
-	switch {
-	case s.rate.PerSourceRate > 0 && tokens < 1:
-		return SourceStoreDialRate, tokens
-	case s.rate.Rate > 0 && s.all.level(now, s.rate.Rate, s.rate.Burst) < 1:
-		return StoreDialRate, tokens
+	if s.rate.Rate > 0 && s.all.level(now, s.rate.Rate, s.rate.Burst) < 1 {
+		return StoreDialRate
 	}
-	return "", tokens
+	return ""
 }
 
 // take counts one slot for src and returns what gives it back, once.
@@ -125,35 +131,36 @@ func (s *StoreSlots) take(src netip.Addr) (release func()) {
 	}
 }
 
-// dial spends a dial token of the store and one of src.
+// dial spends a dial token of the store and one of src, and notes when src dialled.
 func (s *StoreSlots) dial(src netip.Addr, now time.Time) {
 	if s.rate.Rate > 0 {
 		s.all.tokens--
 	}
-	if s.rate.PerSourceRate == 0 {
-		return
-	}
-	b := s.dialled[src]
-	if b == nil {
+	d := s.sources[src]
+	if d == nil {
 		s.sweepLocked(now)
-		b = &bucket{tokens: float64(s.rate.PerSourceBurst), at: now}
-		s.dialled[src] = b
+		d = &sourceDials{tokens: bucket{tokens: float64(s.rate.PerSourceBurst), at: now}}
+		s.sources[src] = d
 	}
-	b.tokens--
+	d.last = now
+	if s.rate.PerSourceRate > 0 {
+		d.tokens.tokens--
+	}
 }
 
-// sweepLocked forgets the sources whose dial tokens are full again, once the table has doubled
-// since the last sweep: a full bucket is what an absent source has.
+// sweepLocked forgets the sources that have not dialled within recentDial and whose dial tokens are
+// full again (what an absent source has), once the table has doubled since the last sweep.
 func (s *StoreSlots) sweepLocked(now time.Time) {
-	if len(s.dialled) < max(64, 2*s.swept) {
+	if len(s.sources) < max(64, 2*s.swept) {
 		return
 	}
-	for src, b := range s.dialled {
-		if b.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) >= float64(s.rate.PerSourceBurst) {
-			delete(s.dialled, src)
+	for src, d := range s.sources {
+		if now.Sub(d.last) >= recentDial && (s.rate.PerSourceRate == 0 ||
+			d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) >= float64(s.rate.PerSourceBurst)) {
+			delete(s.sources, src)
 		}
 	}
-	s.swept = len(s.dialled)
+	s.swept = len(s.sources)
 }
 
 // serveLocked grants slots to the waiters nothing holds back, best first, and sets the timer for
@@ -173,25 +180,35 @@ func (s *StoreSlots) serveLocked() {
 	s.armLocked()
 }
 
-// nextLocked is the waiter to serve now, or nil: of those nothing holds back, one whose source
-// serves a job and has not spent half its dial burst (a job's host, not churning), then the one
-// whose source has the most dial tokens left (a new host before a churning one, serving or not),
-// then the earliest. Every waiter's reason is brought up to date.
+// nextLocked is the waiter to serve now, in the queue's order (StoreSlots), or nil: none that
+// nothing holds back. Every waiter's reason is brought up to date.
 func (s *StoreSlots) nextLocked(now time.Time) *slotWaiter {
 	var best *slotWaiter
-	bestFirst, bestTokens := false, 0.0
+	var bestClass int
+	var bestLast time.Time
 	for _, w := range s.queue {
-		var tokens float64
-		if w.reason, tokens = s.holdsBack(w.src, now); w.reason != "" {
+		if w.reason = s.holdsBack(w.src, now); w.reason != "" {
 			continue
 		}
-		first := w.serving && (s.rate.PerSourceRate == 0 || 2*tokens >= float64(s.rate.PerSourceBurst))
-		if best == nil || first && !bestFirst ||
-			first == bestFirst && (tokens > bestTokens || tokens == bestTokens && w.seq < best.seq) {
-			best, bestFirst, bestTokens = w, first, tokens
+		class, last := s.class(w, now)
+		if best == nil || class < bestClass ||
+			class == bestClass && (last.Before(bestLast) || last.Equal(bestLast) && w.seq < best.seq) {
+			best, bestClass, bestLast = w, class, last
 		}
 	}
 	return best
+}
+
+// class is w's place in the queue's order: 0 a job's host, 1 another source that has not dialled
+// within recentDial, 2 one that has, with when it last dialled (zero for the others: first come).
+func (s *StoreSlots) class(w *slotWaiter, now time.Time) (int, time.Time) {
+	if d := s.sources[w.src]; d != nil && now.Sub(d.last) < recentDial {
+		return 2, d.last
+	}
+	if w.serving {
+		return 0, time.Time{}
+	}
+	return 1, time.Time{}
 }
 
 func (s *StoreSlots) dequeueLocked(w *slotWaiter) {
@@ -209,7 +226,7 @@ func (s *StoreSlots) armLocked() {
 		case StoreDialRate:
 			d = s.all.due(s.rate.Rate)
 		case SourceStoreDialRate:
-			d = s.dialled[w.src].due(s.rate.PerSourceRate)
+			d = s.sources[w.src].tokens.due(s.rate.PerSourceRate)
 		default:
 			continue
 		}
@@ -241,7 +258,7 @@ func (s *StoreSlots) TryTake(src netip.Addr) (release func(), reason Reason) {
 	defer s.mu.Unlock()
 	s.serveLocked() // the waiters first, with any token that came due
 	now := s.now()
-	if r, _ := s.holdsBack(src, now); r != "" {
+	if r := s.holdsBack(src, now); r != "" {
 		return nil, r
 	}
 	release = s.take(src)
@@ -251,8 +268,8 @@ func (s *StoreSlots) TryTake(src netip.Addr) (release func(), reason Reason) {
 
 // Take takes a slot for src, waiting in the queue until one is free and a dial token is there for
 // it, or until ctx ends: then reason names what held it back last. serving: src has a live
-// connection serving a job, and goes before other sources while it has not spent half its dial
-// burst (a churning source is not let first by one live connection).
+// connection serving a job, and goes before other sources unless it dialled within recentDial (one
+// live connection does not put a churning source first).
 func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (release func(), reason Reason) {
 	w := &slotWaiter{src: src.Unmap(), serving: serving, granted: make(chan struct{})}
 	s.mu.Lock()
@@ -293,8 +310,10 @@ func (s *StoreSlots) SetDialRate(r DialRate) {
 	if s.rate.Rate == 0 {
 		s.all = bucket{tokens: float64(r.Burst), at: s.now()}
 	}
-	if r.PerSourceRate == 0 {
-		clear(s.dialled)
+	if s.rate.PerSourceRate == 0 { // tokens not counted meanwhile: full
+		for _, d := range s.sources {
+			d.tokens = bucket{tokens: float64(r.PerSourceBurst), at: s.now()}
+		}
 	}
 	s.rate = r
 	s.serveLocked()

@@ -308,6 +308,23 @@ func TestStoreSlotsServingChurnerGoesLast(t *testing.T) {
 	served(t, churner, "the churner")
 }
 
+// Churning sources take turns: the next token goes to the one that dialled longest ago, whichever
+// queued first.
+func TestStoreSlotsChurnersTakeTurns(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 2})
+	s.TryTake(gateAddr("10.0.0.1"))
+	clk.advance(50 * time.Millisecond)
+	s.TryTake(gateAddr("10.0.0.2"))
+	second := queued(t, s, "10.0.0.2", true)
+	first := queued(t, s, "10.0.0.1", false)
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, first, "the source that dialled longer ago")
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, second, "the other")
+}
+
 // A client asking now does not take a token a waiter was due.
 func TestStoreSlotsTryTakeDoesNotOvertake(t *testing.T) {
 	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 1})
@@ -354,18 +371,18 @@ func TestStoreSlotsAdoptSpendsNoToken(t *testing.T) {
 	}
 }
 
-// Sources whose dial tokens are full again are forgotten: a spray of source addresses cannot grow
-// the table without limit.
+// Sources that have not dialled within recentDial and whose dial tokens are full again are
+// forgotten: a spray of source addresses cannot grow the table without limit.
 func TestStoreSlotsForgetsRestedSources(t *testing.T) {
 	s, clk := pacedSlots(DialRate{PerSourceRate: 10, PerSourceBurst: 2})
-	for i := range 1000 {
+	for i := range 1000 { // 1000 sources in 10 s
 		s.TryTake(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}))
-		clk.advance(time.Millisecond)
+		clk.advance(10 * time.Millisecond)
 	}
 	s.mu.Lock()
-	n := len(s.dialled)
+	n := len(s.sources)
 	s.mu.Unlock()
-	if n > 256 { // sources dialled within the last 200 ms (their buckets refill in 100 ms), and a sweep's slack
-		t.Fatalf("%d sources remembered after 1000 in 1 s", n)
+	if n > 256 { // the 100 of the last second, and a sweep's slack
+		t.Fatalf("%d sources remembered after 1000 in 10 s", n)
 	}
 }

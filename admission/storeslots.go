@@ -302,18 +302,16 @@ func (s *StoreSlots) SetLimits(limit, perSource int) {
 	s.serveLocked()
 }
 
-// SetDialRate changes the dial rates. Tokens on hand are kept, up to the new bursts.
+// SetDialRate changes the dial rates. Tokens on hand are kept, counted up to now at the old rates,
+// up to the new bursts; a rate that was off starts full.
 func (s *StoreSlots) SetDialRate(r DialRate) {
 	r.Burst, r.PerSourceBurst = max(1, r.Burst), max(1, r.PerSourceBurst)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.rate.Rate == 0 {
-		s.all = bucket{tokens: float64(r.Burst), at: s.now()}
-	}
-	if s.rate.PerSourceRate == 0 { // tokens not counted meanwhile: full
-		for _, d := range s.sources {
-			d.tokens = bucket{tokens: float64(r.PerSourceBurst), at: s.now()}
-		}
+	now := s.now()
+	s.all = s.all.rerated(now, s.rate.Rate, s.rate.Burst, r.Burst)
+	for _, d := range s.sources {
+		d.tokens = d.tokens.rerated(now, s.rate.PerSourceRate, s.rate.PerSourceBurst, r.PerSourceBurst)
 	}
 	s.rate = r
 	s.serveLocked()
@@ -364,6 +362,16 @@ func (b *bucket) level(now time.Time, rate float64, burst int) float64 {
 	}
 	b.tokens = min(b.tokens, float64(burst)) // also after a burst lowered by SetDialRate
 	return b.tokens
+}
+
+// rerated is the bucket as of now for a new burst: its tokens counted at the old rate and burst, or
+// full if the old rate was 0 (off: none were counted).
+func (b bucket) rerated(now time.Time, rate float64, burst, newBurst int) bucket {
+	if rate == 0 {
+		return bucket{tokens: float64(newBurst), at: now}
+	}
+	b.level(now, rate, burst)
+	return b
 }
 
 // due is how long until the bucket, as last brought up to date, holds a whole token at rate.

@@ -48,7 +48,7 @@ type metrics struct {
 	storeConns     prometheus.GaugeFunc
 	storeLimit     prometheus.GaugeFunc
 	storeRefused   *prometheus.CounterVec
-	storeQueue     *prometheus.CounterVec
+	storeQueued    *prometheus.CounterVec
 	storeWaiting   prometheus.GaugeFunc
 	handovers      *prometheus.CounterVec
 	handoverConns  prometheus.Gauge
@@ -79,7 +79,7 @@ const (
 	handbackPartial      handback = iota // a message in progress that needs budget the loop cannot get at once
 	handbackBackpressure                 // a peer that could not take a write at once
 	handbackStop                         // the server stopped its loops
-	handbackDial                         // no store slot free, or the store did not take a connection at once: goroutines wait and dial
+	handbackDial                         // no store slot free or dial token, or the store did not take a connection at once: goroutines wait and dial
 	handbackAwaiting                     // a client's next message waits for a reply (limits.max-pending-replies)
 	numHandbacks
 )
@@ -142,9 +142,9 @@ func newMetrics(read readings) *metrics {
 	m.storeLimit = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_limit",
 		"The cap on store_connections in effect (caps.max-store-connections, auto: from the store's descriptor limit); +Inf for none.")), read.storeLimit)
 	m.storeRefused = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connections_refused_total",
-		"Clients closed after waiting timeouts.upstream-dial for a store connection, by the cap that was full (not violations).")),
+		"Clients closed after waiting timeouts.upstream-dial for a store connection, by the cap that was full or the dial rate that was spent (not violations).")),
 		[]string{"reason"})
-	m.storeQueue = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connection_waits_total",
+	m.storeQueued = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connection_waits_total",
 		"Clients whose first valid message had to wait for a store connection, by what held it back first: a cap full, or a dial rate spent (caps.*store-dial-rate). Not violations.")),
 		[]string{"reason"})
 	m.storeWaiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_waiting",
@@ -179,7 +179,7 @@ func newMetrics(read readings) *metrics {
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
-		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.storeQueue, m.storeWaiting, m.handovers, m.handoverConns,
+		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.storeRefused, m.storeQueued, m.storeWaiting, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Pre-create every series so dashboards and alerts see zeros, not absences.
@@ -197,7 +197,7 @@ func newMetrics(read readings) *metrics {
 	}
 	for _, r := range storeReasons {
 		m.storeRefused.WithLabelValues(string(r))
-		m.storeQueue.WithLabelValues(string(r))
+		m.storeQueued.WithLabelValues(string(r))
 	}
 	for _, r := range []string{"learned", "failed"} {
 		m.storeProbes.WithLabelValues(r)

@@ -271,7 +271,7 @@ func (c *conn) awaitStoreSlot() bool {
 		return true
 	}
 	c.s.heldBack(reason)
-	c.s.m.storeQueue.WithLabelValues(string(reason)).Inc()
+	c.s.m.storeQueued.WithLabelValues(string(reason)).Inc()
 	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.UpstreamDial)
 	defer cancel()
 	release, reason = c.s.slots.Take(ctx, src, c.s.servingJob(src, c))

@@ -3,34 +3,87 @@ package admission
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
-// Reasons a client's first valid message got no store connection (store_connections_refused_total).
+// Reasons a client's first valid message got no store connection (store_connections_refused_total),
+// or had to wait for one (store_connection_waits_total).
 const (
 	MaxStoreConnections    Reason = "max_store_connections"    // caps.max-store-connections
 	SourceStoreConnections Reason = "source_store_connections" // caps.per-source-store-connections
+	StoreDialRate          Reason = "store_dial_rate"          // caps.store-dial-rate
+	SourceStoreDialRate    Reason = "source_store_dial_rate"   // caps.per-source-store-dial-rate
 )
+
+// DialRate is how fast the guard may open connections to the store: Rate a second and Burst at
+// once in all, PerSourceRate and PerSourceBurst for one client source (caps.*store-dial-*). A rate
+// of 0 is no limit; a burst below 1 is taken as 1.
+type DialRate struct {
+	Rate           float64
+	Burst          int
+	PerSourceRate  float64
+	PerSourceBurst int
+}
 
 // StoreSlots counts the connections the guard holds to the store, in all and per client source,
 // against caps.max-store-connections and caps.per-source-store-connections: a store aborts or stops
 // accepting when it runs out of descriptors (torch 1.13 aborts on EMFILE), and one host's flood of
-// valid messages must leave room for every other host's ranks. It is safe for concurrent use.
+// valid messages must leave room for every other host's ranks. It also paces the connections it
+// grants (DialRate): torch 2.6+ stores resolve each new peer's name in the thread that serves
+// every client, so a churn of store connections faster than the resolver answers stalls the whole
+// store. It is safe for concurrent use.
+//
+// Clients that cannot have a slot at once wait in one queue (Take), served in this order: sources
+// that serve a job and have not dialled within recentDial (a job's host), then other sources that
+// have not (a new host's rank), each first come; last the sources that dialled within recentDial
+// (churning ones), the one that dialled longest ago first, so that they share what is left in turn.
+// Slots freed, limits raised and dial tokens coming due are handed straight to waiters, so a
+// client asking later (TryTake) never overtakes one.
 type StoreSlots struct {
+	now func() time.Time
+
 	mu       sync.Mutex
-	cond     *sync.Cond
 	limit    int // 0 = unlimited
 	perSrc   int // 0 = unlimited
 	used     int
 	bySource map[netip.Addr]int
+	rate     DialRate
+	all      bucket                      // dial tokens of the store (rate.Rate > 0)
+	sources  map[netip.Addr]*sourceDials // sources that dialled lately; absent: not within recentDial, tokens full
+	swept    int                         // len(sources) after its last sweep
+	queue    []*slotWaiter               // in arrival order
+	arrivals uint64
+	timer    *time.Timer // serves the queue when the next dial token a waiter needs is due
 }
 
-// NewStoreSlots caps store connections at limit in all and perSource per source (0: no cap).
+// slotWaiter is a client queued in Take.
+type slotWaiter struct {
+	src     netip.Addr
+	serving bool   // its source serves a job: it goes first unless it dialled lately
+	seq     uint64 // arrival order
+	reason  Reason // what holds it back now
+	granted chan struct{}
+	release func() // set before granted is closed
+}
+
+// recentDial is how lately a source must have dialled the store to wait behind sources that have
+// not: a churning source dials again within it, a job's host seldom does.
+const recentDial = time.Second
+
+// sourceDials is what StoreSlots remembers of a source's recent store dials.
+type sourceDials struct {
+	tokens bucket    // rate.PerSourceRate > 0
+	last   time.Time // its last dial
+}
+
+// NewStoreSlots caps store connections at limit in all and perSource per source (0: no cap), with
+// no dial rate until SetDialRate.
 func NewStoreSlots(limit, perSource int) *StoreSlots {
-	s := &StoreSlots{limit: limit, perSrc: perSource, bySource: map[netip.Addr]int{}}
-	s.cond = sync.NewCond(&s.mu)
-	return s
+	return &StoreSlots{now: time.Now, limit: limit, perSrc: perSource, bySource: map[netip.Addr]int{},
+		sources: map[netip.Addr]*sourceDials{}}
 }
 
 // full says which cap keeps src from another store connection now, or "".
@@ -40,6 +93,21 @@ func (s *StoreSlots) full(src netip.Addr) Reason {
 		return SourceStoreConnections
 	case s.limit > 0 && s.used >= s.limit:
 		return MaxStoreConnections
+	}
+	return ""
+}
+
+// holdsBack says what keeps src from a store connection at now (a cap, then a dial rate), or "".
+func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
+	if r := s.full(src); r != "" {
+		return r
+	}
+	if d := s.sources[src]; d != nil && s.rate.PerSourceRate > 0 &&
+		d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) < 1 {
+		return SourceStoreDialRate
+	}
+	if s.rate.Rate > 0 && s.all.level(now, s.rate.Rate, s.rate.Burst) < 1 {
+		return StoreDialRate
 	}
 	return ""
 }
@@ -54,57 +122,199 @@ func (s *StoreSlots) take(src netip.Addr) (release func()) {
 			return
 		}
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		s.used--
 		if s.bySource[src]--; s.bySource[src] <= 0 {
 			delete(s.bySource, src)
 		}
-		s.mu.Unlock()
-		s.cond.Broadcast()
+		s.serveLocked()
 	}
 }
 
-// TryTake takes a slot for src if one is free now: release gives it back (calling it again does
-// nothing); otherwise reason names the cap that is full.
+// dial spends a dial token of the store and one of src, and notes when src dialled.
+func (s *StoreSlots) dial(src netip.Addr, now time.Time) {
+	if s.rate.Rate > 0 {
+		s.all.tokens--
+	}
+	d := s.sources[src]
+	if d == nil {
+		s.sweepLocked(now)
+		d = &sourceDials{tokens: bucket{tokens: float64(s.rate.PerSourceBurst), at: now}}
+		s.sources[src] = d
+	}
+	d.last = now
+	if s.rate.PerSourceRate > 0 {
+		d.tokens.tokens--
+	}
+}
+
+// sweepLocked forgets the sources that have not dialled within recentDial and whose dial tokens are
+// full again (what an absent source has), once the table has doubled since the last sweep.
+func (s *StoreSlots) sweepLocked(now time.Time) {
+	if len(s.sources) < max(64, 2*s.swept) {
+		return
+	}
+	for src, d := range s.sources {
+		if now.Sub(d.last) >= recentDial && (s.rate.PerSourceRate == 0 ||
+			d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) >= float64(s.rate.PerSourceBurst)) {
+			delete(s.sources, src)
+		}
+	}
+	s.swept = len(s.sources)
+}
+
+// serveLocked grants slots to the waiters nothing holds back, best first, and sets the timer for
+// the next dial token one of the others needs.
+func (s *StoreSlots) serveLocked() {
+	now := s.now()
+	for {
+		w := s.nextLocked(now)
+		if w == nil {
+			break
+		}
+		w.release = s.take(w.src)
+		s.dial(w.src, now)
+		s.dequeueLocked(w)
+		close(w.granted)
+	}
+	s.armLocked()
+}
+
+// nextLocked is the waiter to serve now, in the queue's order (StoreSlots), or nil: none that
+// nothing holds back. Every waiter's reason is brought up to date.
+func (s *StoreSlots) nextLocked(now time.Time) *slotWaiter {
+	var best *slotWaiter
+	var bestClass int
+	var bestLast time.Time
+	for _, w := range s.queue {
+		if w.reason = s.holdsBack(w.src, now); w.reason != "" {
+			continue
+		}
+		class, last := s.class(w, now)
+		if best == nil || class < bestClass ||
+			class == bestClass && (last.Before(bestLast) || last.Equal(bestLast) && w.seq < best.seq) {
+			best, bestClass, bestLast = w, class, last
+		}
+	}
+	return best
+}
+
+// class is w's place in the queue's order: 0 a job's host, 1 another source that has not dialled
+// within recentDial, 2 one that has, with when it last dialled (zero for the others: first come).
+func (s *StoreSlots) class(w *slotWaiter, now time.Time) (int, time.Time) {
+	if d := s.sources[w.src]; d != nil && now.Sub(d.last) < recentDial {
+		return 2, d.last
+	}
+	if w.serving {
+		return 0, time.Time{}
+	}
+	return 1, time.Time{}
+}
+
+func (s *StoreSlots) dequeueLocked(w *slotWaiter) {
+	if i := slices.Index(s.queue, w); i >= 0 {
+		s.queue = slices.Delete(s.queue, i, i+1)
+	}
+}
+
+// armLocked sets the timer for the soonest dial token a waiter held back by a dial rate needs.
+func (s *StoreSlots) armLocked() {
+	next := time.Duration(-1)
+	for _, w := range s.queue {
+		var d time.Duration
+		switch w.reason {
+		case StoreDialRate:
+			d = s.all.due(s.rate.Rate)
+		case SourceStoreDialRate:
+			d = s.sources[w.src].tokens.due(s.rate.PerSourceRate)
+		default:
+			continue
+		}
+		if next < 0 || d < next {
+			next = d
+		}
+	}
+	switch {
+	case next < 0:
+	case s.timer == nil:
+		s.timer = time.AfterFunc(next, s.serve)
+	default:
+		s.timer.Reset(next)
+	}
+}
+
+// serve serves the queue (the timer's function).
+func (s *StoreSlots) serve() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.serveLocked()
+}
+
+// TryTake takes a slot for src if one is free now and a dial token is there for it: release gives
+// it back (calling it again does nothing); otherwise reason names the cap or rate that holds it back.
 func (s *StoreSlots) TryTake(src netip.Addr) (release func(), reason Reason) {
 	src = src.Unmap()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r := s.full(src); r != "" {
+	s.serveLocked() // the waiters first, with any token that came due
+	now := s.now()
+	if r := s.holdsBack(src, now); r != "" {
 		return nil, r
 	}
-	return s.take(src), ""
+	release = s.take(src)
+	s.dial(src, now)
+	return release, ""
 }
 
-// Take takes a slot for src, waiting while the caps are full, until ctx ends: then reason names
-// the cap that was full last.
-func (s *StoreSlots) Take(ctx context.Context, src netip.Addr) (release func(), reason Reason) {
-	src = src.Unmap()
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer stop()
+// Take takes a slot for src, waiting in the queue until one is free and a dial token is there for
+// it, or until ctx ends: then reason names what held it back last. serving: src has a live
+// connection serving a job, and goes before other sources unless it dialled within recentDial (one
+// live connection does not put a churning source first).
+func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (release func(), reason Reason) {
+	w := &slotWaiter{src: src.Unmap(), serving: serving, granted: make(chan struct{})}
+	s.mu.Lock()
+	w.seq = s.arrivals
+	s.arrivals++
+	s.queue = append(s.queue, w)
+	s.serveLocked()
+	s.mu.Unlock()
+	select {
+	case <-w.granted:
+		return w.release, ""
+	case <-ctx.Done():
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for {
-		r := s.full(src)
-		if r == "" {
-			return s.take(src), ""
-		}
-		if ctx.Err() != nil {
-			return nil, r
-		}
-		s.cond.Wait()
+	select {
+	case <-w.granted: // granted meanwhile
+		return w.release, ""
+	default:
 	}
+	s.dequeueLocked(w)
+	return nil, w.reason
 }
 
 // SetLimits changes the caps (0: none). Slots already taken stay taken; waiters look again.
 func (s *StoreSlots) SetLimits(limit, perSource int) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.limit, s.perSrc = limit, perSource
-	s.mu.Unlock()
-	s.cond.Broadcast()
+	s.serveLocked()
+}
+
+// SetDialRate changes the dial rates. Tokens on hand are kept, counted up to now at the old rates,
+// up to the new bursts; a rate that was off starts full.
+func (s *StoreSlots) SetDialRate(r DialRate) {
+	r.Burst, r.PerSourceBurst = max(1, r.Burst), max(1, r.PerSourceBurst)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.all = s.all.rerated(now, s.rate.Rate, s.rate.Burst, r.Burst)
+	for _, d := range s.sources {
+		d.tokens = d.tokens.rerated(now, s.rate.PerSourceRate, s.rate.PerSourceBurst, r.PerSourceBurst)
+	}
+	s.rate = r
+	s.serveLocked()
 }
 
 // InUse is how many slots are taken now.
@@ -112,6 +322,13 @@ func (s *StoreSlots) InUse() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.used
+}
+
+// Waiting is how many clients wait in Take now.
+func (s *StoreSlots) Waiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue)
 }
 
 // Limit is the cap in all now; 0: none.
@@ -122,10 +339,45 @@ func (s *StoreSlots) Limit() int {
 }
 
 // Adopt counts a store connection another process opened and hands over, whatever the caps say
-// now: it is open already. It returns what gives the slot back, as TryTake.
+// now: it is open already (and spends no dial token). It returns what gives the slot back, as
+// TryTake.
 func (s *StoreSlots) Adopt(src netip.Addr) (release func()) {
 	src = src.Unmap()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.take(src)
+}
+
+// bucket is a token bucket: tokens as of at.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// level brings the bucket up to now, at rate tokens a second up to burst, and returns its tokens.
+func (b *bucket) level(now time.Time, rate float64, burst int) float64 {
+	if d := now.Sub(b.at); d > 0 {
+		b.tokens += d.Seconds() * rate
+		b.at = now
+	}
+	b.tokens = min(b.tokens, float64(burst)) // also after a burst lowered by SetDialRate
+	return b.tokens
+}
+
+// rerated is the bucket as of now for a new burst: its tokens counted at the old rate and burst, or
+// full if the old rate was 0 (off: none were counted).
+func (b bucket) rerated(now time.Time, rate float64, burst, newBurst int) bucket {
+	if rate == 0 {
+		return bucket{tokens: float64(newBurst), at: now}
+	}
+	b.level(now, rate, burst)
+	return b
+}
+
+// due is how long until the bucket, as last brought up to date, holds a whole token at rate.
+func (b *bucket) due(rate float64) time.Duration {
+	if b.tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1-b.tokens)/rate*float64(time.Second)) + time.Millisecond
 }

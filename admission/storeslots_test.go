@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -64,7 +65,7 @@ func TestStoreSlotsTakeWaits(t *testing.T) {
 	held, _ := s.TryTake(gateAddr("10.0.0.1"))
 	got := make(chan Reason)
 	go func() {
-		release, r := s.Take(context.Background(), gateAddr("10.0.0.2"))
+		release, r := s.Take(context.Background(), gateAddr("10.0.0.2"), false)
 		if release != nil {
 			defer release()
 		}
@@ -86,7 +87,7 @@ func TestStoreSlotsTakeGivesUp(t *testing.T) {
 	s.TryTake(gateAddr("10.0.0.1"))
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
-	if release, r := s.Take(ctx, gateAddr("10.0.0.1")); release != nil || r != SourceStoreConnections {
+	if release, r := s.Take(ctx, gateAddr("10.0.0.1"), false); release != nil || r != SourceStoreConnections {
 		t.Fatalf("Take with the source full and ctx ended = %q, want %q", r, SourceStoreConnections)
 	}
 	if n := s.InUse(); n != 1 {
@@ -99,7 +100,7 @@ func TestStoreSlotsRaisedLimitWakesWaiters(t *testing.T) {
 	s.TryTake(gateAddr("10.0.0.1"))
 	got := make(chan Reason)
 	go func() {
-		_, r := s.Take(context.Background(), gateAddr("10.0.0.2"))
+		_, r := s.Take(context.Background(), gateAddr("10.0.0.2"), false)
 		got <- r
 	}()
 	time.Sleep(20 * time.Millisecond)
@@ -123,7 +124,7 @@ func TestStoreSlotsConcurrent(t *testing.T) {
 			defer wg.Done()
 			src := gateAddr([]string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}[i%4])
 			for range 50 {
-				release, r := s.Take(context.Background(), src)
+				release, r := s.Take(context.Background(), src, false)
 				if r != "" {
 					t.Errorf("Take = %q", r)
 					return
@@ -144,5 +145,244 @@ func TestStoreSlotsConcurrent(t *testing.T) {
 	wg.Wait()
 	if s.InUse() != 0 || maxUsed > 8 {
 		t.Fatalf("InUse %d at the end (want 0), at most %d at once (cap 8)", s.InUse(), maxUsed)
+	}
+}
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// pacedSlots is a StoreSlots with no caps and the dial rate r, on a clock the test moves.
+func pacedSlots(r DialRate) (*StoreSlots, *fakeClock) {
+	clk := &fakeClock{t: time.Unix(1e9, 0)}
+	s := NewStoreSlots(0, 0)
+	s.now = clk.now
+	s.SetDialRate(r)
+	return s, clk
+}
+
+func TestStoreSlotsDialRate(t *testing.T) {
+	tests := []struct {
+		name  string
+		rate  DialRate
+		dials []string      // sources that dial first, all granted
+		wait  time.Duration // then the clock moves
+		src   string
+		want  Reason
+	}{
+		{name: "no rate", dials: []string{"10.0.0.1", "10.0.0.1", "10.0.0.1"}, src: "10.0.0.1"},
+		{name: "a source's burst", rate: DialRate{PerSourceRate: 10, PerSourceBurst: 2},
+			dials: []string{"10.0.0.1", "10.0.0.1"}, src: "10.0.0.1", want: SourceStoreDialRate},
+		{name: "another source's own burst", rate: DialRate{PerSourceRate: 10, PerSourceBurst: 2},
+			dials: []string{"10.0.0.1", "10.0.0.1"}, src: "10.0.0.2"},
+		{name: "a source's token comes due", rate: DialRate{PerSourceRate: 10, PerSourceBurst: 2},
+			dials: []string{"10.0.0.1", "10.0.0.1"}, wait: 100 * time.Millisecond, src: "10.0.0.1"},
+		{name: "not yet due", rate: DialRate{PerSourceRate: 10, PerSourceBurst: 2},
+			dials: []string{"10.0.0.1", "10.0.0.1"}, wait: 90 * time.Millisecond, src: "10.0.0.1", want: SourceStoreDialRate},
+		{name: "the store's burst, over sources", rate: DialRate{Rate: 5, Burst: 3, PerSourceRate: 10, PerSourceBurst: 2},
+			dials: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}, src: "10.0.0.4", want: StoreDialRate},
+		{name: "the store's token comes due", rate: DialRate{Rate: 5, Burst: 3},
+			dials: []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}, wait: 200 * time.Millisecond, src: "10.0.0.4"},
+		{name: "a source's own rate named first", rate: DialRate{Rate: 5, Burst: 2, PerSourceRate: 10, PerSourceBurst: 2},
+			dials: []string{"10.0.0.1", "10.0.0.1"}, src: "10.0.0.1", want: SourceStoreDialRate},
+		{name: "a burst below 1 is 1", rate: DialRate{PerSourceRate: 10},
+			dials: []string{"10.0.0.1"}, src: "10.0.0.1", want: SourceStoreDialRate},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, clk := pacedSlots(tc.rate)
+			for _, d := range tc.dials {
+				if _, r := s.TryTake(gateAddr(d)); r != "" {
+					t.Fatalf("setup: TryTake(%s) = %q", d, r)
+				}
+			}
+			clk.advance(tc.wait)
+			if release, r := s.TryTake(gateAddr(tc.src)); r != tc.want || (release == nil) != (tc.want != "") {
+				t.Fatalf("TryTake(%s) = %q, want %q", tc.src, r, tc.want)
+			}
+		})
+	}
+}
+
+// A slot given back is not a dial token: a source that closes its store connections at once still
+// dials at its rate, which is what keeps a churn of one-message connections off the store.
+func TestStoreSlotsChurnIsPaced(t *testing.T) {
+	s, clk := pacedSlots(DialRate{PerSourceRate: 10, PerSourceBurst: 4})
+	granted := 0
+	for range 201 { // 201 connections in 2 s, each closed at once
+		if release, r := s.TryTake(gateAddr("10.0.0.1")); r == "" {
+			granted++
+			release()
+		}
+		clk.advance(10 * time.Millisecond)
+	}
+	if granted < 4+19 || granted > 4+20 { // the burst, then 10 a second
+		t.Fatalf("%d store connections granted to 201 dials in 2 s, want 23 or 24", granted)
+	}
+}
+
+// queued puts a waiter for src in the queue (held back: the test's clock stands still) and returns
+// what it is granted.
+func queued(t *testing.T, s *StoreSlots, src string, serving bool) <-chan Reason {
+	t.Helper()
+	got := make(chan Reason, 1)
+	before := s.Waiting()
+	go func() {
+		release, r := s.Take(context.Background(), gateAddr(src), serving)
+		if release != nil {
+			release()
+		}
+		got <- r
+	}()
+	for s.Waiting() == before {
+		time.Sleep(time.Millisecond)
+	}
+	return got
+}
+
+// served is what the waiter got, failing the test if it is still waiting after a serve that should
+// have granted it (the grant is made within serve; 10 s is only for its goroutine to report).
+func served(t *testing.T, waiter <-chan Reason, who string) {
+	t.Helper()
+	select {
+	case r := <-waiter:
+		if r != "" {
+			t.Fatalf("%s: %q", who, r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s was not served", who)
+	}
+}
+
+// When the store's dial tokens are short, the next one goes to a source that serves a job, then to
+// the source that has dialled least lately (a new host's rank), and last to a churning source,
+// whatever the order they came in.
+func TestStoreSlotsQueueOrder(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 4, PerSourceRate: 10, PerSourceBurst: 4})
+	for range 4 { // the churner spends its tokens and the store's
+		if _, r := s.TryTake(gateAddr("10.0.0.1")); r != "" {
+			t.Fatal(r)
+		}
+	}
+	churner := queued(t, s, "10.0.0.1", false)
+	newRank := queued(t, s, "10.0.0.2", false)
+	jobRank := queued(t, s, "10.0.0.3", true)
+	for i, who := range []string{"the job's rank", "the new rank", "the churner"} {
+		clk.advance(100 * time.Millisecond) // one token of the store's
+		s.serve()
+		served(t, []<-chan Reason{jobRank, newRank, churner}[i], who)
+		if n := s.Waiting(); n != 2-i {
+			t.Fatalf("%d waiting after %d tokens, want %d", n, i+1, 2-i)
+		}
+	}
+}
+
+// One live connection of a job does not put a churning source first: past half its dial burst it
+// waits behind a new host's rank, as any churner does.
+func TestStoreSlotsServingChurnerGoesLast(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 4, PerSourceRate: 10, PerSourceBurst: 4})
+	for range 4 {
+		s.TryTake(gateAddr("10.0.0.1"))
+	}
+	churner := queued(t, s, "10.0.0.1", true)
+	newRank := queued(t, s, "10.0.0.2", false)
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, newRank, "the new rank")
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, churner, "the churner")
+}
+
+// Churning sources take turns: the next token goes to the one that dialled longest ago, whichever
+// queued first.
+func TestStoreSlotsChurnersTakeTurns(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 2})
+	s.TryTake(gateAddr("10.0.0.1"))
+	clk.advance(50 * time.Millisecond)
+	s.TryTake(gateAddr("10.0.0.2"))
+	second := queued(t, s, "10.0.0.2", true)
+	first := queued(t, s, "10.0.0.1", false)
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, first, "the source that dialled longer ago")
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, second, "the other")
+}
+
+// A client asking now does not take a token a waiter was due.
+func TestStoreSlotsTryTakeDoesNotOvertake(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 1})
+	s.TryTake(gateAddr("10.0.0.1"))
+	waiter := queued(t, s, "10.0.0.2", false)
+	clk.advance(100 * time.Millisecond)
+	if _, r := s.TryTake(gateAddr("10.0.0.3")); r != StoreDialRate {
+		t.Fatalf("TryTake took the token the waiter was due: %q", r)
+	}
+	served(t, waiter, "the waiter")
+}
+
+// Take is woken when its token comes due (a timer, on the real clock: the bound is generous).
+func TestStoreSlotsTakeWaitsForADialToken(t *testing.T) {
+	s := NewStoreSlots(0, 0)
+	s.SetDialRate(DialRate{PerSourceRate: 20, PerSourceBurst: 1})
+	s.TryTake(gateAddr("10.0.0.1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if release, r := s.Take(ctx, gateAddr("10.0.0.1"), false); r != "" || release == nil {
+		t.Fatalf("Take = %q: never woken for the token due in 50 ms", r)
+	}
+}
+
+func TestStoreSlotsTakeGivesUpOnTheRate(t *testing.T) {
+	s, _ := pacedSlots(DialRate{Rate: 1, Burst: 1})
+	s.TryTake(gateAddr("10.0.0.1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if release, r := s.Take(ctx, gateAddr("10.0.0.2"), true); release != nil || r != StoreDialRate {
+		t.Fatalf("Take with the rate spent and ctx ended = %q, want %q", r, StoreDialRate)
+	}
+	if n := s.Waiting(); n != 0 {
+		t.Fatalf("%d still waiting after Take gave up", n)
+	}
+}
+
+// A store connection handed over by another process is open already: it spends no dial token.
+func TestStoreSlotsAdoptSpendsNoToken(t *testing.T) {
+	s, _ := pacedSlots(DialRate{Rate: 10, Burst: 1, PerSourceRate: 10, PerSourceBurst: 1})
+	s.Adopt(gateAddr("10.0.0.1"))
+	if _, r := s.TryTake(gateAddr("10.0.0.1")); r != "" {
+		t.Fatalf("TryTake after Adopt = %q", r)
+	}
+}
+
+// Sources that have not dialled within recentDial and whose dial tokens are full again are
+// forgotten: a spray of source addresses cannot grow the table without limit.
+func TestStoreSlotsForgetsRestedSources(t *testing.T) {
+	s, clk := pacedSlots(DialRate{PerSourceRate: 10, PerSourceBurst: 2})
+	for i := range 1000 { // 1000 sources in 10 s
+		s.TryTake(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}))
+		clk.advance(10 * time.Millisecond)
+	}
+	s.mu.Lock()
+	n := len(s.sources)
+	s.mu.Unlock()
+	if n > 256 { // the 100 of the last second, and a sweep's slack
+		t.Fatalf("%d sources remembered after 1000 in 10 s", n)
 	}
 }

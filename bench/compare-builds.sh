@@ -57,7 +57,8 @@ start_store() { # port python backend
 start_sg() { # binary listen upstream generation backend tag [serve flags...]
 	local extra=("${@:7}")
 	STOREGUARD_CAPS_MAX_CONNECTIONS=1000000 STOREGUARD_CAPS_PER_SOURCE_CONNECTIONS=0 STOREGUARD_CAPS_PER_SOURCE_RATE=0 \
-		STOREGUARD_CAPS_PER_SOURCE_STORE_CONNECTIONS=0 \
+		STOREGUARD_CAPS_PER_SOURCE_STORE_CONNECTIONS=0 STOREGUARD_CAPS_STORE_DIAL_RATE=0 \
+		STOREGUARD_CAPS_PER_SOURCE_STORE_DIAL_RATE=0 \
 		"$1" serve --listen "127.0.0.1:$2" --upstream "127.0.0.1:$3" --metrics-listen '' --generation "$4" \
 		--backend "$5" --audit-log "$OUT/logs/audit-$6.jsonl" --log-level warn "${extra[@]}" >"$OUT/logs/sg-$6.log" 2>&1 &
 	PIDS+=($!)

@@ -125,6 +125,7 @@ start_store() { # port python backend -> pid
 start_storeguard() { # listen upstream generation backend tag [event-loops] -> pid
 	STOREGUARD_EVENT_LOOPS=${6:-0} STOREGUARD_CAPS_MAX_CONNECTIONS=1000000 STOREGUARD_CAPS_PER_SOURCE_CONNECTIONS=0 \
 		STOREGUARD_CAPS_PER_SOURCE_RATE=0 STOREGUARD_CAPS_PER_SOURCE_STORE_CONNECTIONS=0 \
+		STOREGUARD_CAPS_STORE_DIAL_RATE=0 STOREGUARD_CAPS_PER_SOURCE_STORE_DIAL_RATE=0 \
 		"$SG" serve --listen "127.0.0.1:$1" --upstream "127.0.0.1:$2" --metrics-listen '' \
 		--generation "$3" --backend "$4" --audit-log "$OUT/logs/audit-$5.jsonl" --log-level warn \
 		>"$OUT/logs/storeguard-$5.log" 2>&1 &

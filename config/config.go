@@ -122,6 +122,13 @@ type Caps struct {
 	BufferBudgetBytes         int64     `mapstructure:"buffer-budget-bytes"`
 	PerSourceBudgetBytes      int64     `mapstructure:"per-source-budget-bytes"` // 0 = no per-source share
 	ReplyBufferBytes          int64     `mapstructure:"reply-buffer-bytes"`      // per connection
+
+	// New connections to the store a second (0 = unlimited) and at once, in all and per source:
+	// below what the store accepts (docs/design.md, Store connections).
+	StoreDialRate           float64 `mapstructure:"store-dial-rate"`
+	StoreDialBurst          int     `mapstructure:"store-dial-burst"`
+	PerSourceStoreDialRate  float64 `mapstructure:"per-source-store-dial-rate"`
+	PerSourceStoreDialBurst int     `mapstructure:"per-source-store-dial-burst"`
 }
 
 // AutoCount is a count that may be "auto": worked out at run time.
@@ -334,6 +341,13 @@ func (c Config) Admission() admission.Config {
 		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
 		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration, BanExempt: c.Ban.Exempt,
 	}
+}
+
+// DialRate returns how fast serve may connect to the store (caps.*store-dial-*), as
+// admission.StoreSlots paces it.
+func (c Config) DialRate() admission.DialRate {
+	return admission.DialRate{Rate: c.Caps.StoreDialRate, Burst: c.Caps.StoreDialBurst,
+		PerSourceRate: c.Caps.PerSourceStoreDialRate, PerSourceBurst: c.Caps.PerSourceStoreDialBurst}
 }
 
 // Decoder returns the protocol decoder settings of c: generation, backend and limits. LegacyGen is

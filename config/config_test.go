@@ -67,7 +67,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 512, 200, 512, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432}},
+		{"caps", got.Caps, Caps{20000, 512, 200, 512, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, 40, 40, 10, 32}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second}},
 		{"scan", got.Scan, Scan{8, time.Minute}},
@@ -175,6 +175,10 @@ func TestFileOverrides(t *testing.T) {
 		{"a number of store connections, or auto in any case", "caps:\n  max-store-connections: 900\n  per-source-store-connections: 0\n",
 			func(c *Config) { c.Caps.MaxStoreConnections, c.Caps.PerSourceStoreConnections = AutoCount{N: 900}, 0 }},
 		{"store connections auto", "caps:\n  max-store-connections: AUTO\n", func(*Config) {}},
+		{"store dial rates, a fraction and off", "caps:\n  store-dial-rate: 0.5\n  store-dial-burst: 1\n  per-source-store-dial-rate: 0\n",
+			func(c *Config) {
+				c.Caps.StoreDialRate, c.Caps.StoreDialBurst, c.Caps.PerSourceStoreDialRate = 0.5, 1, 0
+			}},
 		{"bans off need no window", "ban:\n  violations: 0\n  window: 0s\n  duration: 0s\n",
 			func(c *Config) { c.Ban.Violations, c.Ban.Window, c.Ban.Duration = 0, 0, 0 }},
 		{"same port on another host is not a loop", "listen: \":29500\"\nupstream: \"10.0.0.5:29500\"\n",
@@ -377,6 +381,11 @@ func TestValidationErrors(t *testing.T) {
 		{"per-source-rate", "caps:\n  per-source-rate: -1\n", nil, "caps.per-source-rate", "must be between 0 and"},
 		{"per-source-burst", "caps:\n  per-source-burst: -1\n", nil, "caps.per-source-burst", "must be between 0 and"},
 		{"burst needed with a rate", "caps:\n  per-source-rate: 5\n  per-source-burst: 0\n", nil, "caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set"},
+		{"store-dial-rate", "caps:\n  store-dial-rate: -1\n", nil, "caps.store-dial-rate", "must be between 0 and"},
+		{"store-dial-burst", "caps:\n  store-dial-burst: -1\n", nil, "caps.store-dial-burst", "must be between 0 and"},
+		{"store dial burst needed with a rate", "caps:\n  store-dial-burst: 0\n", nil, "caps.store-dial-burst", "must be at least 1 when caps.store-dial-rate is set"},
+		{"per-source-store-dial-rate", "caps:\n  per-source-store-dial-rate: 1e10\n", nil, "caps.per-source-store-dial-rate", "must be between 0 and"},
+		{"per-source store dial burst needed with a rate", "caps:\n  per-source-store-dial-burst: 0\n", nil, "caps.per-source-store-dial-burst", "must be at least 1 when caps.per-source-store-dial-rate is set"},
 		{"buffer budget", "caps:\n  buffer-budget-bytes: 1000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (auto: 33554432)"},
 		{"buffer budget for an explicit value", "limits:\n  max-value-bytes: 300000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (auto: 300008217)"},
 		{"buffer budget for an explicit message", "limits:\n  max-message-bytes: 300000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (300000000)"},
@@ -506,7 +515,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 3 * time.Second, 0}
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
-	custom.Caps = Caps{10, 0, 0.25, 1, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17}
+	custom.Caps = Caps{10, 0, 0.25, 1, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, 2.5, 3, 0, 1}
 	custom.Ban = Ban{}
 	custom.Audit = Audit{1, 0, 2, 3, 0, 1, time.Second, 0}
 	custom.Scan = Scan{3, time.Second}

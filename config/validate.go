@@ -96,17 +96,14 @@ func (c Config) validate() []error {
 	cp := c.Caps
 	v.between("caps.max-connections", int64(cp.MaxConnections), 1, maxConnections)
 	v.between("caps.per-source-connections", int64(cp.PerSourceConnections), 0, maxConnections)
-	if cp.PerSourceRate < 0 || cp.PerSourceRate > maxRate || cp.PerSourceRate != cp.PerSourceRate {
-		v.add("caps.per-source-rate", "must be between 0 and %g, got %g", float64(maxRate), cp.PerSourceRate)
-	}
-	v.between("caps.per-source-burst", int64(cp.PerSourceBurst), 0, maxConnections)
-	if v.ok("caps.per-source-rate", "caps.per-source-burst") && cp.PerSourceRate > 0 && cp.PerSourceBurst < 1 {
-		v.add("caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set, got %d", cp.PerSourceBurst)
-	}
+	v.rate("caps.per-source-rate", "caps.per-source-burst", cp.PerSourceRate, cp.PerSourceBurst)
 	if !cp.MaxStoreConnections.Auto {
 		v.between("caps.max-store-connections", int64(cp.MaxStoreConnections.N), 0, maxConnections)
 	}
 	v.between("caps.per-source-store-connections", int64(cp.PerSourceStoreConnections), 0, maxConnections)
+	v.rate("caps.store-dial-rate", "caps.store-dial-burst", cp.StoreDialRate, cp.StoreDialBurst)
+	v.rate("caps.per-source-store-dial-rate", "caps.per-source-store-dial-burst", cp.PerSourceStoreDialRate,
+		cp.PerSourceStoreDialBurst)
 	v.between("caps.buffer-budget-bytes", cp.BufferBudgetBytes, 1, maxBudgetBytes)
 	v.between("caps.per-source-budget-bytes", cp.PerSourceBudgetBytes, 0, maxBudgetBytes)
 	v.between("caps.reply-buffer-bytes", cp.ReplyBufferBytes, 64<<10, maxBudgetBytes)
@@ -217,6 +214,17 @@ func (v *validator) ok(keys ...string) bool {
 func (v *validator) between(key string, n, lo, hi int64) {
 	if n < lo || n > hi {
 		v.add(key, "must be between %d and %d, got %d", lo, hi, n)
+	}
+}
+
+// rate checks a token bucket's rate a second (0: unlimited) and its burst, at least 1 with a rate.
+func (v *validator) rate(rateKey, burstKey string, rate float64, burst int) {
+	if rate < 0 || rate > maxRate || rate != rate {
+		v.add(rateKey, "must be between 0 and %g, got %g", float64(maxRate), rate)
+	}
+	v.between(burstKey, int64(burst), 0, maxConnections)
+	if v.ok(rateKey, burstKey) && rate > 0 && burst < 1 {
+		v.add(burstKey, "must be at least 1 when %s is set, got %d", rateKey, burst)
 	}
 }
 

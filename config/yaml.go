@@ -116,9 +116,11 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 	for i, p := range c.Replay.Ports {
 		ports[i] = num(int64(p))
 	}
-	rate := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(c.Caps.PerSourceRate, 'g', -1, 64)}
-	if c.Caps.PerSourceRate == float64(int64(c.Caps.PerSourceRate)) {
-		rate = num(int64(c.Caps.PerSourceRate))
+	rate := func(r float64) *yaml.Node {
+		if r == float64(int64(r)) {
+			return num(int64(r))
+		}
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(r, 'g', -1, 64)}
 	}
 
 	return map[string]*yaml.Node{
@@ -149,10 +151,14 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"access.deny":                       prefixes(c.Access.Deny),
 		"caps.max-connections":              num(int64(c.Caps.MaxConnections)),
 		"caps.per-source-connections":       num(int64(c.Caps.PerSourceConnections)),
-		"caps.per-source-rate":              rate,
+		"caps.per-source-rate":              rate(c.Caps.PerSourceRate),
 		"caps.per-source-burst":             num(int64(c.Caps.PerSourceBurst)),
 		"caps.max-store-connections":        autoCount(c.Caps.MaxStoreConnections),
 		"caps.per-source-store-connections": num(int64(c.Caps.PerSourceStoreConnections)),
+		"caps.store-dial-rate":              rate(c.Caps.StoreDialRate),
+		"caps.store-dial-burst":             num(int64(c.Caps.StoreDialBurst)),
+		"caps.per-source-store-dial-rate":   rate(c.Caps.PerSourceStoreDialRate),
+		"caps.per-source-store-dial-burst":  num(int64(c.Caps.PerSourceStoreDialBurst)),
 		"caps.buffer-budget-bytes":          num(c.Caps.BufferBudgetBytes),
 		"caps.per-source-budget-bytes":      num(c.Caps.PerSourceBudgetBytes),
 		"caps.reply-buffer-bytes":           num(c.Caps.ReplyBufferBytes),

@@ -217,6 +217,126 @@ def test_connection_churn_does_not_delay_a_new_rank(procs, binary, tmp_path, bac
     assert took < 2, f"a new rank's first op took {took:.1f} s behind the churn"
 
 
+def first_op(version, port, source):
+    """Seconds from connecting to the answer of a new rank's first op (its handshake and GETNUMKEYS)."""
+    t0 = time.monotonic()
+    Client(version, port, source=source, timeout=60).numkeys()
+    return time.monotonic() - t0
+
+
+def churn_one_message(version, port, source, rate, seconds, during=(), sample_every=30):
+    """Connections from source at rate a second for seconds, each sending one valid GETNUMKEYS
+    (after the handshake) and closing at once; every sample_every-th waits for its answer on a
+    thread instead. Calls each of during (offset in seconds, function) once the churn is that far.
+    Returns the sampled connections' outcomes: "answered", "closed" (by the guard, before an
+    answer) or what else happened."""
+    import threading
+    outcomes, threads = [], []
+
+    def sampled(s):
+        try:
+            got = s.recv(8)
+            outcomes.append("answered" if len(got) == 8 else "closed")
+        except ConnectionResetError:
+            outcomes.append("closed")
+        except OSError as e:
+            outcomes.append(repr(e))
+        finally:
+            s.close()
+
+    msg = handshake(version) + numkeys_op(version)
+    pending = sorted(during)
+    start = time.monotonic()
+    for i in range(int(rate * seconds)):
+        while pending and time.monotonic() - start >= pending[0][0]:
+            threads.append(threading.Thread(target=pending.pop(0)[1]))
+            threads[-1].start()
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
+            s.sendall(msg)
+            if i % sample_every == 0:
+                threads.append(threading.Thread(target=sampled, args=(s,)))
+                threads[-1].start()
+            else:
+                s.close()
+        except OSError:
+            pass  # refused at accept by the per-source caps: fine
+        time.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+    for t in threads:
+        t.join(120)
+    return outcomes
+
+
+@pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
+def test_one_message_churn_does_not_delay_a_new_rank(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """One host opens 150 connections a second for 8 s, each sending one valid GETNUMKEYS and
+    closing: each was a store connection, and torch 2.6+ stores resolve every new peer's name in
+    the thread that serves all clients (here about 50 lookups at once, 60 a second, then one takes
+    5 s), so a new rank from another host waited 9.5 s for its first op during the churn and 29 s
+    after it. The guard dials the store at caps.per-source-store-dial-rate for the churning host,
+    and a new host's rank goes first: its first op is served at once (measured: 1 to 4 ms), during
+    the churn and after it. The churn's own connections are answered or closed by the guard, never
+    as a violation (timeouts.upstream-dial is 5 s here, so that its waiters give up within the
+    test)."""
+    store, sport = start_store(procs, version, backend)
+    cfg = tmp_path / "dial.yaml"
+    cfg.write_text("timeouts:\n  upstream-dial: 5s\n")
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path, "--config", str(cfg))
+    took = {}
+
+    def rank(label):
+        return lambda: took.__setitem__(label, first_op(version, port, "127.0.0.9"))
+
+    outcomes = churn_one_message(version, port, "127.0.0.5", 150, 8, during=[(2, rank("at 2 s")), (6, rank("at 6 s"))])
+    took["after"] = first_op(version, port, "127.0.0.10")
+    slow = {k: round(v, 3) for k, v in took.items() if v > 1}
+    assert len(took) == 3 and not slow, f"a new rank's first op (s): {took}"
+    assert outcomes and set(outcomes) <= {"answered", "closed"}, outcomes
+    assert "answered" in outcomes, "no churning connection was ever served"
+    assert metric_sum(mport, "storeguard_store_connection_waits_total{") > 0
+    assert metric_sum(mport, "storeguard_violations_total{") == 0
+    assert store.poll() is None
+
+
+JOB_START = r"""
+import datetime, json, sys, threading, time
+import torch.distributed as dist
+port, n = int(sys.argv[1]), int(sys.argv[2])
+go, took, errors = threading.Barrier(n), [0.0] * n, []
+def rank(r):
+    try:
+        go.wait()
+        t0 = time.monotonic()
+        s = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=60), wait_for_workers=False)
+        if s.add("start/arrived", 1) == n:
+            s.set("start/go", "1")
+        s.wait(["start/go"])
+        took[r] = time.monotonic() - t0
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({"slowest": max(took), "errors": errors}))
+"""
+
+
+@pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
+def test_a_jobs_start_is_not_paced(procs, binary, tmp_path, version, backend):  # noqa: F811
+    """32 ranks of one host start at once (torch's own TCPStore clients, each ADDing itself and
+    WAITing for the last): within caps.per-source-store-dial-burst, so no store dial of theirs
+    waits for a token."""
+    store, sport = start_store(procs, version, backend)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    p = run_py(version, "-c", JOB_START, port, 32, timeout=120)
+    res = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
+    assert res and not res["errors"], f"{p.stdout[-2000:]} {p.stderr[-2000:]}"
+    assert metric_sum(mport, "storeguard_store_connection_waits_total{") == 0, "a rank's store dial waited"
+    assert metric(mport, "storeguard_connections_accepted_total") >= 32, "the ranks did not go through the guard"
+
+
 @pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
 def test_a_scan_from_the_jobs_address_does_not_lock_out_new_ranks(procs, binary, tmp_path, version, backend):  # noqa: F811
     """A security agent scans localhost while a job runs through the guard from localhost: the

@@ -29,9 +29,9 @@ func (c *conn) loopable() bool {
 }
 
 // connectStore connects a connection a loop forwards to the store, for its first message to send:
-// on this host, so the handshake completes within the call. It reports false when no store slot is
-// free at once, or the store did not take the connection at once (not listening yet, or its accept
-// queue full): goroutines then wait for a slot and dial, with retries.
+// on this host, so the handshake completes within the call. It reports false when no store slot and
+// dial token are there at once, or the store did not take the connection at once (not listening
+// yet, or its accept queue full): goroutines then wait for them and dial, with retries.
 func (c *conn) connectStore(l *loop) bool {
 	if !c.takeStoreSlot() {
 		return false

@@ -50,6 +50,8 @@ type metrics struct {
 	quotaBytes     prometheus.GaugeFunc
 	quotaKeys      prometheus.GaugeFunc
 	storeRefused   *prometheus.CounterVec
+	storeQueued    *prometheus.CounterVec
+	storeWaiting   prometheus.GaugeFunc
 	handovers      *prometheus.CounterVec
 	handoverConns  prometheus.Gauge
 }
@@ -57,7 +59,7 @@ type metrics struct {
 // readings are what the gauges and counters that others count read.
 type readings struct {
 	bansActive, buffered, auditLost, logsDropped func() float64
-	storeConns, storeLimit                       func() float64
+	storeConns, storeLimit, storeWaiting         func() float64
 	quotaBytes, quotaKeys                        func() float64
 	auditRotations                               func(log string) float64 // of auditLogs
 }
@@ -84,12 +86,16 @@ const (
 	handbackPartial      handback = iota // a message in progress that needs budget the loop cannot get at once
 	handbackBackpressure                 // a peer that could not take a write at once
 	handbackStop                         // the server stopped its loops
-	handbackDial                         // no store slot free, or the store did not take a connection at once: goroutines wait and dial
+	handbackDial                         // no store slot free or dial token, or the store did not take a connection at once: goroutines wait and dial
 	handbackAwaiting                     // a client's next message waits for a reply (limits.max-pending-replies)
 	numHandbacks
 )
 
 var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop", "dial", "awaiting"}
+
+// storeReasons are what can hold a client back from a store connection.
+var storeReasons = []admission.Reason{admission.MaxStoreConnections, admission.SourceStoreConnections,
+	admission.StoreDialRate, admission.SourceStoreDialRate}
 
 // newMetrics makes the metrics; read reads what others count: bans, buffered bytes, audit events lost,
 // log lines dropped, store connections and their cap.
@@ -147,8 +153,13 @@ func newMetrics(read readings) *metrics {
 	m.quotaKeys = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_quota_keys",
 		"Keys clients have made the store hold through the guard, as the store quota counts them (quota.store-keys).")), read.quotaKeys)
 	m.storeRefused = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connections_refused_total",
-		"Clients closed after waiting timeouts.upstream-dial for a store connection, by the cap that was full (not violations).")),
+		"Clients closed after waiting timeouts.upstream-dial for a store connection, by the cap that was full or the dial rate that was spent (not violations).")),
 		[]string{"reason"})
+	m.storeQueued = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connection_waits_total",
+		"Clients whose first valid message had to wait for a store connection, by what held it back first: a cap full, or a dial rate spent (caps.*store-dial-rate). Not violations.")),
+		[]string{"reason"})
+	m.storeWaiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_waiting",
+		"Clients waiting now for a store connection (a cap full, or a dial rate spent).")), read.storeWaiting)
 	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
 		"Connections an event loop forwards now (the others run on goroutines).")))
 	handbacks := prometheus.NewCounterVec(prometheus.CounterOpts(f("event_loop_handbacks_total",
@@ -179,7 +190,8 @@ func newMetrics(read readings) *metrics {
 
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
-		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused, m.handovers, m.handoverConns,
+		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
+		m.storeQueued, m.storeWaiting, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, log := range auditLogs {
 		// How long each set keeps its records: a rate of rotations times max-backups.
@@ -201,8 +213,9 @@ func newMetrics(read readings) *metrics {
 	for _, r := range refuseReasons {
 		m.refused.WithLabelValues(string(r))
 	}
-	for _, r := range []admission.Reason{admission.MaxStoreConnections, admission.SourceStoreConnections} {
+	for _, r := range storeReasons {
 		m.storeRefused.WithLabelValues(string(r))
+		m.storeQueued.WithLabelValues(string(r))
 	}
 	for _, r := range []string{"learned", "failed"} {
 		m.storeProbes.WithLabelValues(r)

@@ -192,6 +192,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}
+	s.slots.SetDialRate(cfg.DialRate())
 	s.storeLimitKick = make(chan struct{}, 1)
 	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
 	s.limitHeap(cfg)
@@ -210,10 +211,11 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 			}
 			return float64(opts.LogDropped())
 		},
-		storeConns: func() float64 { return float64(s.slots.InUse()) },
-		storeLimit: s.storeLimitGauge,
-		quotaBytes: func() float64 { return float64(s.quota.Stats().Bytes) },
-		quotaKeys:  func() float64 { return float64(s.quota.Stats().Keys) },
+		storeConns:   func() float64 { return float64(s.slots.InUse()) },
+		storeLimit:   s.storeLimitGauge,
+		storeWaiting: func() float64 { return float64(s.slots.Waiting()) },
+		quotaBytes:   func() float64 { return float64(s.quota.Stats().Bytes) },
+		quotaKeys:    func() float64 { return float64(s.quota.Stats().Keys) },
 		auditRotations: func(log string) float64 {
 			if opts.AuditRotations == nil {
 				return 0
@@ -498,6 +500,7 @@ func (s *Server) reload(cfg config.Config) error {
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}
+	s.slots.SetDialRate(cfg.DialRate())
 	s.kickStoreLimit() // auto: the upstream may have changed
 	if old.Upstream != cfg.Upstream {
 		s.storeGone() // another store: none of the keys known are in it

@@ -167,6 +167,84 @@ func testStoreConnectionCaps(t *testing.T, m mode) {
 	})
 }
 
+// The store is dialled no faster than the dial rates: a client past its source's tokens waits, its
+// message held, while another source's client goes through; a raised rate lets it through, and a
+// client that waits timeouts.upstream-dial in vain is closed, counted and audited, never as a
+// violation.
+func TestStoreDialRate(t *testing.T) { run(t, testStoreDialRate) }
+
+func testStoreDialRate(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) {
+		c.Caps.StoreDialRate = 0
+		c.Caps.PerSourceStoreDialRate, c.Caps.PerSourceStoreDialBurst = 0.001, 2 // a token in 1000 s
+	})
+	msg := func(name string) []byte {
+		return enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/" + name), Value: []byte("v")})
+	}
+	client := func(name, ip string) net.Conn {
+		c := h.dialFrom(ip)
+		c.Write(msg(name))
+		return c
+	}
+	atStore := func(name string) bool {
+		for i := range h.store.NumConns() {
+			if bytes.Equal(h.store.Received(i), msg(name)) {
+				return true
+			}
+		}
+		return false
+	}
+	reload := func(rate float64, burst int, dial time.Duration) {
+		cfg := h.srv.set.Load().cfg
+		cfg.Caps.PerSourceStoreDialRate, cfg.Caps.PerSourceStoreDialBurst, cfg.Timeouts.UpstreamDial = rate, burst, dial
+		if err := h.srv.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client("a1", "127.0.0.1")
+	client("a2", "127.0.0.1")
+	eventually(t, "a source's burst at the store", func() bool { return atStore("a1") && atStore("a2") })
+	client("a3", "127.0.0.1")
+	eventually(t, "a3 waiting", func() bool { return h.srv.slots.Waiting() == 1 })
+	client("b1", "127.0.0.2")
+	eventually(t, "another source's client at the store", func() bool { return atStore("b1") })
+	if atStore("a3") {
+		t.Fatal("a3 reached the store past its source's dial tokens")
+	}
+	if v := h.metric(`storeguard_store_connection_waits_total{reason="source_store_dial_rate"}`); v != "1" {
+		t.Errorf("waits for the source's dial rate = %q, want 1", v)
+	}
+	if v := h.metric("storeguard_store_connections_waiting"); v != "1" {
+		t.Errorf("store_connections_waiting = %q, want 1", v)
+	}
+
+	reload(1000, 1, h.srv.set.Load().cfg.Timeouts.UpstreamDial)
+	eventually(t, "the waiting client at the store once the rate is raised", func() bool { return atStore("a3") })
+
+	reload(0.001, 1, 300*time.Millisecond) // one token left, none more for 1000 s
+	client("a4", "127.0.0.1")
+	eventually(t, "a4 at the store", func() bool { return atStore("a4") })
+	closedByPeer(t, client("a5", "127.0.0.1"))
+	if atStore("a5") {
+		t.Fatal("a5 reached the store")
+	}
+	if v := h.metric(`storeguard_store_connections_refused_total{reason="source_store_dial_rate"}`); v != "1" {
+		t.Errorf("refusals by the source's dial rate = %q, want 1", v)
+	}
+	var denied int
+	for _, e := range h.audit.events(t) {
+		if e["event.action"] == "denied" && e["event.reason"] == "source_store_dial_rate" {
+			denied++
+		}
+		if e["event.action"] == "blocked" {
+			t.Errorf("a client paced off the store was recorded as a violation: %v", e)
+		}
+	}
+	if denied != 1 {
+		t.Errorf("%d denied events for the source's dial rate, want 1", denied)
+	}
+}
+
 // Every way a connection with a store connection ends gives its slot back, exactly once, on both
 // transports: a count that leaked would lock a job out of its store for good.
 func TestStoreSlotsAllGivenBack(t *testing.T) { run(t, testStoreSlotsAllGivenBack) }

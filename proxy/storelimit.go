@@ -12,6 +12,7 @@ import (
 
 	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
 )
 
 // Store connections are capped (caps.max-store-connections, caps.per-source-store-connections)
@@ -231,31 +232,49 @@ func (s *Server) storeLimitGauge() float64 {
 	return math.Inf(1)
 }
 
-// takeStoreSlot takes the connection's store slot if one is free at once (event loops never wait).
+// takeStoreSlot takes the connection's store slot if one is free at once and a dial token is
+// there for it (event loops never wait).
 func (c *conn) takeStoreSlot() bool {
 	if c.storeSlot != nil {
 		return true
 	}
 	release, reason := c.s.slots.TryTake(c.src.Addr())
 	if reason != "" {
-		c.s.kickStoreLimit()
+		c.s.heldBack(reason)
 		return false
 	}
 	c.storeSlot = release
 	return true
 }
 
-// awaitStoreSlot takes the connection's store slot, waiting up to timeouts.upstream-dial for one to
-// free (or until drain ends). It reports false, having counted and recorded the refusal, when none
-// did: the client is then closed, which is not its violation (a job larger than the caps, or
-// another source's flood, may be why).
+// heldBack asks for the store's descriptor limit to be read again when a cap held a client back
+// (auto may raise it); a dial rate needs no reading, its tokens come due.
+func (s *Server) heldBack(reason admission.Reason) {
+	if reason == admission.MaxStoreConnections || reason == admission.SourceStoreConnections {
+		s.kickStoreLimit()
+	}
+}
+
+// awaitStoreSlot takes the connection's store slot, waiting up to timeouts.upstream-dial (or until
+// drain ends) in StoreSlots' queue for a slot to free and a dial token to come due; the queue
+// serves sources that serve a job first. It reports false, having counted and recorded the
+// refusal, when none came: the client is then closed, which is not its violation (a job larger
+// than the caps, or another source's flood, may be why).
 func (c *conn) awaitStoreSlot() bool {
-	if c.takeStoreSlot() {
+	if c.storeSlot != nil {
 		return true
 	}
+	src := c.src.Addr()
+	release, reason := c.s.slots.TryTake(src)
+	if reason == "" {
+		c.storeSlot = release
+		return true
+	}
+	c.s.heldBack(reason)
+	c.s.m.storeQueued.WithLabelValues(string(reason)).Inc()
 	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.UpstreamDial)
 	defer cancel()
-	release, reason := c.s.slots.Take(ctx, c.src.Addr())
+	release, reason = c.s.slots.Take(ctx, src, c.s.servingJob(src, c))
 	if reason == "" {
 		c.storeSlot = release
 		return true
@@ -276,12 +295,23 @@ func (s *Server) refuseStore(c *conn, reason admission.Reason) {
 	e.ConnID = c.id
 	s.writeAudit(e)
 	if s.storeCapLog.allow(s.now()) {
-		key, limit := "caps.max-store-connections", s.slots.Limit()
-		if reason == admission.SourceStoreConnections {
-			key, limit = "caps.per-source-store-connections", c.st.cfg.Caps.PerSourceStoreConnections
-		}
+		key, limit := storeHold(reason, c.st.cfg.Caps, s.slots.Limit())
 		s.log.Warn("closing a client that waited timeouts.upstream-dial for a store connection: "+key+
-			" is full (not a violation; logged at most once a second)", "conn", c.id, "source", c.src.String(),
+			" held it back (not a violation; logged at most once a second)", "conn", c.id, "source", c.src.String(),
 			"limit", limit, "waited", c.st.cfg.Timeouts.UpstreamDial.String())
 	}
+}
+
+// storeHold names the setting behind a reason a client got no store connection, and its value
+// (limit: the cap in all in effect).
+func storeHold(reason admission.Reason, caps config.Caps, limit int) (key string, value float64) {
+	switch reason {
+	case admission.SourceStoreConnections:
+		return "caps.per-source-store-connections", float64(caps.PerSourceStoreConnections)
+	case admission.StoreDialRate:
+		return "caps.store-dial-rate", caps.StoreDialRate
+	case admission.SourceStoreDialRate:
+		return "caps.per-source-store-dial-rate", caps.PerSourceStoreDialRate
+	}
+	return "caps.max-store-connections", float64(limit)
 }

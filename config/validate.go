@@ -94,13 +94,11 @@ func (c Config) validate() []error {
 	cp := c.Caps
 	v.between("caps.max-connections", int64(cp.MaxConnections), 1, maxConnections)
 	v.between("caps.per-source-connections", int64(cp.PerSourceConnections), 0, maxConnections)
-	if cp.PerSourceRate < 0 || cp.PerSourceRate > maxRate || cp.PerSourceRate != cp.PerSourceRate {
-		v.add("caps.per-source-rate", "must be between 0 and %g, got %g", float64(maxRate), cp.PerSourceRate)
-	}
-	v.between("caps.per-source-burst", int64(cp.PerSourceBurst), 0, maxConnections)
-	if v.ok("caps.per-source-rate", "caps.per-source-burst") && cp.PerSourceRate > 0 && cp.PerSourceBurst < 1 {
-		v.add("caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set, got %d", cp.PerSourceBurst)
-	}
+	v.rate("caps.per-source-rate", cp.PerSourceRate, "caps.per-source-burst", cp.PerSourceBurst)
+	v.between("caps.per-source-silent", int64(cp.PerSourceSilent), 0, maxConnections)
+	v.between("caps.per-prefix-connections", int64(cp.PerPrefixConnections), 0, maxConnections)
+	v.between("caps.ipv4-prefix", int64(cp.IPv4Prefix), 1, 32)
+	v.between("caps.ipv6-prefix", int64(cp.IPv6Prefix), 1, 128)
 	if !cp.MaxStoreConnections.Auto {
 		v.between("caps.max-store-connections", int64(cp.MaxStoreConnections.N), 0, maxConnections)
 	}
@@ -155,6 +153,7 @@ func (c Config) validate() []error {
 	v.notNegative("audit.flow-interim", a.FlowInterim)
 	oneOf(&v, "flows", string(c.Flows), FlowsAll, FlowsSuspicious, FlowsOff)
 	v.notNegative("ban.peek", c.Ban.Peek)
+	v.rate("ban.serving-rate", c.Ban.ServingRate, "ban.serving-burst", c.Ban.ServingBurst)
 	v.between("scan.threshold", int64(c.Scan.Threshold), 0, maxCount)
 	if c.Scan.Threshold > 0 {
 		v.positive("scan.window", c.Scan.Window)
@@ -209,6 +208,17 @@ func (v *validator) between(key string, n, lo, hi int64) {
 func (v *validator) byteLimit(key string, b ByteLimit, hi int64) {
 	if b < 0 || int64(b) > hi {
 		v.add(key, "must be auto or between 1 and %d, got %d", hi, int64(b))
+	}
+}
+
+// rate checks a token bucket: its rate (a second; 0 = none) and its burst, at least 1 with a rate.
+func (v *validator) rate(rateKey string, r float64, burstKey string, burst int) {
+	if r < 0 || r > maxRate || r != r {
+		v.add(rateKey, "must be between 0 and %g, got %g", float64(maxRate), r)
+	}
+	v.between(burstKey, int64(burst), 0, maxConnections)
+	if v.ok(rateKey, burstKey) && r > 0 && burst < 1 {
+		v.add(burstKey, "must be at least 1 when %s is set, got %d", rateKey, burst)
 	}
 }
 

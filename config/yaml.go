@@ -116,9 +116,11 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 	for i, p := range c.Replay.Ports {
 		ports[i] = num(int64(p))
 	}
-	rate := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(c.Caps.PerSourceRate, 'g', -1, 64)}
-	if c.Caps.PerSourceRate == float64(int64(c.Caps.PerSourceRate)) {
-		rate = num(int64(c.Caps.PerSourceRate))
+	rate := func(r float64) *yaml.Node {
+		if r == float64(int64(r)) {
+			return num(int64(r))
+		}
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(r, 'g', -1, 64)}
 	}
 
 	return map[string]*yaml.Node{
@@ -149,8 +151,12 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"access.deny":                       prefixes(c.Access.Deny),
 		"caps.max-connections":              num(int64(c.Caps.MaxConnections)),
 		"caps.per-source-connections":       num(int64(c.Caps.PerSourceConnections)),
-		"caps.per-source-rate":              rate,
+		"caps.per-source-rate":              rate(c.Caps.PerSourceRate),
 		"caps.per-source-burst":             num(int64(c.Caps.PerSourceBurst)),
+		"caps.per-source-silent":            num(int64(c.Caps.PerSourceSilent)),
+		"caps.per-prefix-connections":       num(int64(c.Caps.PerPrefixConnections)),
+		"caps.ipv4-prefix":                  num(int64(c.Caps.IPv4Prefix)),
+		"caps.ipv6-prefix":                  num(int64(c.Caps.IPv6Prefix)),
 		"caps.max-store-connections":        autoCount(c.Caps.MaxStoreConnections),
 		"caps.per-source-store-connections": num(int64(c.Caps.PerSourceStoreConnections)),
 		"caps.buffer-budget-bytes":          num(c.Caps.BufferBudgetBytes),
@@ -161,6 +167,8 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"ban.duration":                      dur(c.Ban.Duration),
 		"ban.exempt":                        prefixes(c.Ban.Exempt),
 		"ban.peek":                          dur(c.Ban.Peek),
+		"ban.serving-rate":                  rate(c.Ban.ServingRate),
+		"ban.serving-burst":                 num(int64(c.Ban.ServingBurst)),
 		"policy.rendezvous-state":           str(c.Policy.RendezvousState),
 		"policy.pickle-globals":             str(c.Policy.PickleGlobals),
 		"policy.write-once":                 str(c.Policy.WriteOnce),

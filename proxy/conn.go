@@ -142,7 +142,7 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 	if s.draining.Load() {
 		return nil, refuseDraining
 	}
-	release, reason = s.gate.Admit(src)
+	release, reason = s.gate.Admit(src, s.isTalker(src))
 	if reason == "" {
 		s.m.accepted.Inc()
 		s.m.active.Inc()
@@ -431,12 +431,15 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 	e.Timestamp, e.ConnID = s.now(), c.id
 	s.writeAudit(e)
 	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", mode)
-	if !c.st.monitor && !s.servingJob(c.src.Addr(), c) && s.gate.Violation(c.src.Addr()) {
+	if c.st.monitor {
+		return
+	}
+	if banned := s.gate.Violation(c.src.Addr()); banned.IsValid() {
 		s.m.bans.Inc()
 		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
 		b.ConnID, b.Mode = c.id, audit.ModeEnforce
 		s.writeAudit(b)
-		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(),
+		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned.String(),
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
 	}
 }

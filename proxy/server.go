@@ -66,8 +66,9 @@ func newSettings(c config.Config, onMessage func(*protocol.Message), written *po
 // writtenKeys bounds the write-once keys remembered: about 4 + 2 × agents per rendezvous round.
 const writtenKeys = 1 << 16
 
-var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.MaxConnections,
-	admission.SourceConnections, admission.SourceRate, admission.SourceTable, refuseDraining}
+var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.BanThrottled,
+	admission.MaxConnections, admission.PrefixConnections, admission.SourceConnections, admission.SourceRate,
+	admission.SourceTable, refuseDraining}
 
 // HandoverEnv names the descriptor of the hand-over socket in a process started to take over
 // (upgrade in place, Linux only).
@@ -549,18 +550,6 @@ func (s *Server) isTalker(src netip.Addr) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.talkers[src] > 0
-}
-
-// servingJob reports whether src has a live connection other than c that completed a valid
-// message: evidence of a job's rank there (behind NAT, a scanner and a job share the address).
-func (s *Server) servingJob(src netip.Addr, c *conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := s.talkers[src]
-	if c.untalk != nil {
-		n-- // c's own valid messages are no evidence
-	}
-	return n > 0
 }
 
 // sameAddr reports whether a reloaded listen address names the socket already open: the same

@@ -75,7 +75,11 @@ type conn struct {
 	// it before a byte moves (awaitGeneration).
 	awaitStore bool
 	untalk     func()
-	release    func() // gives back the admission (admission.Gate.Admit)
+	release    func() // gives back the admission (admission.Gate.Admit); again does nothing
+	// silentPrev and silentNext link the connection in its source's silent list while silentOn
+	// (silent.go); under s.mu.
+	silentPrev, silentNext *conn
+	silentOn               bool
 	// storeSlot gives back the store connection's slot (storelimit.go), taken before the store is
 	// dialled by whoever owns the connection then; end gives it back.
 	storeSlot func()
@@ -142,7 +146,11 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 	if s.draining.Load() {
 		return nil, refuseDraining
 	}
-	release, reason = s.gate.Admit(src, s.isTalker(src))
+	serving := s.isTalker(src)
+	release, reason = s.gate.Admit(src, serving)
+	if reason == admission.MaxConnections && s.evictSilent() {
+		release, reason = s.gate.Admit(src, serving)
+	}
 	if reason == "" {
 		s.m.accepted.Inc()
 		s.m.active.Inc()
@@ -396,12 +404,18 @@ func (e *everySecond) allow(now time.Time) bool {
 	return t != prev && e.last.CompareAndSwap(prev, t)
 }
 
+// track adds c to the server's connections (on) or takes it out; one that has sent nothing is
+// indexed as silent.
 func (s *Server) track(c *conn, on bool) {
 	s.mu.Lock()
 	if on {
 		s.conns[c] = struct{}{}
+		if c.flow.fromClient.Load() == 0 {
+			s.addSilentLocked(c)
+		}
 	} else {
 		delete(s.conns, c)
+		s.dropSilentLocked(c)
 	}
 	s.mu.Unlock()
 }

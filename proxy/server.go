@@ -160,15 +160,22 @@ type Server struct {
 	handovers       atomic.Uint64
 	kp              *keeperLink // nil: no keeper
 
+	evictLog everySecond
+
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	talkers map[netip.Addr]int // sources with a connection that has completed a message
+	// silent indexes the connections that have sent nothing by source; over holds the sources
+	// with more of them than caps.per-source-silent beyond their working ones (silent.go).
+	silent map[netip.Addr]*silentSource
+	over   map[netip.Addr]*silentSource
 }
 
 // New validates cfg and builds a server; Listen and Serve start it.
 func New(cfg config.Config, opts Options) (*Server, error) {
 	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock,
-		conns: make(map[*conn]struct{}), talkers: make(map[netip.Addr]int)}
+		conns: make(map[*conn]struct{}), talkers: make(map[netip.Addr]int),
+		silent: make(map[netip.Addr]*silentSource), over: make(map[netip.Addr]*silentSource)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -536,12 +543,14 @@ func (s *Server) countMessage(m *protocol.Message) { s.m.byOp[m.Generation][m.Op
 func (s *Server) markTalker(src netip.Addr) (done func()) {
 	s.mu.Lock()
 	s.talkers[src]++
+	s.weighSilentLocked(src)
 	s.mu.Unlock()
 	return func() {
 		s.mu.Lock()
 		if s.talkers[src]--; s.talkers[src] <= 0 {
 			delete(s.talkers, src)
 		}
+		s.weighSilentLocked(src)
 		s.mu.Unlock()
 	}
 }

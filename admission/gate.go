@@ -215,6 +215,16 @@ func (cfg *Config) netOf(src netip.Addr) netip.Prefix {
 // per-source concurrent cap, per-source rate, the banned source's serving rate.
 // A refused connection takes no rate token.
 func (g *Gate) Admit(src netip.Addr, serving bool) (release func(), reason Reason) {
+	return g.admit(src, serving, true)
+}
+
+// AdmitInPlace admits src as Admit does, but past MaxConnections: the caller closes another
+// connection to make room, whose release comes when it has ended.
+func (g *Gate) AdmitInPlace(src netip.Addr, serving bool) (release func(), reason Reason) {
+	return g.admit(src, serving, false)
+}
+
+func (g *Gate) admit(src netip.Addr, serving, capped bool) (release func(), reason Reason) {
 	src = src.Unmap()
 	cfg := g.cfg.Load()
 	// The access lists never change under a snapshot, so match them unlocked.
@@ -236,7 +246,7 @@ func (g *Gate) Admit(src netip.Addr, serving bool) (release func(), reason Reaso
 	if banned && (!serving || cfg.ServingRate <= 0) {
 		return nil, Banned
 	}
-	if cfg.MaxConnections > 0 && g.active >= cfg.MaxConnections {
+	if capped && cfg.MaxConnections > 0 && g.active >= cfg.MaxConnections {
 		return nil, MaxConnections
 	}
 	if nt == nil && cfg.PerPrefixConnections > 0 {

@@ -721,3 +721,24 @@ func TestGatePrefixRelease(t *testing.T) {
 		t.Fatalf("Admit = %q after one release, want %q", r, PrefixConnections)
 	}
 }
+
+// AdmitInPlace admits past MaxConnections (the caller closes another connection to make room), but
+// every other check still applies.
+func TestGateAdmitInPlace(t *testing.T) {
+	g := New(Config{MaxConnections: 1, PerSourceConnections: 1}, newGateClock().Now)
+	gateMustAdmit(t, g, "10.0.0.1")
+	if _, r := g.Admit(gateAddr("10.0.0.2"), false); r != MaxConnections {
+		t.Fatalf("Admit = %q, want %q", r, MaxConnections)
+	}
+	release, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false)
+	if r != "" {
+		t.Fatalf("AdmitInPlace = %q, want admitted", r)
+	}
+	if a := g.Stats().Active; a != 2 {
+		t.Fatalf("Active = %d, want 2 until the other connection's release", a)
+	}
+	if _, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false); r != SourceConnections {
+		t.Fatalf("AdmitInPlace = %q, want %q", r, SourceConnections)
+	}
+	release()
+}

@@ -75,7 +75,7 @@ type conn struct {
 	// it before a byte moves (awaitGeneration).
 	awaitStore bool
 	untalk     func()
-	release    func() // gives back the admission (admission.Gate.Admit); again does nothing
+	release    func() // gives back the admission (admission.Gate.Admit)
 	// silentPrev and silentNext link the connection in its source's silent list while silentOn
 	// (silent.go); under s.mu.
 	silentPrev, silentNext *conn
@@ -148,8 +148,13 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 	}
 	serving := s.isTalker(src)
 	release, reason = s.gate.Admit(src, serving)
-	if reason == admission.MaxConnections && s.evictSilent() {
-		release, reason = s.gate.Admit(src, serving)
+	if reason == admission.MaxConnections && s.silentOver() {
+		// Admitted in place of a silent connection (silent.go), closed once this one is in: its
+		// slot is then this one's, whoever else is admitted meanwhile.
+		if release, reason = s.gate.AdmitInPlace(src, serving); reason == "" && !s.evictSilent() {
+			release() // another admission took the last one meanwhile
+			release, reason = nil, admission.MaxConnections
+		}
 	}
 	if reason == "" {
 		s.m.accepted.Inc()

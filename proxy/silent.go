@@ -86,9 +86,15 @@ func (s *Server) spoke(c *conn) {
 	s.mu.Unlock()
 }
 
-// evictSilent closes the newest silent connection of a source over its allowance and gives its
-// admission back at once, so that the connection being admitted takes its place; it reports false
-// when no source is over.
+// silentOver reports whether a source is over its allowance, so that a connection may be evicted.
+func (s *Server) silentOver() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.over) > 0
+}
+
+// evictSilent closes the newest silent connection of a source over its allowance, for a connection
+// admitted in its place (admission.Gate.AdmitInPlace); it reports false when no source is over.
 func (s *Server) evictSilent() bool {
 	s.mu.Lock()
 	var v *conn
@@ -106,7 +112,6 @@ func (s *Server) evictSilent() bool {
 	s.m.silentEvictions.Inc()
 	v.decided(audit.VerdictRefused, reasonSilentEvicted)
 	v.ended(endedByGuard)
-	v.release() // again at its end: a no-op then
 	v.closeBoth()
 	if s.evictLog.allow(s.now()) {
 		s.log.Warn("caps.max-connections reached: closed a silent connection of a source over caps.per-source-silent "+

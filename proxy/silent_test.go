@@ -16,9 +16,10 @@ import (
 // At caps.max-connections a new connection takes the place of the newest silent connection of a
 // source that holds more silent connections than working ones plus caps.per-source-silent: a flood
 // of idle connections from other sources cannot refuse a new rank, while a job's host (one working
-// connection, its torch <= 2.0 callback, a rank not started yet) keeps every connection. Once no
-// source is over, the cap refuses as before. Before, the first new rank was refused
-// (max_connections).
+// connection, its torch <= 2.0 callback, a rank not started yet) keeps every connection. Two ranks
+// arriving at once both get in (each is admitted in place of its own victim: with the victim's
+// slot freed first, the other took it and one rank was refused). Once no source is over, the cap
+// refuses as before. Before, the first new rank was refused (max_connections).
 func TestSilentFloodMakesRoomForANewRank(t *testing.T) { run(t, testSilentFloodMakesRoomForANewRank) }
 
 func testSilentFloodMakesRoomForANewRank(t *testing.T, m mode) {
@@ -51,13 +52,18 @@ func testSilentFloodMakesRoomForANewRank(t *testing.T, m mode) {
 		active(strconv.Itoa(3 + len(flood)))
 	}
 
-	for i, src := range []string{"127.0.0.4", "127.0.0.5"} {
+	ranks := make(chan error, 2)
+	for _, src := range []string{"127.0.0.4", "127.0.0.5"} {
 		rank := h.dialFrom(src)
-		if err := served(rank); err != nil {
-			t.Fatalf("new rank %d: %v", i, err)
-		}
-		closedByPeer(t, flood[2-i]) // the newest of the flood's
+		go func() { ranks <- served(rank) }()
 	}
+	for range 2 {
+		if err := <-ranks; err != nil {
+			t.Fatalf("a new rank: %v", err)
+		}
+	}
+	closedByPeer(t, flood[1]) // the newest of the flood's
+	closedByPeer(t, flood[2])
 	if !open(flood[0]) {
 		t.Error("the flood's oldest connection was closed: its source is within caps.per-source-silent now")
 	}

@@ -136,6 +136,7 @@ type Server struct {
 	auditLog    everySecond
 	budgetLog   everySecond
 	storeCapLog everySecond
+	evictLog    everySecond
 	ln          net.Listener
 	metricsLn   net.Listener
 	nextID      atomic.Uint64
@@ -159,8 +160,6 @@ type Server struct {
 	adopted         *adoption  // what a previous process handed over, until Serve starts it
 	handovers       atomic.Uint64
 	kp              *keeperLink // nil: no keeper
-
-	evictLog everySecond
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}

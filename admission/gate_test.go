@@ -43,7 +43,7 @@ func gatePrefixes(ss ...string) []netip.Prefix {
 // gateMustAdmit admits src or fails the test.
 func gateMustAdmit(t *testing.T, g *Gate, src string) func() {
 	t.Helper()
-	release, reason := g.Admit(gateAddr(src))
+	release, reason := g.Admit(gateAddr(src), false)
 	if reason != "" || release == nil {
 		t.Fatalf("Admit(%s) = %q, want admitted", src, reason)
 	}
@@ -79,6 +79,15 @@ func TestGateRefuseReasons(t *testing.T) {
 		{name: "mapped ipv6 allowed", cfg: Config{Allow: gatePrefixes("10.0.0.0/8")}, src: "::ffff:10.0.0.1", want: ""},
 		{name: "mapped prefix in config", cfg: Config{Deny: gatePrefixes("::ffff:10.0.0.0/104")}, src: "10.0.0.1", want: Denied},
 		{name: "mapped source shares per source state", cfg: Config{PerSourceConnections: 1}, setup: []string{"10.0.0.1"}, src: "::ffff:10.0.0.1", want: SourceConnections},
+		{name: "prefix connections", cfg: Config{PerPrefixConnections: 2, IPv4Prefix: 24}, setup: []string{"10.0.0.2", "10.0.0.3"}, src: "10.0.0.1", want: PrefixConnections},
+		{name: "prefix connections other network", cfg: Config{PerPrefixConnections: 2, IPv4Prefix: 24}, setup: []string{"10.0.0.2", "10.0.0.3"}, src: "10.0.1.1", want: ""},
+		{name: "ipv6 prefix connections", cfg: Config{PerPrefixConnections: 2, IPv6Prefix: 64}, setup: []string{"2001:db8::1", "2001:db8::2"}, src: "2001:db8::ffff:1", want: PrefixConnections},
+		{name: "ipv6 other /64", cfg: Config{PerPrefixConnections: 2, IPv6Prefix: 64}, setup: []string{"2001:db8::1", "2001:db8::2"}, src: "2001:db8:0:1::1", want: ""},
+		{name: "no prefix bits is the address", cfg: Config{PerPrefixConnections: 1}, setup: []string{"10.0.0.2"}, src: "10.0.0.1", want: ""},
+		{name: "link-local is its own network", cfg: Config{PerPrefixConnections: 1, IPv6Prefix: 64}, setup: []string{"fe80::1"}, src: "fe80::2", want: ""},
+		{name: "global cap before prefix", cfg: Config{MaxConnections: 1, PerPrefixConnections: 1, IPv4Prefix: 24}, setup: []string{"10.0.0.2"}, src: "10.0.0.1", want: MaxConnections},
+		{name: "prefix before per source", cfg: Config{PerPrefixConnections: 1, IPv4Prefix: 24, PerSourceConnections: 1}, setup: []string{"10.0.0.1"}, src: "10.0.0.1", want: PrefixConnections},
+		{name: "banned, not serving", cfg: Config{BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute, ServingRate: 1, ServingBurst: 4}, bans: []string{"10.0.0.1"}, src: "10.0.0.1", want: Banned},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -87,11 +96,11 @@ func TestGateRefuseReasons(t *testing.T) {
 				gateMustAdmit(t, g, s)
 			}
 			for _, s := range tt.bans {
-				if !g.Violation(gateAddr(s)) {
+				if !g.Violation(gateAddr(s)).IsValid() {
 					t.Fatalf("Violation(%s) did not ban", s)
 				}
 			}
-			release, got := g.Admit(gateAddr(tt.src))
+			release, got := g.Admit(gateAddr(tt.src), false)
 			if got != tt.want {
 				t.Fatalf("Admit(%s) = %q, want %q", tt.src, got, tt.want)
 			}
@@ -122,7 +131,7 @@ func TestGateReleaseFreesSlot(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := New(tt.cfg, newGateClock().Now)
 			release := gateMustAdmit(t, g, "10.0.0.1")
-			if _, r := g.Admit(gateAddr("10.0.0.1")); r != tt.want {
+			if _, r := g.Admit(gateAddr("10.0.0.1"), false); r != tt.want {
 				t.Fatalf("second Admit = %q, want %q", r, tt.want)
 			}
 			release()
@@ -131,7 +140,7 @@ func TestGateReleaseFreesSlot(t *testing.T) {
 				t.Fatalf("Active after release = %d, want 0", a)
 			}
 			release2 := gateMustAdmit(t, g, "10.0.0.1")
-			if _, r := g.Admit(gateAddr("10.0.0.1")); r != tt.want {
+			if _, r := g.Admit(gateAddr("10.0.0.1"), false); r != tt.want {
 				t.Fatalf("Admit after double release = %q, want %q (double free)", r, tt.want)
 			}
 			release2()
@@ -159,7 +168,7 @@ func TestGateRateRefill(t *testing.T) {
 	for i, st := range steps {
 		clk.Advance(st.advance)
 		for j, want := range st.want {
-			release, got := g.Admit(gateAddr(src))
+			release, got := g.Admit(gateAddr(src), false)
 			if got != want {
 				t.Fatalf("step %d admit %d: got %q, want %q", i, j, got, want)
 			}
@@ -195,7 +204,7 @@ func TestGateBan(t *testing.T) {
 			got := -1
 			for i, gap := range tt.gaps {
 				clk.Advance(gap)
-				if g.Violation(src) {
+				if g.Violation(src).IsValid() {
 					if got != -1 {
 						t.Fatalf("violation %d started a second ban", i)
 					}
@@ -205,7 +214,7 @@ func TestGateBan(t *testing.T) {
 			if got != tt.wantBan {
 				t.Fatalf("ban started at violation %d, want %d", got, tt.wantBan)
 			}
-			_, reason := g.Admit(src)
+			_, reason := g.Admit(src, false)
 			if banned := got != -1; banned != (reason == Banned) {
 				t.Fatalf("Admit = %q with banned = %v", reason, banned)
 			}
@@ -218,17 +227,17 @@ func TestGateBanExpiry(t *testing.T) {
 	g := New(Config{BanViolations: 2, BanWindow: time.Minute, BanDuration: 10 * time.Minute}, clk.Now)
 	src := gateAddr("::ffff:10.0.0.1") // banned through its mapped form
 	g.Violation(src)
-	if !g.Violation(gateAddr("10.0.0.1")) {
+	if !g.Violation(gateAddr("10.0.0.1")).IsValid() {
 		t.Fatal("second violation did not ban")
 	}
 	if s := g.Stats(); s.ActiveBans != 1 {
 		t.Fatalf("ActiveBans = %d, want 1", s.ActiveBans)
 	}
-	if g.Violation(src) || g.Violation(src) {
+	if g.Violation(src).IsValid() || g.Violation(src).IsValid() {
 		t.Fatal("violations while banned started another ban")
 	}
 	clk.Advance(10*time.Minute - time.Nanosecond)
-	if _, r := g.Admit(src); r != Banned {
+	if _, r := g.Admit(src, false); r != Banned {
 		t.Fatalf("Admit just before expiry = %q, want banned", r)
 	}
 	clk.Advance(time.Nanosecond)
@@ -238,10 +247,10 @@ func TestGateBanExpiry(t *testing.T) {
 	release := gateMustAdmit(t, g, "10.0.0.1")
 	release()
 	// The count starts afresh after a ban: one violation is not enough.
-	if g.Violation(src) {
+	if g.Violation(src).IsValid() {
 		t.Fatal("first violation after the ban banned again")
 	}
-	if !g.Violation(src) {
+	if !g.Violation(src).IsValid() {
 		t.Fatal("K violations after the ban did not ban")
 	}
 }
@@ -253,11 +262,11 @@ func TestGateBanResetsCount(t *testing.T) {
 	g := New(Config{BanViolations: 2, BanWindow: 10 * time.Minute, BanDuration: time.Minute}, clk.Now)
 	src := gateAddr("10.0.0.1")
 	g.Violation(src)
-	if !g.Violation(src) {
+	if !g.Violation(src).IsValid() {
 		t.Fatal("K violations did not ban")
 	}
 	clk.Advance(time.Minute)
-	if g.Violation(src) {
+	if g.Violation(src).IsValid() {
 		t.Fatal("first violation after the ban banned again")
 	}
 }
@@ -265,7 +274,7 @@ func TestGateBanResetsCount(t *testing.T) {
 func TestGateBansOff(t *testing.T) {
 	g := New(Config{}, newGateClock().Now)
 	for range 100 {
-		if g.Violation(gateAddr("10.0.0.1")) {
+		if g.Violation(gateAddr("10.0.0.1")).IsValid() {
 			t.Fatal("ban with BanViolations 0")
 		}
 	}
@@ -280,15 +289,15 @@ func TestGateBanExempt(t *testing.T) {
 	g := New(cfg, newGateClock().Now)
 	for _, a := range []string{"127.0.0.1", "127.3.2.1", "10.9.1.2", "::ffff:10.9.1.2"} {
 		for range 10 {
-			if g.Violation(gateAddr(a)) {
+			if g.Violation(gateAddr(a)).IsValid() {
 				t.Fatalf("%s banned though exempt", a)
 			}
 		}
-		if _, reason := g.Admit(gateAddr(a)); reason != "" {
+		if _, reason := g.Admit(gateAddr(a), false); reason != "" {
 			t.Fatalf("%s refused: %s", a, reason)
 		}
 	}
-	if !g.Violation(gateAddr("10.10.0.1")) {
+	if !g.Violation(gateAddr("10.10.0.1")).IsValid() {
 		t.Fatal("a source outside the exempt prefixes was not banned")
 	}
 }
@@ -309,7 +318,7 @@ func TestGateUpdate(t *testing.T) {
 		{"192.168.1.2", MaxConnections},
 	}
 	for _, s := range steps {
-		if _, r := g.Admit(gateAddr(s.src)); r != s.want {
+		if _, r := g.Admit(gateAddr(s.src), false); r != s.want {
 			t.Fatalf("Admit(%s) after Update = %q, want %q", s.src, r, s.want)
 		}
 	}
@@ -327,7 +336,7 @@ func TestGateUpdate(t *testing.T) {
 	g2.Update(Config{PerSourceConnections: 1})
 	cur := gateMustAdmit(t, g2, "10.0.0.1")
 	old()
-	if _, r := g2.Admit(gateAddr("10.0.0.1")); r != SourceConnections {
+	if _, r := g2.Admit(gateAddr("10.0.0.1"), false); r != SourceConnections {
 		t.Fatalf("Admit = %q, want %q: the pre-Update release freed a per-source slot", r, SourceConnections)
 	}
 	cur()
@@ -342,7 +351,7 @@ func TestGateSourceTable(t *testing.T) {
 	gateMustAdmit(t, g, "10.0.0.2")() // released, but its bucket is empty
 	gateMustAdmit(t, g, "10.0.0.3")()
 
-	if _, r := g.Admit(gateAddr("10.0.0.4")); r != SourceTable {
+	if _, r := g.Admit(gateAddr("10.0.0.4"), false); r != SourceTable {
 		t.Fatalf("Admit with a full table = %q, want %q", r, SourceTable)
 	}
 	// Known sources are still admitted when the table is full.
@@ -355,7 +364,7 @@ func TestGateSourceTable(t *testing.T) {
 	if s := g.Stats(); s.Sources != 2 {
 		t.Fatalf("Sources = %d, want 2 (10.0.0.1 live, 10.0.0.4 new)", s.Sources)
 	}
-	if _, r := g.Admit(gateAddr("10.0.0.1")); r != SourceRate {
+	if _, r := g.Admit(gateAddr("10.0.0.1"), false); r != SourceRate {
 		t.Fatalf("swept-but-live source lost its bucket: Admit = %q", r)
 	}
 	live()
@@ -364,7 +373,7 @@ func TestGateSourceTable(t *testing.T) {
 	g2 := New(Config{PerSourceConnections: 1, BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute}, clk.Now)
 	g2.maxSources = 1
 	gateMustAdmit(t, g2, "10.0.0.1")
-	if g2.Violation(gateAddr("10.0.0.2")) {
+	if g2.Violation(gateAddr("10.0.0.2")).IsValid() {
 		t.Fatal("violation stored in a full table")
 	}
 	if s := g2.Stats(); s.Sources != 1 {
@@ -422,7 +431,7 @@ func TestGateConcurrent(t *testing.T) {
 				src = netip.AddrFrom16(src.As16()) // mapped form of the same source
 			}
 			for i := range iters {
-				release, reason := g.Admit(src)
+				release, reason := g.Admit(src, false)
 				if reason != "" {
 					continue
 				}
@@ -476,7 +485,7 @@ func BenchmarkGateAdmit(b *testing.B) {
 		src := gateAddr("10.0.0.1")
 		b.ReportAllocs()
 		for b.Loop() {
-			release, reason := g.Admit(src)
+			release, reason := g.Admit(src, false)
 			if reason != "" {
 				b.Fatal(reason)
 			}
@@ -493,7 +502,7 @@ func BenchmarkGateAdmit(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			i := 0
 			for pb.Next() {
-				release, reason := g.Admit(srcs[i%len(srcs)])
+				release, reason := g.Admit(srcs[i%len(srcs)], false)
 				if reason != "" {
 					panic(fmt.Sprint(reason))
 				}
@@ -507,9 +516,229 @@ func BenchmarkGateAdmit(b *testing.B) {
 		src := gateAddr("10.255.0.1")
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, reason := g.Admit(src); reason != Denied {
+			if _, reason := g.Admit(src, false); reason != Denied {
 				b.Fatal(reason)
 			}
 		}
 	})
+}
+
+// A banned source that serves a job (a rank's live connection completed a valid message) is
+// throttled, not refused: the bucket is empty when the ban begins, so the prober that earned it
+// gains nothing at once, and fills at ServingRate up to ServingBurst, so that a job's host can
+// open its ranks' connections again once the probing stops. Without ServingRate it is refused.
+func TestGateBanServing(t *testing.T) {
+	cfg := Config{BanViolations: 2, BanWindow: time.Minute, BanDuration: 10 * time.Minute, ServingRate: 2, ServingBurst: 4}
+	clk := newGateClock()
+	g := New(cfg, clk.Now)
+	src := gateAddr("10.0.0.1")
+	g.Violation(src)
+	if p := g.Violation(src); p != netip.MustParsePrefix("10.0.0.1/32") {
+		t.Fatalf("ban %v, want 10.0.0.1/32", p)
+	}
+	admitted := func() (n int) {
+		for range 20 {
+			release, r := g.Admit(src, true)
+			switch r {
+			case "":
+				release()
+				n++
+			case BanThrottled:
+			default:
+				t.Fatalf("Admit(serving) = %q, want admitted or %q", r, BanThrottled)
+			}
+		}
+		return n
+	}
+	if n := admitted(); n != 0 {
+		t.Fatalf("%d admitted at the ban's start, want 0", n)
+	}
+	clk.Advance(time.Second)
+	if n := admitted(); n != 2 {
+		t.Fatalf("%d admitted 1 s into the ban, want 2 (ServingRate)", n)
+	}
+	clk.Advance(time.Minute)
+	if n := admitted(); n != 4 {
+		t.Fatalf("%d admitted a minute later, want 4 (ServingBurst)", n)
+	}
+	if _, r := g.Admit(src, false); r != Banned {
+		t.Fatalf("Admit(not serving) = %q, want %q", r, Banned)
+	}
+	g.Update(Config{BanViolations: 2, BanWindow: time.Minute, BanDuration: 10 * time.Minute})
+	clk.Advance(time.Minute)
+	if _, r := g.Admit(src, true); r != Banned {
+		t.Fatalf("Admit(serving) without ServingRate = %q, want %q", r, Banned)
+	}
+	clk.Advance(10 * time.Minute)
+	gateMustAdmit(t, g, "10.0.0.1")
+}
+
+// An IPv6 source's violations count for its /64: 20 addresses of one /64 make one ban, of the
+// whole /64; one address that alone reaches ban.violations is banned alone (a scanner on a
+// cluster's subnet), and the next address of its /64 to violate bans the /64. IPv4 stays per
+// address: 20 addresses of a /24 with one violation each ban nothing.
+func TestGateIPv6BansPer64(t *testing.T) {
+	cfg := Config{BanViolations: 5, BanWindow: time.Minute, BanDuration: 10 * time.Minute, IPv4Prefix: 24, IPv6Prefix: 64}
+	addr := func(net string, i int) netip.Addr { return gateAddr(fmt.Sprintf("%s%x", net, 0x100+i)) }
+	net := netip.MustParsePrefix("2001:db8:0:7::/64")
+
+	t.Run("one violation from each of 20 addresses", func(t *testing.T) {
+		g := New(cfg, newGateClock().Now)
+		var bans []netip.Prefix
+		for i := range 20 {
+			if p := g.Violation(addr("2001:db8:0:7::", i)); p.IsValid() {
+				bans = append(bans, p)
+			}
+		}
+		if len(bans) != 1 || bans[0] != net {
+			t.Fatalf("bans %v, want one, of %v", bans, net)
+		}
+		for _, a := range []netip.Addr{addr("2001:db8:0:7::", 0), addr("2001:db8:0:7::", 19), gateAddr("2001:db8:0:7:ffff::1")} {
+			if _, r := g.Admit(a, false); r != Banned {
+				t.Errorf("Admit(%s) = %q, want banned with its /64", a, r)
+			}
+		}
+		gateMustAdmit(t, g, "2001:db8:0:8::1")
+		if s := g.Stats(); s.ActiveBans != 1 {
+			t.Errorf("ActiveBans %d, want 1", s.ActiveBans)
+		}
+	})
+
+	t.Run("one address, then the next", func(t *testing.T) {
+		g := New(cfg, newGateClock().Now)
+		a, b := addr("2001:db8:0:7::", 1), addr("2001:db8:0:7::", 2)
+		var bans []netip.Prefix
+		for range 5 {
+			if p := g.Violation(a); p.IsValid() {
+				bans = append(bans, p)
+			}
+		}
+		if len(bans) != 1 || bans[0] != netip.PrefixFrom(a, 128) {
+			t.Fatalf("bans %v, want %v alone", bans, a)
+		}
+		gateMustAdmit(t, g, b.String()) // its neighbours are not banned for it
+		if p := g.Violation(b); p != net {
+			t.Fatalf("the next address's violation banned %v, want %v", p, net)
+		}
+		if _, r := g.Admit(addr("2001:db8:0:7::", 3), false); r != Banned {
+			t.Fatalf("Admit = %q, want banned with its /64", r)
+		}
+		if s := g.Stats(); s.ActiveBans != 2 {
+			t.Errorf("ActiveBans %d, want 2", s.ActiveBans)
+		}
+	})
+
+	t.Run("ipv4 per address", func(t *testing.T) {
+		g := New(cfg, newGateClock().Now)
+		for i := range 20 {
+			if p := g.Violation(gateAddr(fmt.Sprintf("10.0.0.%d", i+1))); p.IsValid() {
+				t.Fatalf("an IPv4 violation banned %v", p)
+			}
+		}
+	})
+
+	t.Run("link-local per address", func(t *testing.T) {
+		g := New(cfg, newGateClock().Now)
+		for i := range 20 {
+			if p := g.Violation(addr("fe80::", i)); p.IsValid() {
+				t.Fatalf("a link-local violation banned %v", p)
+			}
+		}
+	})
+
+	t.Run("a serving address of a banned /64 is throttled", func(t *testing.T) {
+		c := cfg
+		c.ServingRate, c.ServingBurst = 1, 1
+		clk := newGateClock()
+		g := New(c, clk.Now)
+		for i := range 5 {
+			g.Violation(addr("2001:db8:0:7::", i))
+		}
+		job := addr("2001:db8:0:7::", 100)
+		clk.Advance(time.Second)
+		if _, r := g.Admit(job, false); r != Banned {
+			t.Fatalf("Admit(not serving) = %q, want banned", r)
+		}
+		release, r := g.Admit(job, true)
+		if r != "" {
+			t.Fatalf("Admit(serving) = %q, want admitted", r)
+		}
+		release()
+		if _, r := g.Admit(job, true); r != BanThrottled {
+			t.Fatalf("Admit(serving) again = %q, want %q", r, BanThrottled)
+		}
+	})
+
+	t.Run("the ban ends", func(t *testing.T) {
+		clk := newGateClock()
+		g := New(cfg, clk.Now)
+		for i := range 5 {
+			g.Violation(addr("2001:db8:0:7::", i))
+		}
+		clk.Advance(10 * time.Minute)
+		gateMustAdmit(t, g, addr("2001:db8:0:7::", 0).String())
+		g.Sweep()
+		if s := g.Stats(); s.ActiveBans != 0 {
+			t.Errorf("ActiveBans %d after the ban, want 0", s.ActiveBans)
+		}
+	})
+}
+
+// A network's ban and violations go to the next process with the rest of the gate (an upgrade in
+// place): the /64 stays banned, and its violations still count.
+func TestGateStateCarriesNetworks(t *testing.T) {
+	cfg := Config{BanViolations: 3, BanWindow: time.Minute, BanDuration: 10 * time.Minute, IPv6Prefix: 64}
+	clk := newGateClock()
+	g := New(cfg, clk.Now)
+	for _, a := range []string{"2001:db8::1", "2001:db8::2", "2001:db8::3"} {
+		g.Violation(gateAddr(a))
+	}
+	g.Violation(gateAddr("2001:db8:1::1"))
+	g.Violation(gateAddr("2001:db8:1::2"))
+
+	next := New(cfg, clk.Now)
+	next.Restore(g.State())
+	if _, r := next.Admit(gateAddr("2001:db8::99"), false); r != Banned {
+		t.Fatalf("Admit = %q after the hand-over, want banned", r)
+	}
+	if p := next.Violation(gateAddr("2001:db8:1::3")); p != netip.MustParsePrefix("2001:db8:1::/64") {
+		t.Fatalf("third violation of the other /64 banned %v, want it", p)
+	}
+}
+
+// The per-network count follows its connections: a release frees a slot of the network.
+func TestGatePrefixRelease(t *testing.T) {
+	g := New(Config{PerPrefixConnections: 2, IPv4Prefix: 24}, newGateClock().Now)
+	a := gateMustAdmit(t, g, "10.0.0.1")
+	gateMustAdmit(t, g, "10.0.0.2")
+	if _, r := g.Admit(gateAddr("10.0.0.3"), false); r != PrefixConnections {
+		t.Fatalf("Admit = %q, want %q", r, PrefixConnections)
+	}
+	a()
+	a()
+	gateMustAdmit(t, g, "10.0.0.3")
+	if _, r := g.Admit(gateAddr("10.0.0.4"), false); r != PrefixConnections {
+		t.Fatalf("Admit = %q after one release, want %q", r, PrefixConnections)
+	}
+}
+
+// AdmitInPlace admits past MaxConnections (the caller closes another connection to make room), but
+// every other check still applies.
+func TestGateAdmitInPlace(t *testing.T) {
+	g := New(Config{MaxConnections: 1, PerSourceConnections: 1}, newGateClock().Now)
+	gateMustAdmit(t, g, "10.0.0.1")
+	if _, r := g.Admit(gateAddr("10.0.0.2"), false); r != MaxConnections {
+		t.Fatalf("Admit = %q, want %q", r, MaxConnections)
+	}
+	release, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false)
+	if r != "" {
+		t.Fatalf("AdmitInPlace = %q, want admitted", r)
+	}
+	if a := g.Stats().Active; a != 2 {
+		t.Fatalf("Active = %d, want 2 until the other connection's release", a)
+	}
+	if _, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false); r != SourceConnections {
+		t.Fatalf("AdmitInPlace = %q, want %q", r, SourceConnections)
+	}
+	release()
 }

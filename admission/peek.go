@@ -15,3 +15,7 @@ const (
 	// MaxPeeks bounds the banned connections read at once; beyond it they are closed at once.
 	MaxPeeks = 256
 )
+
+// Ban reports whether a connection refused for r was refused for its source's ban (refused
+// outright, or throttled while the source serves a job): its first bytes are read for ban.peek.
+func (r Reason) Ban() bool { return r == Banned || r == BanThrottled }

@@ -115,6 +115,15 @@ type Caps struct {
 	PerSourceConnections int     `mapstructure:"per-source-connections"` // 0 = unlimited
 	PerSourceRate        float64 `mapstructure:"per-source-rate"`        // new connections/s; 0 = unlimited
 	PerSourceBurst       int     `mapstructure:"per-source-burst"`
+	// PerSourceSilent is how many connections that have sent nothing a source keeps, beyond one
+	// per connection of its that completed a valid message, once MaxConnections is reached: past
+	// that, a new connection takes the place of one of them.
+	PerSourceSilent int `mapstructure:"per-source-silent"`
+	// PerPrefixConnections caps the connections open at once from one network: an IPv4 /IPv4Prefix
+	// or an IPv6 /IPv6Prefix (the network an IPv6 ban covers too). 0 = unlimited.
+	PerPrefixConnections int `mapstructure:"per-prefix-connections"`
+	IPv4Prefix           int `mapstructure:"ipv4-prefix"`
+	IPv6Prefix           int `mapstructure:"ipv6-prefix"`
 	// MaxStoreConnections caps the connections to the store, in all: auto reads the store's
 	// descriptor limit when it runs on this host (proxy/storelimit.go); 0 = unlimited.
 	MaxStoreConnections       AutoCount `mapstructure:"max-store-connections"`
@@ -144,15 +153,19 @@ func (a AutoCount) String() string {
 	return strconv.Itoa(a.N)
 }
 
-// Ban (ban.*): Violations within Window ban a source for Duration. A source in Exempt, or with a
-// connection that is serving a job (it completed a valid message and is still open), is never
-// banned: its violating connections are still refused one by one.
+// Ban (ban.*): Violations within Window ban a source (an IPv6 one's network, caps.ipv6-prefix,
+// when they come from more than one of its addresses) for Duration. A source in Exempt is never
+// banned: its violating connections are still refused one by one. A banned source with a
+// connection that is serving a job (it completed a valid message and is still open) may open
+// ServingRate new connections a second, up to ServingBurst at once; its live ones stay.
 type Ban struct {
-	Violations int            `mapstructure:"violations"` // 0 = bans off
-	Window     time.Duration  `mapstructure:"window"`
-	Duration   time.Duration  `mapstructure:"duration"`
-	Exempt     []netip.Prefix `mapstructure:"exempt"`
-	Peek       time.Duration  `mapstructure:"peek"` // how long a banned source's first bytes are read for
+	Violations   int            `mapstructure:"violations"` // 0 = bans off
+	Window       time.Duration  `mapstructure:"window"`
+	Duration     time.Duration  `mapstructure:"duration"`
+	Exempt       []netip.Prefix `mapstructure:"exempt"`
+	Peek         time.Duration  `mapstructure:"peek"`          // how long a banned source's first bytes are read for
+	ServingRate  float64        `mapstructure:"serving-rate"`  // 0 = a banned source is refused even while it serves a job
+	ServingBurst int            `mapstructure:"serving-burst"` // at least 1 when ServingRate is set
 }
 
 // Scan (scan.*): Threshold connections of one source that send nothing or only invalid bytes within
@@ -339,7 +352,9 @@ func (c Config) Admission() admission.Config {
 		Allow: c.Access.Allow, Deny: c.Access.Deny,
 		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
 		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
+		PerPrefixConnections: c.Caps.PerPrefixConnections, IPv4Prefix: c.Caps.IPv4Prefix, IPv6Prefix: c.Caps.IPv6Prefix,
 		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration, BanExempt: c.Ban.Exempt,
+		ServingRate: c.Ban.ServingRate, ServingBurst: c.Ban.ServingBurst,
 	}
 }
 

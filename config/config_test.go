@@ -67,9 +67,9 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 512, 200, 512, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, 40, 40, 10, 32}},
+		{"caps", got.Caps, Caps{20000, 512, 200, 512, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, 40, 40, 10, 32}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
-			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second}},
+			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second, 1, 16}},
 		{"scan", got.Scan, Scan{8, time.Minute}},
 		{"flows", got.Flows, FlowsAll},
 		{"audit", got.Audit, Audit{104857600, 5, 104857600, 2, 100, 1000, 10 * time.Minute, time.Hour}},
@@ -386,6 +386,12 @@ func TestValidationErrors(t *testing.T) {
 		{"store dial burst needed with a rate", "caps:\n  store-dial-burst: 0\n", nil, "caps.store-dial-burst", "must be at least 1 when caps.store-dial-rate is set"},
 		{"per-source-store-dial-rate", "caps:\n  per-source-store-dial-rate: 1e10\n", nil, "caps.per-source-store-dial-rate", "must be between 0 and"},
 		{"per-source store dial burst needed with a rate", "caps:\n  per-source-store-dial-burst: 0\n", nil, "caps.per-source-store-dial-burst", "must be at least 1 when caps.per-source-store-dial-rate is set"},
+		{"per-source-silent", "caps:\n  per-source-silent: -1\n", nil, "caps.per-source-silent", "must be between 0 and"},
+		{"per-prefix-connections", "caps:\n  per-prefix-connections: -1\n", nil, "caps.per-prefix-connections", "must be between 0 and"},
+		{"ipv4-prefix", "caps:\n  ipv4-prefix: 33\n", nil, "caps.ipv4-prefix", "must be between 1 and 32"},
+		{"ipv6-prefix", "caps:\n  ipv6-prefix: 0\n", nil, "caps.ipv6-prefix", "must be between 1 and 128"},
+		{"serving-rate", "ban:\n  serving-rate: -2\n", nil, "ban.serving-rate", "must be between 0 and"},
+		{"serving burst needed with a rate", "ban:\n  serving-burst: 0\n", nil, "ban.serving-burst", "must be at least 1 when ban.serving-rate is set"},
 		{"buffer budget", "caps:\n  buffer-budget-bytes: 1000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (auto: 33554432)"},
 		{"buffer budget for an explicit value", "limits:\n  max-value-bytes: 300000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (auto: 300008217)"},
 		{"buffer budget for an explicit message", "limits:\n  max-message-bytes: 300000000\n", nil, "caps.buffer-budget-bytes", "must be at least limits.max-message-bytes (300000000)"},
@@ -515,8 +521,8 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 3 * time.Second, 0}
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
-	custom.Caps = Caps{10, 0, 0.25, 1, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, 2.5, 3, 0, 1}
-	custom.Ban = Ban{}
+	custom.Caps = Caps{10, 0, 0.25, 1, 3, 4, 16, 48, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, 2.5, 3, 0, 1}
+	custom.Ban = Ban{ServingRate: 0.5, ServingBurst: 2}
 	custom.Audit = Audit{1, 0, 2, 3, 0, 1, time.Second, 0}
 	custom.Scan = Scan{3, time.Second}
 	custom.Flows = FlowsSuspicious

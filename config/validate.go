@@ -97,6 +97,10 @@ func (c Config) validate() []error {
 	v.between("caps.max-connections", int64(cp.MaxConnections), 1, maxConnections)
 	v.between("caps.per-source-connections", int64(cp.PerSourceConnections), 0, maxConnections)
 	v.rate("caps.per-source-rate", "caps.per-source-burst", cp.PerSourceRate, cp.PerSourceBurst)
+	v.between("caps.per-source-silent", int64(cp.PerSourceSilent), 0, maxConnections)
+	v.between("caps.per-prefix-connections", int64(cp.PerPrefixConnections), 0, maxConnections)
+	v.between("caps.ipv4-prefix", int64(cp.IPv4Prefix), 1, 32)
+	v.between("caps.ipv6-prefix", int64(cp.IPv6Prefix), 1, 128)
 	if !cp.MaxStoreConnections.Auto {
 		v.between("caps.max-store-connections", int64(cp.MaxStoreConnections.N), 0, maxConnections)
 	}
@@ -167,6 +171,7 @@ func (c Config) validate() []error {
 	v.notNegative("audit.flow-interim", a.FlowInterim)
 	oneOf(&v, "flows", string(c.Flows), FlowsAll, FlowsSuspicious, FlowsOff)
 	v.notNegative("ban.peek", c.Ban.Peek)
+	v.rate("ban.serving-rate", "ban.serving-burst", c.Ban.ServingRate, c.Ban.ServingBurst)
 	v.between("scan.threshold", int64(c.Scan.Threshold), 0, maxCount)
 	if c.Scan.Threshold > 0 {
 		v.positive("scan.window", c.Scan.Window)

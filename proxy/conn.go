@@ -76,6 +76,10 @@ type conn struct {
 	awaitStore bool
 	untalk     func()
 	release    func() // gives back the admission (admission.Gate.Admit)
+	// silentPrev and silentNext link the connection in its source's silent list while silentOn
+	// (silent.go); under s.mu.
+	silentPrev, silentNext *conn
+	silentOn               bool
 	// storeSlot gives back the store connection's slot (storelimit.go), taken before the store is
 	// dialled by whoever owns the connection then; end gives it back.
 	storeSlot func()
@@ -142,7 +146,16 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 	if s.draining.Load() {
 		return nil, refuseDraining
 	}
-	release, reason = s.gate.Admit(src)
+	serving := s.isTalker(src)
+	release, reason = s.gate.Admit(src, serving)
+	if reason == admission.MaxConnections && s.silentOver() {
+		// Admitted in place of a silent connection (silent.go), closed once this one is in: its
+		// slot is then this one's, whoever else is admitted meanwhile.
+		if release, reason = s.gate.AdmitInPlace(src, serving); reason == "" && !s.evictSilent() {
+			release() // another admission took the last one meanwhile
+			release, reason = nil, admission.MaxConnections
+		}
+	}
 	if reason == "" {
 		s.m.accepted.Inc()
 		s.m.active.Inc()
@@ -396,12 +409,18 @@ func (e *everySecond) allow(now time.Time) bool {
 	return t != prev && e.last.CompareAndSwap(prev, t)
 }
 
+// track adds c to the server's connections (on) or takes it out; one that has sent nothing is
+// indexed as silent.
 func (s *Server) track(c *conn, on bool) {
 	s.mu.Lock()
 	if on {
 		s.conns[c] = struct{}{}
+		if c.flow.fromClient.Load() == 0 {
+			s.addSilentLocked(c)
+		}
 	} else {
 		delete(s.conns, c)
+		s.dropSilentLocked(c)
 	}
 	s.mu.Unlock()
 }
@@ -431,12 +450,15 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 	e.Timestamp, e.ConnID = s.now(), c.id
 	s.writeAudit(e)
 	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", mode)
-	if !c.st.monitor && !s.servingJob(c.src.Addr(), c) && s.gate.Violation(c.src.Addr()) {
+	if c.st.monitor {
+		return
+	}
+	if banned := s.gate.Violation(c.src.Addr()); banned.IsValid() {
 		s.m.bans.Inc()
 		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
 		b.ConnID, b.Mode = c.id, audit.ModeEnforce
 		s.writeAudit(b)
-		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(),
+		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned.String(),
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
 	}
 }

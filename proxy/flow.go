@@ -45,7 +45,9 @@ type flowStats struct {
 
 // readClient counts p, read from the client, keeping the stream's first bytes.
 func (c *conn) readClient(p []byte) {
-	c.flow.fromClient.Add(uint64(len(p)))
+	if n := uint64(len(p)); c.flow.fromClient.Add(n) == n {
+		c.s.spoke(c)
+	}
 	if c.flow.firstN < len(c.flow.first) { // only this connection's reader writes firstN
 		c.flow.mu.Lock()
 		c.flow.firstN += copy(c.flow.first[c.flow.firstN:], p)

@@ -17,43 +17,44 @@ const namespace = "storeguard"
 type metrics struct {
 	reg *prometheus.Registry
 
-	accepted       prometheus.Counter
-	active         prometheus.Gauge
-	refused        *prometheus.CounterVec
-	messages       *prometheus.CounterVec
-	byOp           [protocol.LatestGeneration + 1][32]prometheus.Counter // [generation][op], resolved once: no map lookup per message
-	bytesC2S       prometheus.Counter
-	bytesS2C       prometheus.Counter
-	violations     *prometheus.CounterVec
-	bans           prometheus.Counter
-	scans          prometheus.Counter
-	peeks          *prometheus.CounterVec
-	bansActive     prometheus.GaugeFunc
-	dialFailures   prometheus.Counter
-	latency        prometheus.Histogram
-	reloads        *prometheus.CounterVec
-	panics         prometheus.Counter
-	buffered       prometheus.GaugeFunc
-	auditDropped   prometheus.CounterFunc
-	logsDropped    prometheus.CounterFunc
-	budgetTimeouts prometheus.Counter
-	stalls         prometheus.Counter
-	resyncs        prometheus.Counter
-	loopConns      prometheus.Gauge
-	handbacks      [numHandbacks]prometheus.Counter
-	storeProbes    *prometheus.CounterVec
-	keyLookups     *prometheus.CounterVec
-	storeWaits     *prometheus.CounterVec
-	storeInfo      *prometheus.GaugeVec
-	storeConns     prometheus.GaugeFunc
-	storeLimit     prometheus.GaugeFunc
-	quotaBytes     prometheus.GaugeFunc
-	quotaKeys      prometheus.GaugeFunc
-	storeRefused   *prometheus.CounterVec
-	storeQueued    *prometheus.CounterVec
-	storeWaiting   prometheus.GaugeFunc
-	handovers      *prometheus.CounterVec
-	handoverConns  prometheus.Gauge
+	accepted        prometheus.Counter
+	active          prometheus.Gauge
+	refused         *prometheus.CounterVec
+	messages        *prometheus.CounterVec
+	byOp            [protocol.LatestGeneration + 1][32]prometheus.Counter // [generation][op], resolved once: no map lookup per message
+	bytesC2S        prometheus.Counter
+	bytesS2C        prometheus.Counter
+	violations      *prometheus.CounterVec
+	bans            prometheus.Counter
+	scans           prometheus.Counter
+	peeks           *prometheus.CounterVec
+	bansActive      prometheus.GaugeFunc
+	dialFailures    prometheus.Counter
+	latency         prometheus.Histogram
+	reloads         *prometheus.CounterVec
+	panics          prometheus.Counter
+	buffered        prometheus.GaugeFunc
+	auditDropped    prometheus.CounterFunc
+	logsDropped     prometheus.CounterFunc
+	budgetTimeouts  prometheus.Counter
+	stalls          prometheus.Counter
+	resyncs         prometheus.Counter
+	loopConns       prometheus.Gauge
+	handbacks       [numHandbacks]prometheus.Counter
+	storeProbes     *prometheus.CounterVec
+	keyLookups      *prometheus.CounterVec
+	storeWaits      *prometheus.CounterVec
+	storeInfo       *prometheus.GaugeVec
+	storeConns      prometheus.GaugeFunc
+	storeLimit      prometheus.GaugeFunc
+	quotaBytes      prometheus.GaugeFunc
+	quotaKeys       prometheus.GaugeFunc
+	storeRefused    *prometheus.CounterVec
+	storeQueued     *prometheus.CounterVec
+	storeWaiting    prometheus.GaugeFunc
+	silentEvictions prometheus.Counter
+	handovers       *prometheus.CounterVec
+	handoverConns   prometheus.Gauge
 }
 
 // readings are what the gauges and counters that others count read.
@@ -160,6 +161,8 @@ func newMetrics(read readings) *metrics {
 		[]string{"reason"})
 	m.storeWaiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_waiting",
 		"Clients waiting now for a store connection (a cap full, or a dial rate spent).")), read.storeWaiting)
+	m.silentEvictions = prometheus.NewCounter(prometheus.CounterOpts(f("silent_evictions_total",
+		"Connections that had sent nothing, closed at caps.max-connections to admit a new one: their source held more than caps.per-source-silent beyond its working connections (not violations).")))
 	m.loopConns = prometheus.NewGauge(prometheus.GaugeOpts(f("event_loop_connections",
 		"Connections an event loop forwards now (the others run on goroutines).")))
 	handbacks := prometheus.NewCounterVec(prometheus.CounterOpts(f("event_loop_handbacks_total",
@@ -191,7 +194,7 @@ func newMetrics(read readings) *metrics {
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
-		m.storeQueued, m.storeWaiting, m.handovers, m.handoverConns,
+		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, log := range auditLogs {
 		// How long each set keeps its records: a rate of rotations times max-backups.

@@ -51,10 +51,10 @@ func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reas
 }
 
 // peekable takes one of admission.MaxPeeks for a connection refused for reason, if it is to be read: a
-// banned source's, with ban.peek set. nil: close it at once.
+// banned source's (throttled too), with ban.peek set. nil: close it at once.
 func (s *Server) peekable(reason admission.Reason) *settings {
 	st := s.set.Load()
-	if reason != admission.Banned || st.cfg.Ban.Peek <= 0 || s.draining.Load() {
+	if !reason.Ban() || st.cfg.Ban.Peek <= 0 || s.draining.Load() {
 		return nil
 	}
 	if s.peeking.Add(1) > admission.MaxPeeks {

@@ -66,8 +66,9 @@ func newSettings(c config.Config, onMessage func(*protocol.Message), store polic
 // writtenKeys bounds the write-once keys remembered: about 4 + 2 × agents per rendezvous round.
 const writtenKeys = 1 << 16
 
-var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.MaxConnections,
-	admission.SourceConnections, admission.SourceRate, admission.SourceTable, refuseDraining}
+var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.BanThrottled,
+	admission.MaxConnections, admission.PrefixConnections, admission.SourceConnections, admission.SourceRate,
+	admission.SourceTable, refuseDraining}
 
 // HandoverEnv names the descriptor of the hand-over socket in a process started to take over
 // (upgrade in place, Linux only).
@@ -141,6 +142,7 @@ type Server struct {
 	auditLog    everySecond
 	budgetLog   everySecond
 	storeCapLog everySecond
+	evictLog    everySecond
 	ln          net.Listener
 	metricsLn   net.Listener
 	nextID      atomic.Uint64
@@ -168,12 +170,17 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	talkers map[netip.Addr]int // sources with a connection that has completed a message
+	// silent indexes the connections that have sent nothing by source; over holds the sources
+	// with more of them than caps.per-source-silent beyond their working ones (silent.go).
+	silent map[netip.Addr]*silentSource
+	over   map[netip.Addr]*silentSource
 }
 
 // New validates cfg and builds a server; Listen and Serve start it.
 func New(cfg config.Config, opts Options) (*Server, error) {
 	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock,
-		conns: make(map[*conn]struct{}), talkers: make(map[netip.Addr]int)}
+		conns: make(map[*conn]struct{}), talkers: make(map[netip.Addr]int),
+		silent: make(map[netip.Addr]*silentSource), over: make(map[netip.Addr]*silentSource)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -571,12 +578,14 @@ func (s *Server) countMessage(m *protocol.Message) { s.m.byOp[m.Generation][m.Op
 func (s *Server) markTalker(src netip.Addr) (done func()) {
 	s.mu.Lock()
 	s.talkers[src]++
+	s.weighSilentLocked(src)
 	s.mu.Unlock()
 	return func() {
 		s.mu.Lock()
 		if s.talkers[src]--; s.talkers[src] <= 0 {
 			delete(s.talkers, src)
 		}
+		s.weighSilentLocked(src)
 		s.mu.Unlock()
 	}
 }
@@ -588,7 +597,7 @@ func (s *Server) isTalker(src netip.Addr) bool {
 }
 
 // servingJob reports whether src has a live connection other than c that completed a valid
-// message: evidence of a job's rank there (behind NAT, a scanner and a job share the address).
+// message: evidence of a job's rank there, whose new connections go first to the store.
 func (s *Server) servingJob(src netip.Addr, c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -211,8 +211,7 @@ func TestBanPeekEnds(t *testing.T) {
 	}
 }
 
-// TestBanSpares: no ban for a source in ban.exempt (loopback by default), for one that has another
-// connection open that completed a valid message (serve's servingJob), in monitor mode, or for
+// TestBanSpares: no ban for a source in ban.exempt (loopback by default), in monitor mode, or for
 // streams cut short inside a message (truncated_message never counts).
 func TestBanSpares(t *testing.T) {
 	loopback := netip.MustParseAddr("127.0.0.1")
@@ -227,13 +226,6 @@ func TestBanSpares(t *testing.T) {
 			for i := range 5 { // more than ban.violations within ban.window
 				session(t, w, from(loopback, 10+i), server, sec(10+i), probe106294)
 			}
-		}},
-		{"serving a job", g0, func(t testing.TB, w *gencap.Writer) {
-			job := w.Conn(from(scanner, 99), server, 1000, 5000)
-			must(t, job.Open(ms(0)))
-			must(t, job.Send(ms(1), traffic(t, protocol.G0), 1448))
-			scanThenBanned(scanner)(t, w)
-			must(t, job.Close(sec(30)))
 		}},
 		{"monitor mode", func(c *config.Config) { g0(c); c.Mode = config.ModeMonitor }, scanThenBanned(scanner)},
 		{"truncated messages", g0, func(t testing.TB, w *gencap.Writer) {
@@ -258,28 +250,46 @@ func TestBanSpares(t *testing.T) {
 	}
 }
 
-// TestBanAfterTheJob: the job's connection that spared its source closes; the next 5 violations
-// ban it (the spared ones did not count).
-func TestBanAfterTheJob(t *testing.T) {
-	results, events := flowRun(t, g0, func(t testing.TB, w *gencap.Writer) {
-		job := w.Conn(from(scanner, 99), server, 1000, 5000)
-		must(t, job.Open(ms(0)))
-		must(t, job.Send(ms(1), traffic(t, protocol.G0), 1448))
-		for i := range 5 {
-			session(t, w, from(scanner, i), server, sec(i), probe106294)
-		}
-		must(t, job.Close(sec(10)))
-		for i := range 6 {
-			session(t, w, from(scanner, 10+i), server, sec(11+i), probe106294)
-		}
-	})
-	banned := ofAction(events, audit.ActionBanned)
-	if len(banned) != 1 || banned[0].SourcePort != from(scanner, 14).Port() {
-		t.Fatalf("banned events %+v, want one, at the 5th violation after the job's end", banned)
+// TestBanThrottlesAServingSource: as serve, a source with a stream open that completed a valid
+// message (a job's rank, behind NAT with a scanner) is banned by its violations all the same; the
+// job's stream goes on, and the source's new streams are throttled to ban.serving-rate (refused,
+// ban_throttled, until a token has built up since the ban) while it serves the job, then refused
+// (banned) once the job is gone. Before, its violations did not count: no ban at all.
+func TestBanThrottlesAServingSource(t *testing.T) {
+	job := from(scanner, 99)
+	results, events := flowRun(t, func(c *config.Config) { g0(c); c.Ban.ServingRate = 0.1 },
+		func(t testing.TB, w *gencap.Writer) {
+			j := w.Conn(job, server, 1000, 5000)
+			must(t, j.Open(ms(0)))
+			must(t, j.Send(ms(1), traffic(t, protocol.G0), 1448))
+			scanThenBanned(scanner)(t, w)                                              // the ban at 4 s; 4 streams from 5 s to 8 s
+			session(t, w, from(scanner, 20), server, sec(20), traffic(t, protocol.G0)) // 1.6 tokens
+			must(t, j.Close(sec(30)))
+			session(t, w, from(scanner, 31), server, sec(31), traffic(t, protocol.G0))
+		})
+	if banned := ofAction(events, audit.ActionBanned); len(banned) != 1 || banned[0].SourcePort != from(scanner, 4).Port() {
+		t.Fatalf("banned events %+v, want one, at the 5th violation", banned)
 	}
-	last := results[len(results)-1]
-	if last.Src != from(scanner, 15) || last.Verdict != VerdictRefused {
-		t.Errorf("last stream %v %s, want %v refused", last.Src, last.Verdict, from(scanner, 15))
+	want := map[netip.AddrPort]string{job: "pass", from(scanner, 20): "pass", from(scanner, 31): "refused banned"}
+	for i := range 4 {
+		want[from(scanner, 5+i)] = "refused ban_throttled"
+	}
+	for _, r := range results {
+		w, ok := want[r.Src]
+		if !ok {
+			continue
+		}
+		got := string(r.Verdict)
+		if r.Verdict == VerdictRefused {
+			got += " " + r.Reason
+		}
+		if got != w {
+			t.Errorf("%v: %s, want %s", r.Src, got, w)
+		}
+		delete(want, r.Src)
+	}
+	if len(want) != 0 {
+		t.Errorf("no result for %v", want)
 	}
 }
 

@@ -422,7 +422,7 @@ func (c *capture) admit(s *stream) {
 	s.g.From(s.key.src.Addr())
 	defer s.schedule()
 	c.gateAt = c.now
-	release, reason := c.gate.Admit(s.key.src.Addr())
+	release, reason := c.gate.Admit(s.key.src.Addr(), c.talkers[s.key.src.Addr()] > 0)
 	if reason == "" {
 		s.release = release
 		return
@@ -431,7 +431,7 @@ func (c *capture) admit(s *stream) {
 	e := audit.AdmissionEvent(s.key.src, s.key.dst, audit.ActionDenied, string(reason))
 	e.Timestamp, e.Mode = c.now, audit.ModeReplay
 	c.r.writeAudit(e)
-	if peek := c.r.cfg.Ban.Peek; reason == admission.Banned && peek > 0 && c.peeking < admission.MaxPeeks {
+	if peek := c.r.cfg.Ban.Peek; reason.Ban() && peek > 0 && c.peeking < admission.MaxPeeks {
 		c.peeking++
 		s.peek, s.peekEnd = make([]byte, 0, admission.PeekBytes), c.now.Add(peek)
 		return
@@ -440,19 +440,10 @@ func (c *capture) admit(s *stream) {
 }
 
 // violation tells the gate of s's violation at, as serve's recordViolation does, and reports
-// whether it banned s's source. A source with another stream open that completed a valid message
-// is serving a job (behind NAT a scanner and a job share the address): its violations do not count.
+// whether it banned s's source (or its network).
 func (c *capture) violation(s *stream, at time.Time) bool {
-	a := s.key.src.Addr()
-	others := c.talkers[a]
-	if s.g.Talked() {
-		others-- // s's own valid messages are no evidence
-	}
-	if others > 0 {
-		return false
-	}
 	c.gateAt = at
-	return c.gate.Violation(a)
+	return c.gate.Violation(s.key.src.Addr()).IsValid()
 }
 
 // letGo judges a stream that is idle (or the least recently active one over MaxStreams) and

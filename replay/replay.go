@@ -32,10 +32,12 @@
 //     configuration's access lists, caps and bans, is asked for each stream where serve's accept
 //     would return it, at the client's first segment after its SYN that carries ACK (the
 //     handshake's last, or data; the store's SYN-ACK need not be in the capture), and told of each
-//     violation (enforce mode, not truncated_message) unless the source has another stream open
-//     that completed a valid message. A stream it refuses is not decoded: verdict refused, with
+//     violation (enforce mode, not truncated_message); a banned source with another stream open
+//     that completed a valid message is throttled (ban.serving-rate), as serve throttles it. Serve
+//     closes a silent connection to admit a new one at caps.max-connections; replay does not: it
+//     refuses the new one (max_connections). A stream it refuses is not decoded: verdict refused, with
 //     the reason, a denied event at its accept and a refused flow closed by the guard. One refused
-//     as banned is read as serve reads it for ban.peek: its first bytes (at most
+//     as banned (or ban_throttled) is read as serve reads it for ban.peek: its first bytes (at most
 //     admission.PeekBytes, until admission.PeekRest after the first came, ban.peek after the
 //     accept, or its end) go in the flow record, judged by a decoder of their own; any other ends
 //     at its accept with none. The ban itself is a banned event after the violation that started

@@ -19,8 +19,8 @@ const (
 	VerdictReject     Verdict = "reject"     // serve would have blocked it (or logged would_block in monitor mode)
 	VerdictIncomplete Verdict = "incomplete" // could not be decoded: see Reason
 	// VerdictRefused: serve's admission would have refused the connection at accept (Reason: banned,
-	// denied, not_allowed, max_connections, source_connections, source_rate, source_table_full):
-	// never decoded; a banned source's first bytes are judged (Judged).
+	// ban_throttled, denied, not_allowed, max_connections, prefix_connections, source_connections,
+	// source_rate, source_table_full): never decoded; a banned source's first bytes are judged (Judged).
 	VerdictRefused Verdict = "refused"
 	// VerdictHalfOpen: the handshake never completed (the client's or the store's RST, or nothing
 	// after the SYN): a SYN scan or a closed port. Serve's accept never returns such a connection,

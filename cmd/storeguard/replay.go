@@ -24,13 +24,16 @@ func newReplayCommand() *cobra.Command {
 			"FIN or RST, inside a message is reject by truncated_message), incomplete (midstream: the\n" +
 			"capture has no SYN; gap/snaplen: bytes are missing), refused (serve's admission, run on\n" +
 			"capture time with the config's access, caps and ban settings, would have refused it at\n" +
-			"its accept, the client's ACK that completes the handshake; the reason: banned, denied,\n" +
-			"not_allowed, max_connections, source_connections, source_rate, source_table_full),\n" +
+			"its accept, the client's ACK that completes the handshake; the reason: banned,\n" +
+			"ban_throttled, denied, not_allowed, max_connections, prefix_connections,\n" +
+			"source_connections, source_rate, source_table_full),\n" +
 			"half_open (the handshake never completed: a SYN scan, a closed port, or no ACK before\n" +
 			"the capture ended; serve never sees these, so nothing is admitted or judged, but the scan\n" +
 			"detector counts them). A source is banned as serve bans it: ban.violations\n" +
 			"violations (enforce mode, not truncated_message) within ban.window, unless it is in\n" +
-			"ban.exempt or has another stream open that completed a valid message. A refused stream is\n" +
+			"ban.exempt (an IPv6 one's /64 when they come from 2+ of its addresses); while it has\n" +
+			"another stream open that completed a valid message, ban.serving-rate new streams a\n" +
+			"second are still admitted (ban_throttled beyond). A refused stream is\n" +
 			"not decoded; a banned source's first bytes (up to 64, read for ban.peek) are judged as\n" +
 			"serve's refused flow judges them (--json: judged). --json adds each stream's flow verdict\n" +
 			"(passed, empty, truncated, blocked, would_block, incomplete, refused, half_open, open);\n" +

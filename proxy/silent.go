@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"net/netip"
+
+	"github.com/storeguard/storeguard/audit"
+)
+
+// Silent connections. A connection that has sent nothing costs the store nothing (it is connected
+// at the first valid message), but it holds one of caps.max-connections: enough of them from many
+// sources (40 addresses x 512, one IPv6 /64, a local user on loopback) and a new rank is refused.
+// Nothing tells a flood from torch <= 2.0's callback connection, which never sends a byte, by its
+// bytes; its count does: each callback connection has a working twin, the client's own connection,
+// from the same host. So once max-connections are open, a new connection takes the place of the
+// newest silent connection of a source that holds more silent connections than working ones plus
+// caps.per-source-silent (room for ranks that have not sent their first message yet). A job's host
+// is never over that; a flood's sources are, and lose their newest: an attacker that shares a job's
+// address (NAT) cannot make the job's older callback connections go first. Evicting at the cap, not
+// by a first-message deadline, frees a slot exactly when one is needed: a deadline leaves a rank
+// that comes meanwhile refused, and a flood that reopens what closes keeps the table full.
+
+// reasonSilentEvicted is the flow record's reason for a silent connection closed to admit another.
+const reasonSilentEvicted = "silent_evicted"
+
+// silentSource is one source's connections that have sent nothing, oldest first.
+type silentSource struct {
+	newest *conn // the list's tail; conn.silentPrev leads to older ones
+	n      int
+}
+
+// addSilentLocked indexes c, which has sent nothing, as its source's newest silent connection.
+func (s *Server) addSilentLocked(c *conn) {
+	src := c.src.Addr()
+	ss := s.silent[src]
+	if ss == nil {
+		ss = &silentSource{}
+		s.silent[src] = ss
+	}
+	c.silentPrev, c.silentNext, c.silentOn = ss.newest, nil, true
+	if ss.newest != nil {
+		ss.newest.silentNext = c
+	}
+	ss.newest = c
+	ss.n++
+	s.weighSilentLocked(src)
+}
+
+// dropSilentLocked takes c out of the index (it sent its first bytes, ended, or was evicted), if
+// it is there.
+func (s *Server) dropSilentLocked(c *conn) {
+	if !c.silentOn {
+		return
+	}
+	src := c.src.Addr()
+	ss := s.silent[src]
+	if c.silentPrev != nil {
+		c.silentPrev.silentNext = c.silentNext
+	}
+	if c.silentNext != nil {
+		c.silentNext.silentPrev = c.silentPrev
+	} else {
+		ss.newest = c.silentPrev
+	}
+	c.silentPrev, c.silentNext, c.silentOn = nil, nil, false
+	if ss.n--; ss.n == 0 {
+		delete(s.silent, src)
+	}
+	s.weighSilentLocked(src)
+}
+
+// weighSilentLocked files src among the sources a new connection may evict from, or takes it out,
+// after its silent or its working connections changed.
+func (s *Server) weighSilentLocked(src netip.Addr) {
+	ss := s.silent[src]
+	if ss != nil && ss.n > s.talkers[src]+s.set.Load().cfg.Caps.PerSourceSilent {
+		s.over[src] = ss
+		return
+	}
+	delete(s.over, src)
+}
+
+// spoke takes c out of the silent index at its first bytes.
+func (s *Server) spoke(c *conn) {
+	s.mu.Lock()
+	s.dropSilentLocked(c)
+	s.mu.Unlock()
+}
+
+// silentOver reports whether a source is over its allowance, so that a connection may be evicted.
+func (s *Server) silentOver() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.over) > 0
+}
+
+// evictSilent closes the newest silent connection of a source over its allowance, for a connection
+// admitted in its place (admission.Gate.AdmitInPlace); it reports false when no source is over.
+func (s *Server) evictSilent() bool {
+	s.mu.Lock()
+	var v *conn
+	for _, ss := range s.over {
+		v = ss.newest
+		break
+	}
+	if v != nil {
+		s.dropSilentLocked(v)
+	}
+	s.mu.Unlock()
+	if v == nil {
+		return false
+	}
+	s.m.silentEvictions.Inc()
+	v.decided(audit.VerdictRefused, reasonSilentEvicted)
+	v.ended(endedByGuard)
+	v.closeBoth()
+	if s.evictLog.allow(s.now()) {
+		s.log.Warn("caps.max-connections reached: closed a silent connection of a source over caps.per-source-silent "+
+			"to admit a new one (not a violation; logged at most once a second)", "conn", v.id, "source", v.src.String())
+	}
+	return true
+}

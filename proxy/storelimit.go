@@ -248,23 +248,26 @@ func (c *conn) takeStoreSlot() bool {
 // awaitStoreSlot takes the connection's store slot, waiting up to timeouts.upstream-dial for one to
 // free (or until drain ends). It reports false, having counted and recorded the refusal, when none
 // did: the client is then closed, which is not its violation (a job larger than the caps, or
-// another source's flood, may be why).
-func (c *conn) awaitStoreSlot() bool {
+// another source's flood, may be why). deferred: a freeze began first, and the connection asks
+// again after it (or in the next process).
+func (c *conn) awaitStoreSlot() (ok, deferred bool) {
 	if c.takeStoreSlot() {
-		return true
+		return true, false
 	}
 	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.UpstreamDial)
 	defer cancel()
 	release, reason := c.s.slots.Take(ctx, c.src.Addr())
-	if reason == "" {
+	switch {
+	case reason == "":
 		c.storeSlot = release
-		return true
-	}
-	if c.isClosed() {
-		return false // drain closed it
+		return true, false
+	case c.isClosed():
+		return false, false // drain closed it
+	case frozeFirst(ctx):
+		return false, true
 	}
 	c.s.refuseStore(c, reason)
-	return false
+	return false, false
 }
 
 // refuseStore counts and records a client closed for want of a store connection.

@@ -29,6 +29,16 @@ const (
 	// storeMargin is what auto leaves over the descriptors the store holds besides the guard's
 	// connections, when those need more than storeReserve: they may grow between two readings.
 	storeMargin = 64
+	// storeFloor is the least auto caps store connections at (less where the store's limit less
+	// storeReserve is less). What the store holds besides the guard's connections lowers the cap
+	// down to here only. Those are its own files and the connections that reach it directly, which
+	// only its own host can open (the deployment kit drops the rest): a local user who opens
+	// enough of them exhausts the store by himself, guard or not, and the cap cannot prevent it;
+	// without the floor each one he held also took a store connection from the remote ranks
+	// (700 idle direct connections cut the cap from 896 to 248), a quiet denial of service that
+	// never troubles the store. 256 is one source's default share
+	// (caps.per-source-store-connections): the job's hosts keep at least one host's worth.
+	storeFloor = 256
 	// fallbackStoreConnections is auto's cap when the store's limit cannot be read: the usual
 	// soft limit, 1024, less the reserve.
 	fallbackStoreConnections = 1024 - storeReserve
@@ -40,13 +50,15 @@ const (
 
 // autoStoreLimit is caps.max-store-connections: auto for a store whose soft RLIMIT_NOFILE is soft
 // (-1: unlimited) and that holds open descriptors now, ours of them connections from the guard.
-// 0 is no cap.
-func autoStoreLimit(soft int64, open, ours int) int {
+// 0 is no cap; floored: the store's other descriptors would have it lower than storeFloor.
+func autoStoreLimit(soft int64, open, ours int) (limit int, floored bool) {
 	if soft < 0 {
-		return 0
+		return 0, false
 	}
-	reserve := max(storeReserve, open-ours+storeMargin)
-	return int(max(1, min(soft, math.MaxInt32)-int64(reserve)))
+	soft = min(soft, math.MaxInt32)
+	left := soft - int64(max(storeReserve, open-ours+storeMargin))
+	floor := min(storeFloor, soft-storeReserve)
+	return int(max(1, left, floor)), left < floor
 }
 
 // storeProcess is what auto learned of the store's process.
@@ -193,7 +205,8 @@ func (s *Server) applyStoreLimit() {
 		s.limiter.last = p
 		switch {
 		case err == nil:
-			limit = autoStoreLimit(p.soft, p.open, s.slots.InUse())
+			var floored bool
+			limit, floored = autoStoreLimit(p.soft, p.open, s.slots.InUse())
 			attrs = append(attrs, "store_files_open", p.open)
 			soft := fmt.Sprint(p.soft)
 			if p.soft < 0 {
@@ -201,6 +214,12 @@ func (s *Server) applyStoreLimit() {
 			}
 			note = fmt.Sprintf("caps.max-store-connections auto: the store (pid %d) may open %s files; "+
 				"store connections are capped at that less what it holds besides the guard's and a reserve", p.pid, soft)
+			if floored {
+				warn = true
+				note = fmt.Sprintf("caps.max-store-connections auto: the store (pid %d) holds so many files besides "+
+					"the guard's connections (its own, and connections made to it directly, not through the guard) "+
+					"that store connections stay at the floor of %d", p.pid, limit)
+			}
 		case errors.Is(err, errNotListening):
 			limit = fallbackStoreConnections
 			note = fmt.Sprintf("caps.max-store-connections auto: the store is not listening yet; "+

@@ -21,16 +21,22 @@ import (
 // Process names one process: a PID alone does not (it is reused).
 type Process struct {
 	PID    int    `json:"pid"`
-	Exe    string `json:"exe,omitempty"`     // /proc/PID/exe, " (deleted)" removed: the path it was started from
 	Start  uint64 `json:"start_ticks"`       // /proc/PID/stat field 22: when it started, in clock ticks after boot
 	BootID string `json:"boot_id,omitempty"` // /proc/sys/kernel/random/boot_id
+	// The executable, /proc/PID/exe: the file (device and inode, the same from every mount
+	// namespace: a Kubernetes upgrade runs in another container) and, for people, its path.
+	ExeDev uint64 `json:"exe_dev,omitempty"`
+	ExeIno uint64 `json:"exe_ino,omitempty"`
+	Exe    string `json:"exe,omitempty"`
 }
 
 // Same reports whether q is the process p names: the same PID, start and boot, and the same
-// executable where both are known (another user's /proc/PID/exe cannot be read).
+// executable file where both are known (another user's /proc/PID/exe cannot be read; /proc/sys
+// is hidden from a systemd unit with ProcSubset=pid).
 func (p Process) Same(q Process) bool {
-	return p.PID == q.PID && p.Start == q.Start && (p.BootID == "" || q.BootID == "" || p.BootID == q.BootID) &&
-		(p.Exe == "" || q.Exe == "" || p.Exe == q.Exe)
+	known := func(a, b string) bool { return a == "" || b == "" || a == b }
+	return p.PID == q.PID && p.Start == q.Start && known(p.BootID, q.BootID) &&
+		(p.ExeIno == 0 || q.ExeIno == 0 || (p.ExeDev == q.ExeDev && p.ExeIno == q.ExeIno))
 }
 
 // Record is what a serving process writes beside its pid file.

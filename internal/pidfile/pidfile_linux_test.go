@@ -48,6 +48,16 @@ func TestCheckNamesTheWriter(t *testing.T) {
 	if err := Check(path, sleeper(t).Process.Pid); err == nil {
 		t.Error("Check let another process through as the storeguard's keeper")
 	}
+	rec, _ := ReadRecord(path)
+	if rec.ExeIno == 0 || rec.Start == 0 {
+		t.Fatalf("the record does not name the executable and start: %+v", rec)
+	}
+	rec.ExeIno++ // the same PID and start, another executable
+	b, _ := json.Marshal(rec)
+	os.WriteFile(RecordPath(path), b, 0o644)
+	if err := Check(path, os.Getpid()); !errors.Is(err, ErrStale) {
+		t.Errorf("Check with another executable: %v, want %v", err, ErrStale)
+	}
 }
 
 // A stale pid file whose PID another process took: refused, by the record's start time, or

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every Linux architecture
@@ -15,7 +17,7 @@ import (
 const clockTicks = 100
 
 // Lookup reads what names process pid from /proc: its start time (field 22 of its stat line), the
-// boot, and its executable when this user may see it.
+// boot, and its executable when this user may see it (the same user, or root).
 func Lookup(pid int) (Process, error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -32,8 +34,13 @@ func Lookup(pid int) (Process, error) {
 	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
 		p.BootID = strings.TrimSpace(string(b))
 	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil {
-		p.Exe = strings.TrimSuffix(exe, " (deleted)") // the binary was replaced since (an install)
+	exe := fmt.Sprintf("/proc/%d/exe", pid)
+	var st unix.Stat_t
+	if err := unix.Stat(exe, &st); err == nil {
+		p.ExeDev, p.ExeIno = st.Dev, st.Ino
+	}
+	if path, err := os.Readlink(exe); err == nil {
+		p.Exe = strings.TrimSuffix(path, " (deleted)") // the binary was replaced since (an install)
 	}
 	return p, nil
 }

@@ -104,6 +104,9 @@ func (c *conn) quiet() bool {
 	if !c2s && c.client != nil {
 		c.client.SetReadDeadline(past)
 	}
+	if !c2s && c.up != nil {
+		c.up.SetWriteDeadline(past) // a write to a store that does not read: its rest waits (send)
+	}
 	if !s2c && c.up != nil {
 		c.up.SetReadDeadline(past)
 	}
@@ -127,10 +130,10 @@ var errPeerGone = errors.New("the new process exited (or closed the hand-over so
 
 // freeze stops accepting and parks every connection, within timeout, and gives up at once when
 // gone reports that the process it freezes for has ended. Connections that are closing end
-// meanwhile and are not waited for beyond that. A wait for budget, a store slot or the store ends
-// when the freeze begins (waitFor), so what can hold a connection up is a write under way to a
-// store that does not read. On an error the caller thaws (the connections returned are those
-// that parked).
+// meanwhile and are not waited for beyond that. No client can keep one from parking: a wait for
+// budget, a store slot or the store ends when the freeze begins (waitFor), and a write to a store
+// that does not read when quiet sets its deadline (send). On an error the caller thaws (the
+// connections returned are those that parked).
 func (s *Server) freeze(timeout time.Duration, gone func() bool) ([]*conn, error) {
 	s.frz.begin()
 	s.pauseAccept()
@@ -144,7 +147,7 @@ func (s *Server) freeze(timeout time.Duration, gone func() bool) ([]*conn, error
 		case gone():
 			return conns, errPeerGone
 		case time.Now().After(deadline):
-			return conns, fmt.Errorf("%w: %d of %d still busy after %s (a write to a store that does not read)",
+			return conns, fmt.Errorf("%w: %d of %d still busy after %s",
 				errFreezeTimeout, waiting, len(conns)+waiting, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -181,6 +184,9 @@ func (s *Server) thaw(conns []*conn) {
 		c.mu.Lock()
 		if c.client != nil {
 			c.client.SetWriteDeadline(time.Time{})
+		}
+		if c.up != nil {
+			c.up.SetWriteDeadline(time.Time{})
 		}
 		c.mu.Unlock()
 	}

@@ -132,24 +132,16 @@ func testFailedUpgradeWhileConnectionsWait(t *testing.T, m mode) {
 	w.release(t)
 }
 
-// TestFreezeEndsWhenTheNewProcessExits: a freeze held up by a connection that cannot park (its
-// store does not read) ends as soon as the new process is gone, not after the freeze timeout.
+// TestFreezeEndsWhenTheNewProcessExits: a freeze held up by a connection that cannot park (here
+// one that waits for the store's generation, auto mode with no store: the store's state, not a
+// client's) ends as soon as the new process is gone, not after the freeze timeout.
 func TestFreezeEndsWhenTheNewProcessExits(t *testing.T) {
-	h := start(t, goroutineMode, nil)
+	h := startOn(t, goroutineMode, reservedAddr(t), func(c *config.Config) {
+		c.Generation, c.Timeouts.UpstreamDial = "auto", time.Hour
+	})
 	h.srv.freezeTimeout = time.Hour
-	busy := h.dial()
-	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
-	busy.Write(get)
-	eventually(t, "connected", func() bool { return h.store.NumConns() == 1 })
-	h.store.Pause()
-	defer h.store.Resume()
-	set := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: make([]byte, 1<<20)})
-	go func() { // more than the sockets hold: the guard's write to the store waits
-		for range 16 {
-			busy.Write(set)
-		}
-	}()
-	time.Sleep(300 * time.Millisecond)
+	h.dial()
+	eventually(t, "a connection waiting for the store", func() bool { return h.metric("storeguard_connections_active") == "1" })
 
 	mine, theirs, err := fdpass.Pair()
 	if err != nil {
@@ -172,6 +164,7 @@ func TestFreezeEndsWhenTheNewProcessExits(t *testing.T) {
 	go func() { _, err := h.srv.HandOver(mine, nil); done <- err }()
 	select {
 	case err := <-done:
+		Thaw(err)
 		if !errors.Is(err, errPeerGone) {
 			t.Fatalf("HandOver: %v, want %v", err, errPeerGone)
 		}

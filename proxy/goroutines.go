@@ -22,17 +22,18 @@ var viaGoroutines transport = goroutines{}
 
 type goroutines struct{}
 
+// send writes a, then b, to the store, dialling it for the first message. A freeze that begins
+// meanwhile (a wait for a store slot or the store, or a write the store does not take: the freeze
+// sets a write deadline in the past, and nothing else sets one on the store's socket) leaves what
+// was not written pending, as a loop does: to be written after the thaw (resume) or by the next
+// process.
 func (goroutines) send(c *conn, a, b []byte) bool {
 	if len(a)+len(b) == 0 {
 		return true
 	}
 	up, deferred := c.storeUp()
 	if deferred {
-		// A freeze began while the first message waited for a store slot or the store: it waits
-		// on as a loop's unwritten bytes do (a, the carry, in its own buffer and budget), to be
-		// sent after the thaw (resume) or by the next process, which dials the store.
-		c.pendUp, c.pendCarry = a, len(a) > 0
-		c.pendUpTail = append([]byte(nil), b...)
+		c.leavePending(a, b, 0)
 		return true
 	}
 	if !up {
@@ -50,11 +51,22 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 		n, err = c.vec.WriteTo(c.up)
 	}
 	c.wroteStore(int(n))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.leavePending(a, b, int(n))
+		return true
+	}
 	if err != nil {
 		c.closeBoth()
 		return false
 	}
 	return true
+}
+
+// leavePending keeps what a freeze stopped send from writing, n bytes of a and b written: the rest
+// of a, the carry, in its own buffer and budget (pendCarry), and a copy of the rest of b.
+func (c *conn) leavePending(a, b []byte, n int) {
+	c.pendUp, c.pendCarry = a[min(n, len(a)):], n < len(a)
+	c.pendUpTail = append([]byte(nil), b[max(0, n-len(a)):]...)
 }
 
 // reserve waits for the budget, at most timeouts.message (or until a drain ends). The wait is not

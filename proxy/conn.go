@@ -292,15 +292,12 @@ func (c *conn) resume() bool {
 		a, b := c.pendUp, c.pendUpTail
 		c.pendUp, c.pendUpTail = nil, nil
 		ok := c.out.send(c, a, b)
-		if c.pendingUp() {
-			return ok // the freeze came first: kept for after it
-		}
-		if c.pendCarry { // written from the carry's buffer: its budget goes back now
+		if c.pendCarry && len(c.pendUp) == 0 { // the carry's buffer is written: its budget goes back now
 			c.s.buf.release(c.src.Addr(), c.pendHeld)
 			c.pendCarry, c.pendHeld = false, 0
 		}
-		if !ok {
-			return false
+		if !ok || c.pendingUp() {
+			return ok // a freeze came first: the rest is kept for after it
 		}
 	}
 	if t := c.resumeTail; t != nil {

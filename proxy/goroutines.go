@@ -65,7 +65,7 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 // leavePending keeps what a freeze stopped send from writing, n bytes of a and b written: the rest
 // of a, the carry, in its own buffer and budget (pendCarry), and a copy of the rest of b.
 func (c *conn) leavePending(a, b []byte, n int) {
-	c.pendUp, c.pendCarry = a[min(n, len(a)):], n < len(a)
+	c.pendUp, c.pendCarry = a[min(n, len(a)):], c.pendCarry || n < len(a)
 	c.pendUpTail = append([]byte(nil), b[max(0, n-len(a)):]...)
 }
 

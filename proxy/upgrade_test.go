@@ -410,8 +410,13 @@ func testUpgradeWhileAStoreDoesNotRead(t *testing.T, m mode, fail bool) {
 		defer taken.Close()
 		mutate = func(c *config.Config) { c.Listen = taken.Addr().String() }
 	}
-	if _, err := h.takeOver(t, mutate); (err != nil) != fail {
+	next, err := h.takeOver(t, mutate)
+	if (err != nil) != fail {
 		t.Fatalf("the hand-over: %v; want it to fail: %v", err, fail)
+	}
+	serving := h.srv
+	if !fail {
+		serving = next.srv
 	}
 	h.store.Resume()
 	time.Sleep(200 * time.Millisecond)
@@ -423,4 +428,7 @@ func testUpgradeWhileAStoreDoesNotRead(t *testing.T, m mode, fail bool) {
 		return len(a)+len(b) == len(want)+2*len(get) &&
 			(bytes.Equal(a, want) || bytes.Equal(b, want))
 	})
+	// Between messages again, the connections hold no budget: what the write left pending gave
+	// its carry's budget back once written.
+	eventually(t, "no budget held", func() bool { return serving.buf.inUse() == 0 })
 }

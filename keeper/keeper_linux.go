@@ -259,10 +259,7 @@ func (k *Keeper) upgrade() {
 	k.mu.Unlock()
 	if cur == nil || busy {
 		k.log.Warn("keeper: upgrade asked while no worker runs or an upgrade is under way; ignored")
-		if cur != nil {
-			cur.send('N', "the keeper ignored it: an upgrade is under way already")
-		}
-		return
+		return // the one under way says how it ended
 	}
 	failed := func(why string, err error) {
 		k.log.Error("keeper: upgrade failed: "+why+"; the worker goes on", "err", err)

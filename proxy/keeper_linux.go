@@ -262,7 +262,9 @@ func (s *Server) handOverForKeeper(peer *os.File) {
 	}
 	Thaw(err)
 	s.log.Error("upgrade failed; this process goes on serving", "err", err)
-	s.failed(err)
+	if !errors.Is(err, ErrUpgrading) {
+		s.failed(err)
+	}
 }
 
 // RestoreFromKeeper takes everything the keeper holds, in place of Listen, after the previous

@@ -96,7 +96,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		return 0, errors.New("not serving yet")
 	}
 	if !s.upgradeMu.TryLock() {
-		return 0, errors.New("an upgrade is under way already")
+		return 0, ErrUpgrading
 	}
 	defer s.upgradeMu.Unlock()
 	h, err := fdpass.New(peer)
@@ -154,6 +154,9 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 	s.handOnce.Do(func() { close(s.handedOver) })
 	return len(conns), nil
 }
+
+// ErrUpgrading: an upgrade was asked for while one is under way; that one's outcome stands.
+var ErrUpgrading = errors.New("an upgrade is under way already")
 
 // peerGone reports whether the new process has ended, or closed its end of the hand-over socket:
 // a freeze for it is over at once.

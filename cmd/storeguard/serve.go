@@ -143,7 +143,9 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 			}
 			if err := up.upgrade(srv); err != nil {
 				log.Error("upgrade failed; this process goes on serving", "err", err)
-				failed(err)
+				if !errors.Is(err, proxy.ErrUpgrading) { // that one's outcome is the one to record
+					failed(err)
+				}
 			}
 		}
 	}()

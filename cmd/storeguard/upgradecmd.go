@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/storeguard/storeguard/internal/atomicfile"
 	"github.com/storeguard/storeguard/internal/pidfile"
 )
 
@@ -130,7 +131,7 @@ func installSelf(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
-	err = replaceFile(path, func(f *os.File) error {
+	err = atomicfile.Write(path, func(f *os.File) error {
 		if _, err := io.Copy(f, src); err != nil {
 			return err
 		}

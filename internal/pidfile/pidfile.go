@@ -11,11 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/storeguard/storeguard/internal/atomicfile"
 )
 
 // Process names one process: a PID alone does not (it is reused).
@@ -115,22 +116,13 @@ func (w *Writer) writeRecord() error {
 	return replace(RecordPath(w.path), append(b, '\n'))
 }
 
-// replace writes path whole: a temporary file beside it, renamed over it, so that a reader sees
-// the old content or the new, never part of it.
+// replace writes path whole (atomicfile): a reader sees the old content or the new.
 func replace(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".storeguard-*")
+	err := atomicfile.Write(path, func(f *os.File) error {
+		_, err := f.Write(data)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("pid-file: %w", err)
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
 		return fmt.Errorf("pid-file: %w", err)
 	}
 	return nil

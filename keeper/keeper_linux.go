@@ -41,6 +41,7 @@ import (
 //	                 K  kill the worker started for an upgrade: the hand-over failed after it may
 //	                    have taken connections; the keeper answers k once it is gone
 //	keeper → worker  H  hand over to the worker started for an upgrade, through this socket
+//	                 N  the upgrade asked for could not start (why): the worker records it
 //	                 S, C, E  the answer to Q
 
 // Listeners is the L and S packets' body.
@@ -246,7 +247,8 @@ func (k *Keeper) signalCurrent(sig os.Signal) {
 	}
 }
 
-// upgrade starts a worker that takes over from the current one.
+// upgrade starts a worker that takes over from the current one. When it cannot, the worker is
+// told why (N), to record it for storeguard upgrade.
 func (k *Keeper) upgrade() {
 	select { // a T from an earlier upgrade, not read
 	case <-k.took:
@@ -257,18 +259,22 @@ func (k *Keeper) upgrade() {
 	k.mu.Unlock()
 	if cur == nil || busy {
 		k.log.Warn("keeper: upgrade asked while no worker runs or an upgrade is under way; ignored")
-		return
+		return // the one under way says how it ended
+	}
+	failed := func(why string, err error) {
+		k.log.Error("keeper: upgrade failed: "+why+"; the worker goes on", "err", err)
+		cur.send('N', fmt.Sprintf("the keeper %s: %v", why, err))
 	}
 	mine, theirs, err := fdpass.Pair()
 	if err != nil {
-		k.log.Error("keeper: upgrade failed", "err", err)
+		failed("could not make the hand-over socket", err)
 		return
 	}
 	defer mine.Close()
 	w, err := k.spawn(false, theirs)
 	theirs.Close()
 	if err != nil {
-		k.log.Error("keeper: upgrade failed: cannot start the new worker; the worker goes on", "err", err)
+		failed("could not start the new worker", err)
 		return
 	}
 	k.mu.Lock()

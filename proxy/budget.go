@@ -84,6 +84,14 @@ func (b *budget) tryAcquire(src netip.Addr, n, own int64) bool {
 	return true
 }
 
+// adopt takes n bytes for src whatever the limits say: a message in progress handed over by an
+// upgrade held them in the previous process.
+func (b *budget) adopt(src netip.Addr, n int64) {
+	b.mu.Lock()
+	b.take(src, n)
+	b.mu.Unlock()
+}
+
 func (b *budget) release(src netip.Addr, n int64) {
 	if n <= 0 {
 		return

@@ -288,8 +288,46 @@ func (c *conn) sendHeld(p []byte) bool {
 	return ok
 }
 
-// pendingUp reports whether a loop left bytes for the store to the goroutines.
+// pendingUp reports whether bytes judged for the store wait: a loop could not write them, or a
+// freeze began before the store was connected.
 func (c *conn) pendingUp() bool { return len(c.pendUp)+len(c.pendUpTail) > 0 }
+
+// unfinished reports whether the goroutines have what a loop or a freeze left to finish (resume).
+func (c *conn) unfinished() bool { return c.pendingUp() || c.resumeTail != nil || c.resumeRest != nil }
+
+// resume finishes, in order, what a loop left to the goroutines or a freeze interrupted: the bytes
+// judged for the store, the start of a message the budget could not hold at once, and bytes not
+// judged yet (after a stall at max-pending-replies). It reports whether the connection lives on.
+// A freeze that begins meanwhile ends it early, the rest left as it was (unfinished): the reader
+// parks, and resumes after the thaw; or the next process gets it all.
+func (c *conn) resume() bool {
+	if c.pendingUp() {
+		a, b := c.pendUp, c.pendUpTail
+		c.pendUp, c.pendUpTail = nil, nil
+		ok := c.out.send(c, a, b)
+		if c.pendCarry && len(c.pendUp) == 0 { // the carry's buffer is written: its budget goes back now
+			c.s.buf.release(c.src.Addr(), c.pendHeld)
+			c.pendCarry, c.pendHeld = false, 0
+		}
+		if !ok || c.pendingUp() {
+			return ok // a freeze came first: the rest is kept for after it
+		}
+	}
+	if t := c.resumeTail; t != nil {
+		c.resumeTail = nil
+		if !c.keep(t) {
+			return false
+		}
+		if c.resumeTail != nil {
+			return true // the freeze came first: kept for after it
+		}
+	}
+	if r := c.resumeRest; r != nil {
+		c.resumeRest = nil
+		return c.process(r)
+	}
+	return true
+}
 
 // keep appends the start of an incomplete message to carry, taking budget for any growth. The
 // decoder guarantees the message in progress is within limits.max-message-bytes. Growth covers the

@@ -104,6 +104,9 @@ func (c *conn) quiet() bool {
 	if !c2s && c.client != nil {
 		c.client.SetReadDeadline(past)
 	}
+	if !c2s && c.up != nil {
+		c.up.SetWriteDeadline(past) // a write to a store that does not read: its rest waits (send)
+	}
 	if !s2c && c.up != nil {
 		c.up.SetReadDeadline(past)
 	}
@@ -122,22 +125,30 @@ func (c *conn) spuriousTimeout(deadline time.Time) bool {
 // errFreezeTimeout: a connection did not park in time.
 var errFreezeTimeout = errors.New("connections did not reach a safe point in time")
 
-// freeze stops accepting and parks every connection, within timeout. Connections that are closing
-// end meanwhile and are not waited for beyond that. On an error the caller thaws (the connections
-// returned are those that parked).
-func (s *Server) freeze(timeout time.Duration) ([]*conn, error) {
+// errPeerGone: the process a freeze was for ended first.
+var errPeerGone = errors.New("the new process exited (or closed the hand-over socket) during the freeze")
+
+// freeze stops accepting and parks every connection, within timeout, and gives up at once when
+// gone reports that the process it freezes for has ended. Connections that are closing end
+// meanwhile and are not waited for beyond that. No client can keep one from parking: a wait for
+// budget, a store slot or the store ends when the freeze begins (waitFor), and a write to a store
+// that does not read when quiet sets its deadline (send). On an error the caller thaws (the
+// connections returned are those that parked).
+func (s *Server) freeze(timeout time.Duration, gone func() bool) ([]*conn, error) {
 	s.frz.begin()
 	s.pauseAccept()
 	s.stopLoops() // their connections go to goroutines, which park
 	deadline := time.Now().Add(timeout)
 	for {
 		conns, waiting := s.quietConns()
-		if waiting == 0 && s.accepting.Load() == 0 {
+		switch {
+		case waiting == 0 && s.accepting.Load() == 0:
 			return conns, nil
-		}
-		if time.Now().After(deadline) {
-			return conns, fmt.Errorf("%w: %d of %d still busy after %s (a write to a peer that does not read, "+
-				"a wait for buffer budget or for the store)", errFreezeTimeout, waiting, len(conns)+waiting, timeout)
+		case gone():
+			return conns, errPeerGone
+		case time.Now().After(deadline):
+			return conns, fmt.Errorf("%w: %d of %d still busy after %s",
+				errFreezeTimeout, waiting, len(conns)+waiting, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -173,6 +184,9 @@ func (s *Server) thaw(conns []*conn) {
 		c.mu.Lock()
 		if c.client != nil {
 			c.client.SetWriteDeadline(time.Time{})
+		}
+		if c.up != nil {
+			c.up.SetWriteDeadline(time.Time{})
 		}
 		c.mu.Unlock()
 	}

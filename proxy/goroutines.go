@@ -22,11 +22,21 @@ var viaGoroutines transport = goroutines{}
 
 type goroutines struct{}
 
+// send writes a, then b, to the store, dialling it for the first message. A freeze that begins
+// meanwhile (a wait for a store slot or the store, or a write the store does not take: the freeze
+// sets a write deadline in the past, and nothing else sets one on the store's socket) leaves what
+// was not written pending, as a loop does: to be written after the thaw (resume) or by the next
+// process.
 func (goroutines) send(c *conn, a, b []byte) bool {
 	if len(a)+len(b) == 0 {
 		return true
 	}
-	if !c.storeUp() {
+	up, deferred := c.storeUp()
+	if deferred {
+		c.leavePending(a, b, 0)
+		return true
+	}
+	if !up {
 		return false
 	}
 	var n int64
@@ -41,6 +51,10 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 		n, err = c.vec.WriteTo(c.up)
 	}
 	c.wroteStore(int(n))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.leavePending(a, b, int(n))
+		return true
+	}
 	if err != nil {
 		c.closeBoth()
 		return false
@@ -48,29 +62,47 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 	return true
 }
 
+// leavePending keeps what a freeze stopped send from writing, n bytes of a and b written: the rest
+// of a, the carry, in its own buffer and budget (pendCarry), and a copy of the rest of b.
+func (c *conn) leavePending(a, b []byte, n int) {
+	c.pendUp, c.pendCarry = a[min(n, len(a)):], c.pendCarry || n < len(a)
+	c.pendUpTail = append([]byte(nil), b[max(0, n-len(a)):]...)
+}
+
 // reserve waits for the budget, at most timeouts.message (or until a drain ends). The wait is not
 // the client's: the guard moves the message's deadline by it, and a connection that waited in
 // vain is closed without a violation (budget_wait_timeouts_total), nothing of its message sent.
-func (goroutines) reserve(c *conn, n int64, _ []byte) (ok, alive bool) {
+// A freeze ends the wait at once: tail is kept after the thaw (resume), or the next process,
+// fed the message again from its start, waits there; so no client's wait can hold an upgrade up.
+func (goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.Message)
 	defer cancel()
 	start := c.s.now()
 	err := c.s.buf.acquire(ctx, c.src.Addr(), n, c.held)
 	c.g.Paused(c.s.now().Sub(start))
-	if err != nil {
-		c.s.m.budgetTimeouts.Inc()
-		if c.s.budgetLog.allow(c.s.now()) {
-			c.s.log.Warn("closing a connection that waited timeouts.message for buffer budget (not a violation; "+
-				"logged at most once a second)", "conn", c.id, "source", c.src.String(), "bytes", n)
-		}
-		c.closeBoth()
-		return false, false
+	switch {
+	case err == nil:
+		return true, true
+	case frozeFirst(ctx):
+		c.resumeTail = append([]byte(nil), tail...)
+		return false, true
 	}
-	return true, true
+	c.s.m.budgetTimeouts.Inc()
+	if c.s.budgetLog.allow(c.s.now()) {
+		c.s.log.Warn("closing a connection that waited timeouts.message for buffer budget (not a violation; "+
+			"logged at most once a second)", "conn", c.id, "source", c.src.String(), "bytes", n)
+	}
+	c.closeBoth()
+	return false, false
 }
 
-// stalled waits for the reply, not reading the client meanwhile.
+// stalled waits for the reply, not reading the client meanwhile; behind requests a freeze kept
+// from the store (send), there is none to wait for: rest waits for them (resume).
 func (goroutines) stalled(c *conn, rest []byte) (judge, alive bool) {
+	if c.pendingUp() {
+		c.resumeRest = append([]byte(nil), rest...)
+		return false, true
+	}
 	ok, froze := c.awaitReply()
 	if froze { // the rest is judged once the reader goes on (pipeClientToStore), here or in the next process
 		c.resumeRest = append([]byte(nil), rest...)
@@ -79,21 +111,33 @@ func (goroutines) stalled(c *conn, rest []byte) (judge, alive bool) {
 	return ok, ok
 }
 
-// waitFor is the context of a wait that ends after d (0: no limit) or when a drain ends.
+// errFreezing is why a wait ended when a freeze began (frozeFirst).
+var errFreezing = errors.New("a freeze began")
+
+// waitFor is the context of a wait that ends after d (0: no limit), when a drain ends, or when a
+// freeze begins (frozeFirst): a connection waiting for budget, a store slot or the store parks
+// then, and waits again after the thaw or in the next process.
 func (s *Server) waitFor(d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.Background())
+	base, stop := context.WithCancelCause(context.Background())
+	ctx, cancel := context.Context(base), context.CancelFunc(func() {})
 	if d > 0 {
-		ctx, cancel = context.WithTimeout(context.Background(), d)
+		ctx, cancel = context.WithTimeout(base, d)
 	}
+	freezing := s.frz.startedCh() // closed already when a freeze is on
 	go func() {
 		select {
 		case <-s.drainEnd:
-			cancel()
+			stop(nil)
+		case <-freezing:
+			stop(errFreezing)
 		case <-ctx.Done():
 		}
 	}()
-	return ctx, cancel
+	return ctx, func() { cancel(); stop(nil) }
 }
+
+// frozeFirst reports whether the wait of ctx (waitFor) ended because a freeze began.
+func frozeFirst(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errFreezing) }
 
 // handle admits a connection Serve accepted, on a goroutine of its own, and serves it.
 func (s *Server) handle(tc *net.TCPConn) {
@@ -179,47 +223,63 @@ func (c *conn) serve(fromLoop bool) {
 }
 
 // storeUp connects to the store for the first message to send, on the reading goroutine (the
-// client's next bytes wait in its socket meanwhile), and reports whether the store is connected.
-func (c *conn) storeUp() bool {
+// client's next bytes wait in its socket meanwhile). up: the store is connected. deferred: a
+// freeze began while it waited for a store slot or the store; the caller keeps the message for
+// after it, and storeUp asks again then.
+func (c *conn) storeUp() (up, deferred bool) {
 	if !c.dialed {
+		if c.dialStore() {
+			return false, true
+		}
 		c.dialed = true
-		c.dialStore()
+		close(c.upReady)
 	}
-	return c.awaitUp()
+	return c.awaitUp(), false
 }
 
-// dialUpstream connects to the store, retrying refused connections until timeout: workers often
+// dialUpstream connects to the store, retrying refused connections until ctx ends: workers often
 // start before the master's store listens, and torch retries a refused connect but not a
 // connection that is accepted and then closed, which is what the guard would otherwise do to
 // them. It gives up early once stop reports true (the client left or was refused).
-func dialUpstream(addr string, timeout time.Duration, stop func() bool) (net.Conn, error) {
-	deadline := time.Now().Add(timeout)
+func dialUpstream(ctx context.Context, addr string, stop func() bool) (net.Conn, error) {
 	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		d := net.Dialer{Timeout: time.Until(deadline), KeepAlive: -1} // no keep-alive probes to the local store
-		up, err := d.Dial("tcp", addr)
+		d := net.Dialer{KeepAlive: -1} // no keep-alive probes to the local store
+		up, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			return up, nil
 		}
-		if !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < backoff || stop() {
+		if !errors.Is(err, syscall.ECONNREFUSED) || stop() {
 			return nil, err
 		}
-		time.Sleep(backoff)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(backoff):
+		}
 	}
 }
 
 // dialStore connects to the store, once it has a store slot, and starts the reply direction, or has
-// the connection offered to a loop; on failure it closes the client.
-func (c *conn) dialStore() {
-	defer close(c.upReady)
+// the connection offered to a loop; on failure it closes the client. deferred: a freeze began
+// while it waited; nothing changed but the slot it may hold, kept for the next try.
+func (c *conn) dialStore() (deferred bool) {
 	s, st := c.s, c.st
-	if !c.awaitStoreSlot() {
-		c.closeBoth()
-		return
+	ok, deferred := c.awaitStoreSlot()
+	if !ok {
+		if !deferred {
+			c.closeBoth()
+		}
+		return deferred
 	}
-	up, err := dialUpstream(st.cfg.Upstream, st.cfg.Timeouts.UpstreamDial, c.isClosed)
+	ctx, cancel := s.waitFor(st.cfg.Timeouts.UpstreamDial)
+	defer cancel()
+	up, err := dialUpstream(ctx, st.cfg.Upstream, c.isClosed)
 	if err != nil {
 		if c.isClosed() {
-			return // the client left or was refused: not the store's failure
+			return false // the client left or was refused: not the store's failure
+		}
+		if frozeFirst(ctx) {
+			return true
 		}
 		s.m.dialFailures.Inc()
 		if s.dialLog.allow(s.now()) {
@@ -227,23 +287,24 @@ func (c *conn) dialStore() {
 				"upstream", st.cfg.Upstream, "err", err)
 		}
 		c.closeBoth()
-		return
+		return false
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		up.Close()
-		return
+		return false
 	}
 	c.up = up.(*net.TCPConn)
 	s.kp.connected(c, -1, c.up)
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
 		c.kick = true // the reading goroutine offers the connection to a loop before its next read
 		c.mu.Unlock()
-		return
+		return false
 	}
 	c.mu.Unlock()
 	c.startReplies()
+	return false
 }
 
 // startReplies starts the reply direction's goroutine, once.
@@ -281,13 +342,13 @@ func (c *conn) pipeClientToStore() (took bool) {
 		if c.s.frozen() {
 			c.park(&c.parkC2S)
 			c.deadline = unsetDeadline // the freeze set its own
-			if r := c.resumeRest; r != nil {
-				c.resumeRest = nil
-				if !c.process(r) {
-					return false
-				}
-			}
 			continue
+		}
+		if c.unfinished() {
+			if !c.resume() {
+				return false
+			}
+			continue // done, or a freeze began first: park
 		}
 		if c.takeKick() {
 			if c.adoptable() {

@@ -154,28 +154,7 @@ func (c *conn) fromLoop() bool {
 		return false
 	}
 	c.startReplies() // if the store is connected; else the dial below offers the connection to a loop again
-	if c.pendingUp() {
-		ok := c.out.send(c, c.pendUp, c.pendUpTail)
-		c.pendUp, c.pendUpTail = nil, nil
-		if c.pendCarry { // written from the carry's buffer: its budget goes back now
-			c.s.buf.release(c.src.Addr(), c.pendHeld)
-			c.pendCarry, c.pendHeld = false, 0
-		}
-		if !ok {
-			return false
-		}
-	}
-	if t := c.resumeTail; t != nil {
-		c.resumeTail = nil
-		if !c.keep(t) {
-			return false
-		}
-	}
-	if r := c.resumeRest; r != nil {
-		c.resumeRest = nil
-		return c.process(r)
-	}
-	return true
+	return c.resume()
 }
 
 // reattach gives detached sockets to Go's poller; it reports whether the connection lives on.

@@ -112,10 +112,11 @@ func (k *keeperLink) sendOne(kind byte, v any, fds []int) {
 	}
 }
 
-// readLoop serves the keeper's requests: H (hand over to a new worker), f and k (answers).
+// readLoop serves the keeper's requests: H (hand over to a new worker), N (an upgrade the keeper
+// could not start), f and k (answers).
 func (k *keeperLink) readLoop() {
 	for {
-		kind, _, fds, err := k.c.Recv(0)
+		kind, body, fds, err := k.c.Recv(0)
 		if err != nil {
 			k.s.log.Error("keeper link: the keeper is gone; serving on, but a crash now closes every connection", "err", err)
 			return
@@ -128,6 +129,11 @@ func (k *keeperLink) readLoop() {
 			}
 			go k.s.handOverForKeeper(os.NewFile(uintptr(fds[0]), "handover"))
 			continue
+		case 'N': // the keeper could not start the upgrade it was asked for
+			var why string
+			json.Unmarshal(body, &why)
+			k.s.log.Error("upgrade failed; this process goes on serving", "err", why)
+			k.s.failed(errors.New(why))
 		case 'f':
 			signal(k.flushed)
 		case 'k':
@@ -256,6 +262,9 @@ func (s *Server) handOverForKeeper(peer *os.File) {
 	}
 	Thaw(err)
 	s.log.Error("upgrade failed; this process goes on serving", "err", err)
+	if !errors.Is(err, ErrUpgrading) {
+		s.failed(err)
+	}
 }
 
 // RestoreFromKeeper takes everything the keeper holds, in place of Listen, after the previous

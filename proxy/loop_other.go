@@ -59,6 +59,9 @@ func Thaw(error) {}
 
 var errNoUpgrade = errors.New("upgrade in place needs Linux")
 
+// ErrUpgrading: an upgrade was asked for while one is under way (Linux only).
+var ErrUpgrading = errors.New("an upgrade is under way already")
+
 // A keeper (package keeper) holds descriptors across processes: Linux only.
 type keeperLink struct{}
 

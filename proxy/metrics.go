@@ -55,6 +55,7 @@ type metrics struct {
 	silentEvictions prometheus.Counter
 	handovers       *prometheus.CounterVec
 	handoverConns   prometheus.Gauge
+	handoverFrozen  prometheus.Gauge
 }
 
 // readings are what the gauges and counters that others count read.
@@ -187,6 +188,8 @@ func newMetrics(read readings) *metrics {
 		[]string{"result"})
 	m.handoverConns = prometheus.NewGauge(prometheus.GaugeOpts(f("handover_connections",
 		"Connections this process took over from the previous one when it started (0: it started afresh).")))
+	m.handoverFrozen = prometheus.NewGauge(prometheus.GaugeOpts(f("handover_frozen_seconds",
+		"How long the upgrade that started this process held traffic: from the previous process's freeze to this one forwarding (0: it started afresh).")))
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
@@ -194,7 +197,7 @@ func newMetrics(read readings) *metrics {
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
-		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns,
+		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.handoverFrozen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, log := range auditLogs {
 		// How long each set keeps its records: a rate of rotations times max-backups.

@@ -102,11 +102,15 @@ type Options struct {
 	// HoldHeap sets the process's soft memory limit to what the buffer budget needs
 	// (heapLimit), unless GOMEMLIMIT is set: serve's process has one Server.
 	HoldHeap bool
+	// UpgradeFailed, if set, is told why an upgrade in place that the keeper ran failed (this
+	// process serves on). Upgrades without a keeper fail to their caller (HandOver's error).
+	UpgradeFailed func(error)
 }
 
 // Server is the guard proxy.
 type Server struct {
 	holdHeap bool
+	failed   func(error) // Options.UpgradeFailed
 	log      *slog.Logger
 	audit    AuditSink
 	now      func() time.Time
@@ -202,6 +206,10 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.slots.SetDialRate(cfg.DialRate())
 	s.storeLimitKick = make(chan struct{}, 1)
 	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
+	s.failed = opts.UpgradeFailed
+	if s.failed == nil {
+		s.failed = func(error) {}
+	}
 	s.limitHeap(cfg)
 	s.m = newMetrics(readings{
 		bansActive: func() float64 { return float64(s.gate.Stats().ActiveBans) },

@@ -30,6 +30,16 @@ const (
 	// storeMargin is what auto leaves over the descriptors the store holds besides the guard's
 	// connections, when those need more than storeReserve: they may grow between two readings.
 	storeMargin = 64
+	// storeFloor is the least auto caps store connections at (less where the store's limit less
+	// storeReserve is less). What the store holds besides the guard's connections lowers the cap
+	// down to here only. Those are its own files and the connections that reach it directly, which
+	// only its own host can open (the deployment kit drops the rest): a local user who opens
+	// enough of them exhausts the store by himself, guard or not, and the cap cannot prevent it;
+	// without the floor each one he held also took a store connection from the remote ranks
+	// (700 idle direct connections cut the cap from 896 to 248), a quiet denial of service that
+	// never troubles the store. 256 is one source's default share
+	// (caps.per-source-store-connections): the job's hosts keep at least one host's worth.
+	storeFloor = 256
 	// fallbackStoreConnections is auto's cap when the store's limit cannot be read: the usual
 	// soft limit, 1024, less the reserve.
 	fallbackStoreConnections = 1024 - storeReserve
@@ -41,13 +51,15 @@ const (
 
 // autoStoreLimit is caps.max-store-connections: auto for a store whose soft RLIMIT_NOFILE is soft
 // (-1: unlimited) and that holds open descriptors now, ours of them connections from the guard.
-// 0 is no cap.
-func autoStoreLimit(soft int64, open, ours int) int {
+// 0 is no cap; floored: the store's other descriptors would have it lower than storeFloor.
+func autoStoreLimit(soft int64, open, ours int) (limit int, floored bool) {
 	if soft < 0 {
-		return 0
+		return 0, false
 	}
-	reserve := max(storeReserve, open-ours+storeMargin)
-	return int(max(1, min(soft, math.MaxInt32)-int64(reserve)))
+	soft = min(soft, math.MaxInt32)
+	left := soft - int64(max(storeReserve, open-ours+storeMargin))
+	floor := min(storeFloor, soft-storeReserve)
+	return int(max(1, left, floor)), left < floor
 }
 
 // storeProcess is what auto learned of the store's process.
@@ -194,7 +206,8 @@ func (s *Server) applyStoreLimit() {
 		s.limiter.last = p
 		switch {
 		case err == nil:
-			limit = autoStoreLimit(p.soft, p.open, s.slots.InUse())
+			var floored bool
+			limit, floored = autoStoreLimit(p.soft, p.open, s.slots.InUse())
 			attrs = append(attrs, "store_files_open", p.open)
 			soft := fmt.Sprint(p.soft)
 			if p.soft < 0 {
@@ -202,6 +215,12 @@ func (s *Server) applyStoreLimit() {
 			}
 			note = fmt.Sprintf("caps.max-store-connections auto: the store (pid %d) may open %s files; "+
 				"store connections are capped at that less what it holds besides the guard's and a reserve", p.pid, soft)
+			if floored {
+				warn = true
+				note = fmt.Sprintf("caps.max-store-connections auto: the store (pid %d) holds so many files besides "+
+					"the guard's connections (its own, and connections made to it directly, not through the guard) "+
+					"that store connections stay at the floor of %d", p.pid, limit)
+			}
 		case errors.Is(err, errNotListening):
 			limit = fallbackStoreConnections
 			note = fmt.Sprintf("caps.max-store-connections auto: the store is not listening yet; "+
@@ -259,31 +278,34 @@ func (s *Server) heldBack(reason admission.Reason) {
 // drain ends) in StoreSlots' queue for a slot to free and a dial token to come due; the queue
 // serves sources that serve a job first. It reports false, having counted and recorded the
 // refusal, when none came: the client is then closed, which is not its violation (a job larger
-// than the caps, or another source's flood, may be why).
-func (c *conn) awaitStoreSlot() bool {
+// than the caps, or another source's flood, may be why). deferred: a freeze began first, and the
+// connection asks again after it (or in the next process).
+func (c *conn) awaitStoreSlot() (ok, deferred bool) {
 	if c.storeSlot != nil {
-		return true
+		return true, false
 	}
 	src := c.src.Addr()
 	release, reason := c.s.slots.TryTake(src)
 	if reason == "" {
 		c.storeSlot = release
-		return true
+		return true, false
 	}
 	c.s.heldBack(reason)
 	c.s.m.storeQueued.WithLabelValues(string(reason)).Inc()
 	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.UpstreamDial)
 	defer cancel()
 	release, reason = c.s.slots.Take(ctx, src, c.s.servingJob(src, c))
-	if reason == "" {
+	switch {
+	case reason == "":
 		c.storeSlot = release
-		return true
-	}
-	if c.isClosed() {
-		return false // drain closed it
+		return true, false
+	case c.isClosed():
+		return false, false // drain closed it
+	case frozeFirst(ctx):
+		return false, true
 	}
 	c.s.refuseStore(c, reason)
-	return false
+	return false, false
 }
 
 // refuseStore counts and records a client closed for want of a store connection.

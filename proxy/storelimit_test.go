@@ -62,18 +62,25 @@ func TestAutoStoreLimit(t *testing.T) {
 		name             string
 		soft             int64
 		open, ours, want int
+		floored          bool
 	}{
-		{"the usual 1024, a bare store", 1024, 14, 0, 896},
-		{"its connections from the guard are not its own files", 1024, 814, 800, 896},
-		{"a store holding many files of its own", 1024, 300, 0, 1024 - 364},
-		{"a raised limit", 1 << 20, 20, 0, 1<<20 - 128},
-		{"unlimited", -1, 20, 0, 0},
-		{"nothing left", 100, 90, 0, 1},
-		{"beyond int32", 1 << 40, 10, 0, 1<<31 - 1 - 128},
+		{"the usual 1024, a bare store", 1024, 14, 0, 896, false},
+		{"its connections from the guard are not its own files", 1024, 814, 800, 896, false},
+		{"a store holding many files of its own", 1024, 300, 0, 1024 - 364, false},
+		{"700 direct connections: the floor, not 246", 1024, 714, 0, storeFloor, true},
+		{"all but full: still the floor", 1024, 1020, 0, storeFloor, true},
+		{"just above the floor", 1024, 700, 0, 1024 - 764, false},
+		{"a small limit's floor is what its reserve leaves", 300, 250, 0, 300 - 128, true},
+		{"a raised limit", 1 << 20, 20, 0, 1<<20 - 128, false},
+		{"unlimited", -1, 20, 0, 0, false},
+		{"nothing left", 100, 90, 0, 1, true},
+		{"beyond int32", 1 << 40, 10, 0, 1<<31 - 1 - 128, false},
 	}
 	for _, tc := range tests {
-		if got := autoStoreLimit(tc.soft, tc.open, tc.ours); got != tc.want {
-			t.Errorf("%s: autoStoreLimit(%d, %d, %d) = %d, want %d", tc.name, tc.soft, tc.open, tc.ours, got, tc.want)
+		got, floored := autoStoreLimit(tc.soft, tc.open, tc.ours)
+		if got != tc.want || floored != tc.floored {
+			t.Errorf("%s: autoStoreLimit(%d, %d, %d) = %d, %v; want %d, %v", tc.name, tc.soft, tc.open, tc.ours,
+				got, floored, tc.want, tc.floored)
 		}
 	}
 }
@@ -129,7 +136,7 @@ func TestAutoCapFromTheStoreProcess(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	want := autoStoreLimit(int64(rl.Cur), len(entries), 0)
+	want, _ := autoStoreLimit(int64(rl.Cur), len(entries), 0)
 	// The reserve is at least storeReserve; the process's open descriptors vary a little between
 	// the reading at start-up and this one, as the sockets of earlier tests close.
 	var got float64

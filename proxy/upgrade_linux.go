@@ -60,6 +60,7 @@ type serverState struct {
 	Sources       []admission.SourceState
 	Handovers     uint64 // hand-overs before this one
 	Conns         int
+	Frozen        time.Time // when the old process stopped forwarding (handover_frozen_seconds)
 }
 
 // connState is a C packet: one connection, its descriptors (client, then store if connected) and
@@ -74,9 +75,13 @@ type connState struct {
 	ReadEnded  bool // the client's end of stream was passed on; the store's last replies are awaited
 	UpDeadline time.Time
 	Refeed     int // the message in progress and unjudged bytes: fed to the guard again
-	ToStore    int // judged, for the store
-	ToClient   int // the store's replies the client has not taken
-	Flow       flowCarry
+	// Held is the budget the message in progress held (its carry's capacity), taken again at
+	// once by the new process: a connection that had its budget keeps it, and one that waited
+	// for budget waits again, behind it.
+	Held     int64
+	ToStore  int // judged, for the store
+	ToClient int // the store's replies the client has not taken
+	Flow     flowCarry
 }
 
 // HandOver hands everything to the process at the other end of peer, which was started to take
@@ -91,7 +96,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		return 0, errors.New("not serving yet")
 	}
 	if !s.upgradeMu.TryLock() {
-		return 0, errors.New("an upgrade is under way already")
+		return 0, ErrUpgrading
 	}
 	defer s.upgradeMu.Unlock()
 	h, err := fdpass.New(peer)
@@ -99,20 +104,24 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		return 0, err
 	}
 	defer h.Close()
+	if err := h.SetSendTimeout(ackTimeout); err != nil { // a new process that stops reading fails the hand-over
+		return 0, err
+	}
 	var r ready
 	if err := s.await(exited, func() error { _, err := h.Expect('R', readyTimeout, &r); return err }); err != nil {
 		return 0, fmt.Errorf("the new process did not get ready: %w", err)
 	}
 	s.log.Info("upgrade: the new process is ready; freezing connections", "pid", r.PID, "version", r.Version)
 	start := time.Now()
-	conns, err := s.freeze(s.freezeTimeout)
+	conns, err := s.freeze(s.freezeTimeout, func() bool { return peerGone(exited, h) })
 	if err != nil {
 		h.Send('X', err.Error())
 		s.thaw(conns)
 		s.m.handovers.WithLabelValues("failed").Inc()
+		s.log.Warn("upgrade: thawed", "held", time.Since(start).String())
 		return 0, err
 	}
-	if err = s.sendAll(h, conns); err == nil {
+	if err = s.sendAll(h, conns, start); err == nil {
 		err = s.await(exited, func() error {
 			var taken int
 			if _, err := h.Expect('A', ackTimeout, &taken); err != nil {
@@ -144,6 +153,20 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 	}
 	s.handOnce.Do(func() { close(s.handedOver) })
 	return len(conns), nil
+}
+
+// ErrUpgrading: an upgrade was asked for while one is under way; that one's outcome stands.
+var ErrUpgrading = errors.New("an upgrade is under way already")
+
+// peerGone reports whether the new process has ended, or closed its end of the hand-over socket:
+// a freeze for it is over at once.
+func peerGone(exited <-chan struct{}, h *fdpass.Conn) bool {
+	select {
+	case <-exited: // nil: not known here (a keeper's worker)
+		return true
+	default:
+	}
+	return h.Hungup()
 }
 
 // peerError is a hand-over that failed after the new process may have taken connections: the
@@ -178,10 +201,11 @@ func (s *Server) await(exited <-chan struct{}, f func() error) error {
 	}
 }
 
-// sendAll sends the server's state and every frozen connection.
-func (s *Server) sendAll(h *fdpass.Conn, conns []*conn) error {
+// sendAll sends the server's state and every connection, frozen since frozen.
+func (s *Server) sendAll(h *fdpass.Conn, conns []*conn, frozen time.Time) error {
 	st := serverState{PID: os.Getpid(), Version: version.String(), Listen: s.ln.Addr().String(),
-		NextID: s.nextID.Load(), Sources: s.gate.State(), Handovers: s.handovers.Load(), Conns: len(conns)}
+		NextID: s.nextID.Load(), Sources: s.gate.State(), Handovers: s.handovers.Load(), Conns: len(conns),
+		Frozen: frozen}
 	st.Store, st.StoreKnown, _ = s.store.Load().get()
 	fds := []int{s.lnFd}
 	if s.metricsFd >= 0 {
@@ -220,7 +244,7 @@ func (c *conn) sendState(h *fdpass.Conn) error {
 	toStore := append(append([]byte(nil), c.pendUp...), c.pendUpTail...)
 	c.mu.Lock()
 	cs := connState{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs, HasUp: c.up != nil,
-		ReadEnded: c.readEnded, UpDeadline: c.upDeadline, Refeed: len(refeed), ToStore: len(toStore),
+		ReadEnded: c.readEnded, UpDeadline: c.upDeadline, Refeed: len(refeed), Held: c.held, ToStore: len(toStore),
 		ToClient: len(toClient), Flow: c.flowCarry()}
 	client, up := c.client, c.up
 	c.mu.Unlock()
@@ -262,6 +286,7 @@ type adoptedConn struct {
 	c                         *conn
 	cfd, ufd                  int
 	refeed, toStore, toClient []byte
+	held                      int64 // connState.Held
 }
 
 // TakeOver takes everything over from the serving process at the other end of peer, in place of
@@ -401,7 +426,7 @@ func (s *Server) takeConn(h *fdpass.Conn, kind byte, body []byte, fds []int) (*a
 		fdpass.CloseFds(fds)
 		return nil, fmt.Errorf("handover: connection %d came with %d sockets, not %d", cs.ID, len(fds), want)
 	}
-	ac := &adoptedConn{cfd: fds[0], ufd: -1}
+	ac := &adoptedConn{cfd: fds[0], ufd: -1, held: cs.Held}
 	if cs.HasUp {
 		ac.ufd = fds[1]
 	}
@@ -465,6 +490,9 @@ func (s *Server) startAdopted() {
 		s.m.handovers.WithLabelValues("ok").Add(float64(s.handovers.Load()))
 	}
 	s.m.handoverConns.Set(float64(len(a.conns)))
+	if !a.from.Frozen.IsZero() {
+		s.m.handoverFrozen.Set(time.Since(a.from.Frozen).Seconds())
+	}
 	moved := uint64(len(a.conns))
 	e := audit.Event{Timestamp: s.now(), Action: audit.ActionHandover, Reason: a.reason,
 		Connections: &moved, Mode: audit.Mode(s.set.Load().cfg.Mode)}
@@ -520,6 +548,10 @@ func (s *Server) startConn(ac *adoptedConn) {
 	c.mu.Unlock()
 	if len(ac.toStore) > 0 {
 		c.pendUp = ac.toStore
+	}
+	if held := min(ac.held, int64(c.g.Limits().MaxMessageBytes)); held > 0 && len(ac.refeed) > 0 {
+		c.s.buf.adopt(c.src.Addr(), held) // the message in progress keeps its budget, as before
+		c.carry, c.held = make([]byte, 0, held), held
 	}
 	if len(ac.refeed) > 0 {
 		c.resumeRest = ac.refeed

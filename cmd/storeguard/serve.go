@@ -15,6 +15,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/nbwriter"
+	"github.com/storeguard/storeguard/internal/pidfile"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/proxy"
@@ -87,8 +88,14 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 		}
 	}()
 
+	pids := pidfile.NewWriter(pidFile)
+	failed := func(err error) { // an upgrade failed: the record tells storeguard upgrade at once
+		if werr := pids.Failed(err); werr != nil {
+			log.Warn("could not record the failed upgrade beside the pid file", "err", werr)
+		}
+	}
 	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped,
-		AuditRotations: aw.Rotations, HoldHeap: true})
+		AuditRotations: aw.Rotations, HoldHeap: true, UpgradeFailed: failed})
 	if err != nil {
 		return err
 	}
@@ -120,7 +127,11 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 		}
 	}
 	srv.KeeperListeners(peer != nil)
-	if err := writePidFile(pidFile, os.Getpid()); err != nil {
+	keeperPID := 0
+	if kf != nil {
+		keeperPID = os.Getppid()
+	}
+	if err := pids.Write(keeperPID); err != nil {
 		log.Warn("could not write the pid file", "err", err)
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -133,6 +144,9 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 			}
 			if err := up.upgrade(srv); err != nil {
 				log.Error("upgrade failed; this process goes on serving", "err", err)
+				if !errors.Is(err, proxy.ErrUpgrading) { // that one's outcome is the one to record
+					failed(err)
+				}
 			}
 		}
 	}()

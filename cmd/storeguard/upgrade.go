@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"syscall"
 )
@@ -22,39 +21,4 @@ func inheritedFile(name string) (*os.File, error) {
 	}
 	syscall.CloseOnExec(fd)
 	return os.NewFile(uintptr(fd), name), nil
-}
-
-// writePidFile writes pid to path, replacing it whole.
-func writePidFile(path string, pid int) error {
-	if path == "" {
-		return nil
-	}
-	err := replaceFile(path, func(f *os.File) error {
-		_, err := fmt.Fprintf(f, "%d\n", pid)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("pid-file: %w", err)
-	}
-	return nil
-}
-
-// replaceFile writes path whole with write: a temporary file beside it, renamed over it, so that a
-// reader sees the old content or the new, never part of it.
-func replaceFile(path string, write func(*os.File) error) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".storeguard-*")
-	if err != nil {
-		return err
-	}
-	err = write(tmp)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
 }

@@ -62,10 +62,14 @@ func (u *upgrader) upgrade(srv *proxy.Server) error {
 	select {
 	case <-exited: // it failed by itself (most often): say how
 		err = fmt.Errorf("%w (the new process: %v)", err, waitErr)
-	case <-time.After(2 * time.Second):
+	case <-time.After(exitGrace):
 		cmd.Process.Kill() // it may hold connections: gone before this process goes on with them
 		<-exited
 	}
 	proxy.Thaw(err)
 	return err
 }
+
+// exitGrace is how long a new process that failed has to exit by itself, which says how it
+// failed, before it is killed: traffic may be frozen meanwhile (proxy.Thaw waits for its end).
+const exitGrace = 250 * time.Millisecond

@@ -4,12 +4,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storeguard/storeguard/internal/pidfile"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -199,4 +202,183 @@ func countOps(t *testing.T, b []byte, op protocol.Op) int64 {
 		t.Fatal("the store got half a message")
 	}
 	return n
+}
+
+// TestUpgradeCommandSaysWhyItFailed: the binary at the running storeguard's path is replaced by
+// one that fails, and `storeguard upgrade --pid-file` exits non-zero with the reason the old
+// process recorded beside its pid file, at once rather than after its --timeout (it used to wait
+// 90 s and say nothing of why); the old process serves on. Without a keeper the new binary
+// starts and exits 3; under a keeper it cannot be started at all (the keeper tells the worker).
+func TestUpgradeCommandSaysWhyItFailed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t, t.TempDir())
+	for _, c := range []struct {
+		name   string
+		keeper bool
+		binary string // what replaces the running binary
+		why    string
+	}{
+		{"serve", false, "#!/bin/sh\nexit 3\n", "exit status 3"},
+		{"keeper", true, "not a program\n", "exec format error"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			installed := filepath.Join(dir, "storeguard")
+			copyFile(t, bin, installed)
+			store, err := storesim.StartRecorder("127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			store.Answer(protocol.GenSetting{Gen: protocol.G0})
+			addr := freeAddr(t)
+			pidFile := filepath.Join(dir, "storeguard.pid")
+			args := []string{"serve", "--listen", addr, "--upstream", store.Addr(), "--generation", "1.13",
+				"--metrics-listen", "", "--log-format", "text", "--pid-file", pidFile}
+			if c.keeper {
+				args = append(args, "--keeper")
+			}
+			var logs lockedBuffer
+			srv := exec.Command(installed, args...)
+			srv.Stdout, srv.Stderr = &logs, &logs
+			srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				srv.Process.Signal(syscall.SIGTERM)
+				srv.Wait()
+				if t.Failed() {
+					t.Logf("storeguard's log:\n%s", logs.String())
+				}
+			}()
+			client := dialEventually(t, addr)
+			defer client.Close()
+			numKeys(t, client)
+			old := readPidEventually(t, pidFile)
+
+			replacePath(t, installed, c.binary)
+			began := time.Now()
+			out, err := exec.Command(bin, "upgrade", "--pid-file", pidFile, "--timeout", "60s").CombinedOutput()
+			took := time.Since(began)
+			if err == nil || !strings.Contains(string(out), c.why) {
+				t.Fatalf("upgrade: %v, output %q; want a failure naming %q", err, out, c.why)
+			}
+			t.Logf("upgrade failed in %v: %s", took.Round(time.Millisecond), out)
+			if took > 30*time.Second { // the point: at once, not after --timeout (a loaded CI machine is slow)
+				t.Errorf("upgrade took %v to report the failure", took)
+			}
+			if p := readPidEventually(t, pidFile); p != old {
+				t.Errorf("the pid file names %d, not the old process %d", p, old)
+			}
+			numKeys(t, client) // the old process serves on
+		})
+	}
+}
+
+// TestUpgradeCommandRefusesAStalePidFile: a pid file whose PID another process has (here a
+// sleep, and the record of a storeguard that is gone) is refused: nothing is signalled, and the
+// process lives (a SIGUSR2 used to kill it).
+func TestUpgradeCommandRefusesAStalePidFile(t *testing.T) {
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "storeguard.pid")
+	if err := pidfile.NewWriter(pidFile).Write(0); err != nil { // as a storeguard wrote it, then died
+		t.Fatal(err)
+	}
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+	rec, _ := pidfile.ReadRecord(pidFile)
+	rec.PID = sleep.Process.Pid // the kernel gave the PID to sleep
+	b, _ := json.Marshal(rec)
+	os.WriteFile(pidfile.RecordPath(pidFile), b, 0o644)
+	os.WriteFile(pidFile, []byte(strconv.Itoa(sleep.Process.Pid)+"\n"), 0o644)
+
+	var out, errOut bytes.Buffer
+	status := run([]string{"upgrade", "--pid-file", pidFile, "--timeout", "2s"}, &out, &errOut)
+	if status == 0 || !strings.Contains(errOut.String(), "stale pid file") {
+		t.Fatalf("upgrade exited %d: %q %q; want a refusal naming the stale pid file", status, out.String(), errOut.String())
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := sleep.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the process the stale pid file names is gone: %v", err)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replacePath puts content at path as an install does: a new file renamed over it.
+func replacePath(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(content), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func dialEventually(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			return c
+		}
+		if time.Now().After(end) {
+			t.Fatal(err)
+		}
+	}
+}
+
+func readPidEventually(t *testing.T, path string) int {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if p, err := pidfile.ReadPID(path); err == nil {
+			return p
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no pid file at %s", path)
+		}
+	}
+}
+
+// numKeys runs a G0 GETNUMKEYS on c and reads its reply.
+func numKeys(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	get, err := protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(get); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 8)); err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
 }

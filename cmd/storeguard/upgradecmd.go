@@ -1,17 +1,18 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/storeguard/storeguard/internal/atomicfile"
+	"github.com/storeguard/storeguard/internal/pidfile"
 )
 
 // storeguard install PATH: this binary, copied to PATH whole (a temporary file renamed over it), so
@@ -33,17 +34,22 @@ func newInstallCommand() *cobra.Command {
 	}
 }
 
-// storeguard upgrade: the upgrade in place, step by step for an operator: optionally install this
-// binary, send SIGUSR2, and wait for the pid file to name the new process.
+// storeguard upgrade: the upgrade in place, step by step for an operator: check that the pid file
+// names the storeguard that wrote it, optionally install this binary, send SIGUSR2, and wait for
+// the outcome: the pid file naming the new process, or the old one's record saying why it failed.
 func newUpgradeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "upgrade",
 		Short: "Upgrade a running storeguard in place: its connections move to the new process (SIGUSR2)",
 		Long: `Sends SIGUSR2 to a running storeguard (serve, or its keeper), which starts the binary at the path it
 was started from; the new process takes the listening sockets and every connection over, and the old one
-exits. With --install, this binary is first copied to that path. With --pid-file (serve's own), it waits
-until the file names a new process that runs: exit status 0 means the new process serves; otherwise the
-old one goes on serving and its log says why.`,
+exits. With --install, this binary is first copied to that path.
+
+With --pid-file (serve's own), the process is signalled only if it is the storeguard that wrote the file
+(or its keeper): the record beside it (PIDFILE.json) names its executable and start time, so a stale pid
+file whose PID another process has taken is refused. It then waits: exit status 0 when the pid file names
+the new process; 1, with the reason, as soon as the old process records that the upgrade failed (it goes
+on serving). With --pid alone the process is signalled unchecked and nothing is awaited.`,
 		Args: cobra.NoArgs,
 	}
 	pidFile := cmd.Flags().String("pid-file", "", "serve's --pid-file: the process to upgrade, and where the new one is seen")
@@ -55,53 +61,59 @@ old one goes on serving and its log says why.`,
 		if *pidFile == "" && *pid == 0 {
 			return errors.New("--pid-file or --pid is required")
 		}
-		old := 0
-		if *pidFile != "" {
-			p, err := readPid(*pidFile)
-			if err != nil {
-				return err
-			}
-			old = p
-		}
-		target := *pid
-		if target == 0 {
-			target = old
-		}
-		if *install != "" {
-			if err := installSelf(*install); err != nil {
-				return err
-			}
-		}
-		if err := syscall.Kill(target, syscall.SIGUSR2); err != nil {
-			return fmt.Errorf("signalling pid %d: %w", target, err)
-		}
 		out := cmd.OutOrStdout()
 		if *pidFile == "" {
-			fmt.Fprintf(out, "sent SIGUSR2 to pid %d; its log says when the new process took over\n", target)
+			if err := installAndSignal(*install, *pid); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "sent SIGUSR2 to pid %d; its log says when the new process took over\n", *pid)
 			return nil
 		}
-		for end := time.Now().Add(*timeout); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-			p, err := readPid(*pidFile)
-			if err == nil && p != old && syscall.Kill(p, 0) == nil {
-				fmt.Fprintf(out, "upgraded: pid %d took over from pid %d\n", p, old)
-				return nil
-			}
+		old, err := pidfile.ReadPID(*pidFile)
+		if err != nil {
+			return err
 		}
-		return fmt.Errorf("no new process in %s: pid %d goes on serving (see its log)", *timeout, old)
+		target := cmp.Or(*pid, old)
+		if err := pidfile.Check(*pidFile, target); err != nil {
+			return fmt.Errorf("not signalling pid %d: %w", target, err)
+		}
+		failed := 0
+		if rec, _ := pidfile.ReadRecord(*pidFile); rec != nil && rec.PID == old {
+			failed = rec.UpgradesFailed
+		}
+		if err := installAndSignal(*install, target); err != nil {
+			return err
+		}
+		return awaitUpgrade(out, *pidFile, old, failed, *timeout)
 	}
 	return cmd
 }
 
-func readPid(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, fmt.Errorf("pid-file: %w", err)
+func installAndSignal(install string, pid int) error {
+	if install != "" {
+		if err := installSelf(install); err != nil {
+			return err
+		}
 	}
-	p, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || p <= 0 {
-		return 0, fmt.Errorf("pid-file %s: %q is not a pid", path, strings.TrimSpace(string(b)))
+	if err := syscall.Kill(pid, syscall.SIGUSR2); err != nil {
+		return fmt.Errorf("signalling pid %d: %w", pid, err)
 	}
-	return p, nil
+	return nil
+}
+
+// awaitUpgrade waits until the pid file at path names a process other than old that runs (nil),
+// or old's record counts more than failed failed upgrades (the reason it recorded).
+func awaitUpgrade(out io.Writer, path string, old, failed int, timeout time.Duration) error {
+	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if p, err := pidfile.ReadPID(path); err == nil && p != old && syscall.Kill(p, 0) == nil {
+			fmt.Fprintf(out, "upgraded: pid %d took over from pid %d\n", p, old)
+			return nil
+		}
+		if rec, _ := pidfile.ReadRecord(path); rec != nil && rec.PID == old && rec.UpgradesFailed > failed {
+			return fmt.Errorf("upgrade failed; pid %d goes on serving: %s", old, rec.Failure)
+		}
+	}
+	return fmt.Errorf("no new process in %s: pid %d goes on serving (see its log)", timeout, old)
 }
 
 // installSelf copies this process's binary to path: a temporary file beside it, renamed over it, so
@@ -119,7 +131,7 @@ func installSelf(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
-	err = replaceFile(path, func(f *os.File) error {
+	err = atomicfile.Write(path, func(f *os.File) error {
 		if _, err := io.Copy(f, src); err != nil {
 			return err
 		}

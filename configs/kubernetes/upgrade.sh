@@ -9,8 +9,9 @@
 #   storeguard upgrade --install /opt/storeguard/bin/storeguard --pid-file /opt/storeguard/worker.pid
 # which copies the new binary over the one the sidecar runs, sends SIGUSR2 to the forwarding process and
 # waits for the new one: the keeper starts it, it takes the listening socket and every connection over
-# with its state, and the old one exits. The container's exit status is the upgrade's: 0, or the old
-# process goes on serving and `kubectl logs POD -c storeguard` says why.
+# with its state, and the old one exits. The container's exit status is the upgrade's: 0, or 1 as soon
+# as the old process records a failure (it goes on serving), with the reason in this container's log
+# and in `kubectl logs POD -c storeguard`.
 # Needs kubectl >= 1.24 (patch --subresource) and ephemeral containers (Kubernetes >= 1.25).
 set -eu
 [ $# -ge 2 ] || { echo "usage: $0 POD IMAGE [NAMESPACE]" >&2; exit 2; }

@@ -48,6 +48,21 @@ func New(f *os.File) (*Conn, error) {
 // Close closes the socket.
 func (h *Conn) Close() { unix.Close(h.fd) }
 
+// SetSendTimeout bounds how long a send waits for the other process to read (0: no limit): a
+// process that stops reading, without exiting, then fails the send instead of holding it.
+func (h *Conn) SetSendTimeout(d time.Duration) error {
+	tv := unix.NsecToTimeval(d.Nanoseconds())
+	return os.NewSyscallError("setsockopt", unix.SetsockoptTimeval(h.fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv))
+}
+
+// Hungup reports whether the other process closed its end (it exited, or gave up), without
+// reading anything.
+func (h *Conn) Hungup() bool {
+	fds := []unix.PollFd{{Fd: int32(h.fd), Events: unix.POLLRDHUP}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR) != 0
+}
+
 // Send writes one packet: kind, then v as JSON, with fds (which stay the caller's).
 func (h *Conn) Send(kind byte, v any, fds ...int) error {
 	body, err := json.Marshal(v)
@@ -69,6 +84,9 @@ func (h *Conn) sendRaw(p []byte, fds []int) error {
 		err := unix.Sendmsg(h.fd, p, oob, nil, 0)
 		if err == unix.EINTR {
 			continue
+		}
+		if err == unix.EAGAIN {
+			return errors.New("fdpass: the other process did not read in time")
 		}
 		if err != nil {
 			return os.NewSyscallError("sendmsg", err)

@@ -133,23 +133,13 @@ type change struct {
 	expected int64  // COMPARE_SET's expected value's length
 }
 
-// charges reports whether op changes what the store holds.
-func charges(op protocol.Op) bool {
-	switch op {
-	case protocol.OpSet, protocol.OpCompareSet, protocol.OpAdd, protocol.OpDeleteKey, protocol.OpAppend,
-		protocol.OpMultiSet, protocol.OpQueuePush, protocol.OpQueuePop:
-		return true
-	}
-	return false
-}
-
 // queueSpace sets the hash of a queue's key apart from the same key's value: a store keeps its
 // queues in a map of their own.
 const queueSpace = 0x9e3779b97f4a7c15
 
 // note adds v's change to cs if the quota is on and v changes what the store holds.
 func (q *Quota) note(v *fieldView, cs []change) []change {
-	if q == nil || v.key == nil || !charges(v.op) {
+	if q == nil || v.key == nil || !modifies(v.op) {
 		return cs
 	}
 	c := change{hash: maphash.Bytes(q.seed, v.key), op: v.op, base: int64(len(v.key)) + entryCost,

@@ -60,8 +60,9 @@ func setup(t testing.TB) {
 	})
 }
 
-// startFuzzProxy starts a proxy in front of upstream with the fuzzing limits, and no bans or
-// rate caps: the fuzzer is one source that breaks rules all the time.
+// startFuzzProxy starts a proxy in front of upstream with the fuzzing limits, and no bans, rate
+// caps, dial pacing or store quota: the fuzzer is one source that breaks rules all the time, opens
+// thousands of connections a second and writes keys it never deletes.
 func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Server {
 	cfg := config.Default()
 	cfg.Listen, cfg.MetricsListen, cfg.Upstream = "127.0.0.1:0", "", upstream
@@ -71,6 +72,8 @@ func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Se
 	cfg.Limits.MaxKeyBytes, cfg.Limits.MaxKeys = int64(fuzzLimits.MaxKeyBytes), int64(fuzzLimits.MaxKeys)
 	cfg.Ban.Violations = 0
 	cfg.Caps.PerSourceRate = 0
+	cfg.Caps.StoreDialRate, cfg.Caps.PerSourceStoreDialRate = 0, 0
+	cfg.Quota.Mode = "off"
 	srv, err := proxy.New(cfg, proxy.Options{})
 	if err != nil {
 		t.Fatal(err)

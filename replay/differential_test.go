@@ -58,9 +58,13 @@ func diffConfig(i int) config.Config {
 	c := config.Default()
 	c.Generation, c.Backend = diffCases[i].generation, diffCases[i].backend
 	c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxKeys, c.Limits.MaxMessageBytes = 1<<10, 1<<14, 64, 1<<16
-	// No bans or rate caps: the serves live through every fuzz input, and one source breaks the
-	// rules all the time (a ban would outlast the input). TestServeAndReplayAgreeOnBans has bans.
+	// No bans, rate caps, dial pacing or store quota: the serves live through every fuzz input, and
+	// one source breaks the rules all the time (a ban would outlast the input) and writes keys it
+	// never deletes (a serve's account outlives the input, a replay's does not).
+	// TestServeAndReplayAgreeOnBans has bans; policy's tests the quota.
 	c.Ban.Violations, c.Caps.PerSourceRate = 0, 0
+	c.Caps.StoreDialRate, c.Caps.PerSourceStoreDialRate = 0, 0
+	c.Quota.Mode = "off"
 	return c
 }
 

@@ -28,7 +28,11 @@ for pkg in $(go list ./...); do
   dir=$(go list -f '{{.Dir}}' "$pkg")
   for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
     echo "-- $target ($pkg)"
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 2s "$pkg" 2>&1 | tail -2
+    log="${TMPDIR:-/tmp}/storeguard-fuzz-$target.log"
+    if ! go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 2s "$pkg" >"$log" 2>&1; then
+      tail -60 "$log"; exit 1 # the failure itself, not only its exit status
+    fi
+    tail -2 "$log"
   done
 done
 

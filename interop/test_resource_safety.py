@@ -120,6 +120,15 @@ def start_guard(procs, binary, sport, tmp_path, *extra):  # noqa: F811
     return p, port, mport
 
 
+def no_quota(tmp_path):
+    """serve's arguments for a guard without the store quota: the floods of distinct 8 MiB keys below test the
+    buffer budget, and past quota.store-bytes (1 GiB in all, 256 MiB a source) the quota refuses them, as it
+    should (interop/test_valid_traffic.py)."""
+    path = tmp_path / "no-quota.yaml"
+    path.write_text("quota:\n  mode: off\n")
+    return ("--config", str(path))
+
+
 def test_idle_connections_cost_the_store_nothing(procs, binary, tmp_path):  # noqa: F811
     """torch 1.13's store with the usual soft RLIMIT_NOFILE of 1024: 1,100 idle connections through
     the guard (paced under the per-source rate) used to be 1,100 store connections, and the store
@@ -406,7 +415,7 @@ def test_large_values_from_many_ranks_complete(procs, binary, tmp_path, version,
     were killed as message_timeout before."""
     import threading
     store, sport = start_store(procs, version, backend)
-    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path, *no_quota(tmp_path))
     errors = []
 
     def rank(i):
@@ -542,7 +551,7 @@ def test_guard_memory_stays_within_the_budget(procs, binary, tmp_path, conns, se
     import threading
     version = NEWEST
     store, sport = start_store(procs, version, backend)
-    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path, *no_quota(tmp_path))
     errors = []
     value = bytes(8 << 20)
 

@@ -111,8 +111,10 @@ def test_an_idle_flood_from_40_sources_does_not_refuse_a_new_rank(procs, binary,
                                                   source_address=(f"127.0.{1 + i % 40}.1", 0)))
         except OSError:
             pass
-    for _ in range(100):
-        if guard.total("storeguard_connections_active") >= 2000:
+    # A connection admitted in place of a silent one is counted before its victim is closed: under load the
+    # count passes the cap by the evictions in flight (31 once in CI), then settles at it.
+    for _ in range(200):
+        if guard.total("storeguard_connections_active") == 2000:
             break
         time.sleep(0.1)
     assert guard.total("storeguard_connections_active") == 2000, "the flood did not fill caps.max-connections"

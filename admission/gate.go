@@ -91,12 +91,11 @@ type Gate struct {
 
 // sourceState is what the gate remembers about one source address.
 type sourceState struct {
-	conns       int
-	tokens      float64       // rate bucket; meaningful once filled is set
-	refilled    time.Duration // when tokens was last brought up to date
-	filled      bool
-	bannedUntil time.Duration // banned while now < bannedUntil; 0 = not banned
-	bannedAt    time.Duration // when the ban began
+	conns    int
+	tokens   float64       // rate bucket; meaningful once filled is set
+	refilled time.Duration // when tokens was last brought up to date
+	filled   bool
+	ban
 	// violations holds the times of the most recent violations, oldest first,
 	// at most K of them and none older than the window: the ban window slides.
 	violations []time.Duration
@@ -112,10 +111,9 @@ type sourceState struct {
 // connections and, for IPv6, its violations and ban. An IPv6 host or customer is given a whole /64,
 // so a prober that moves from address to address within it is one source for bans.
 type netState struct {
-	conns       int
-	bannedUntil time.Duration
-	bannedAt    time.Duration
-	violations  []netViolation // as sourceState.violations, with whose each was
+	conns int
+	ban
+	violations []netViolation // as sourceState.violations, with whose each was
 }
 
 type netViolation struct {
@@ -458,10 +456,7 @@ func (g *Gate) Sweep() {
 
 func (g *Gate) sweepLocked(cfg *Config, now time.Duration) {
 	for src, st := range g.sources {
-		if st.bannedUntil != 0 && now >= st.bannedUntil {
-			st.bannedUntil = 0
-			delete(g.banned, src)
-		}
+		g.bannedLocked(src, st, now) // clears a ban that has run out
 		if st.idle(cfg, now) {
 			delete(g.sources, src)
 		}
@@ -509,31 +504,34 @@ func (g *Gate) newNetLocked(prefix netip.Prefix, cfg *Config, now time.Duration)
 	return nt
 }
 
-// netBannedLocked is bannedLocked for a network.
-func (g *Gate) netBannedLocked(prefix netip.Prefix, nt *netState, now time.Duration) bool {
-	if nt.bannedUntil == 0 {
+// ban is a source's or a network's ban.
+type ban struct {
+	bannedUntil time.Duration // banned while now < bannedUntil; 0 = not banned
+	bannedAt    time.Duration // when the ban began
+}
+
+// inForce reports whether b bans at now, clearing a ban that has run out and taking its holder
+// key out of banned (the gate's banned or bannedNets).
+func inForce[K comparable, V any](b *ban, banned map[K]V, key K, now time.Duration) bool {
+	if b.bannedUntil == 0 {
 		return false
 	}
-	if now < nt.bannedUntil {
+	if now < b.bannedUntil {
 		return true
 	}
-	nt.bannedUntil = 0
-	delete(g.bannedNets, prefix)
+	b.bannedUntil = 0
+	delete(banned, key)
 	return false
 }
 
-// bannedLocked reports whether st is banned at now, clearing a ban that has
-// run out.
+// netBannedLocked is bannedLocked for a network.
+func (g *Gate) netBannedLocked(prefix netip.Prefix, nt *netState, now time.Duration) bool {
+	return inForce(&nt.ban, g.bannedNets, prefix, now)
+}
+
+// bannedLocked reports whether st is banned at now, clearing a ban that has run out.
 func (g *Gate) bannedLocked(src netip.Addr, st *sourceState, now time.Duration) bool {
-	if st.bannedUntil == 0 {
-		return false
-	}
-	if now < st.bannedUntil {
-		return true
-	}
-	st.bannedUntil = 0
-	delete(g.banned, src)
-	return false
+	return inForce(&st.ban, g.banned, src, now)
 }
 
 func (g *Gate) since() time.Duration { return g.now().Sub(g.epoch) }

@@ -81,22 +81,7 @@ func testStoreConnectionCaps(t *testing.T, m mode) {
 		c.Caps.MaxStoreConnections = config.AutoCount{N: 3}
 		c.Caps.PerSourceStoreConnections = 2
 	})
-	msg := func(name string) []byte { // each client's own first message
-		return enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/" + name), Value: []byte("v")})
-	}
-	client := func(name, ip string) net.Conn {
-		c := h.dialFrom(ip)
-		c.Write(msg(name))
-		return c
-	}
-	atStore := func(name string) bool {
-		for i := range h.store.NumConns() {
-			if bytes.Equal(h.store.Received(i), msg(name)) {
-				return true
-			}
-		}
-		return false
-	}
+	client, atStore := namedClients(t, h)
 	waits := func(name, why string) {
 		t.Helper()
 		time.Sleep(200 * time.Millisecond)
@@ -178,22 +163,7 @@ func testStoreDialRate(t *testing.T, m mode) {
 		c.Caps.StoreDialRate = 0
 		c.Caps.PerSourceStoreDialRate, c.Caps.PerSourceStoreDialBurst = 0.001, 2 // a token in 1000 s
 	})
-	msg := func(name string) []byte {
-		return enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/" + name), Value: []byte("v")})
-	}
-	client := func(name, ip string) net.Conn {
-		c := h.dialFrom(ip)
-		c.Write(msg(name))
-		return c
-	}
-	atStore := func(name string) bool {
-		for i := range h.store.NumConns() {
-			if bytes.Equal(h.store.Received(i), msg(name)) {
-				return true
-			}
-		}
-		return false
-	}
+	client, atStore := namedClients(t, h)
 	reload := func(rate float64, burst int, dial time.Duration) {
 		cfg := h.srv.set.Load().cfg
 		cfg.Caps.PerSourceStoreDialRate, cfg.Caps.PerSourceStoreDialBurst, cfg.Timeouts.UpstreamDial = rate, burst, dial
@@ -313,4 +283,26 @@ func testStoreSlotsAllGivenBack(t *testing.T, m mode) {
 	eventually(t, "six clients at the store", func() bool { return h.srv.slots.InUse() == 6 && h.store.NumOpen() == 6 })
 	h.store.Close()
 	eventually(t, "the slots of connections the store closed given back", func() bool { return h.srv.slots.InUse() == 0 })
+}
+
+// namedClients gives a test clients that each send one SET of their own name, from an address of
+// its choosing (client), and tells whether a client's message reached the store (atStore).
+func namedClients(t *testing.T, h *harness) (client func(name, ip string) net.Conn, atStore func(name string) bool) {
+	msg := func(name string) []byte { // each client's own first message
+		return enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/" + name), Value: []byte("v")})
+	}
+	client = func(name, ip string) net.Conn {
+		c := h.dialFrom(ip)
+		c.Write(msg(name))
+		return c
+	}
+	atStore = func(name string) bool {
+		for i := range h.store.NumConns() {
+			if bytes.Equal(h.store.Received(i), msg(name)) {
+				return true
+			}
+		}
+		return false
+	}
+	return client, atStore
 }

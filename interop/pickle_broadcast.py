@@ -20,7 +20,7 @@ import os
 import pickle
 import sys
 
-from policy_attack import serve_store  # noqa: E402  (interop/ is the script's directory)
+from policy_attack import client, serve_store  # noqa: E402  (interop/ is the script's directory)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,15 +60,6 @@ def same(a, b):
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     return type(a) is type(b) and a == b
-
-
-def client(host, port, timeout):
-    import torch.distributed as dist
-    td = datetime.timedelta(seconds=timeout)
-    try:
-        return dist.TCPStore(host, port, None, False, td, wait_for_workers=False)
-    except TypeError:
-        return dist.TCPStore(host, port, None, False, td)
 
 
 def fail(error):

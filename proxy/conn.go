@@ -59,7 +59,8 @@ const replyGrace = 30 * time.Second
 // one goes back to the runtime (and its bytes to the budget) once its message is forwarded.
 const keepCarry = 4 << 10
 
-// conn is one proxied client connection.
+// conn is one proxied client connection: what it is whoever forwards it, and each transport's
+// own state (gr, lt). What one owner leaves the next to finish is left (leftover).
 type conn struct {
 	s        *Server
 	st       *settings
@@ -68,76 +69,70 @@ type conn struct {
 	start    time.Time
 
 	g     guard.Stream
-	out   transport // the transport forwarding the connection now; only it changes out
+	out   transport // the transport forwarding the connection now: &gr or &lt; only it changes out
 	carry []byte    // the bytes of the message in progress the guard holds (g.Held())
 	held  int64     // budget held for carry's capacity
 	// awaitStore: auto mode, and the store's generation was not known at accept; serve waits for
 	// it before a byte moves (awaitGeneration).
 	awaitStore bool
 	untalk     func()
-	release    func() // gives back the admission (admission.Gate.Admit)
-	// silentPrev and silentNext link the connection in its source's silent list while silentOn
-	// (silent.go); under s.mu.
-	silentPrev, silentNext *conn
-	silentOn               bool
+	release    func()     // gives back the admission (admission.Gate.Admit)
+	silent     silentLink // its place among its source's silent connections (silent.go); under s.mu
 	// storeSlot gives back the store connection's slot (storelimit.go), taken before the store is
 	// dialled by whoever owns the connection then; end gives it back.
 	storeSlot func()
 
-	mu     sync.Mutex // guards own, lp, closed, up, kick, s2cStarted, and client while in a loop
+	mu     sync.Mutex // guards own, lt.lp, closed, gr.up, gr.kick, gr.s2cStarted, and gr.client while in a loop
 	own    owner
-	lp     *loop // the loop that owns the sockets while own is ownLoop
-	closed bool  // the connection is to end: its owner closes the sockets
+	closed bool // the connection is to end: its owner closes the sockets
+	dial   dialState
 
-	// The goroutine transport (goroutines.go).
-	client     *net.TCPConn
-	up         *net.TCPConn
-	dialed     bool          // the store was dialled (storeUp); only the reading goroutine sets it
-	upReady    chan struct{} // closed once dialStore is done; up is then set, or the dial failed
-	s2cStarted bool          // the reply direction's goroutine runs (or ran)
-	s2cDone    chan struct{}
-	deadline   time.Time   // the read deadline set on client
-	vec        net.Buffers // reused for writev of carry + the rest of a message
-	vecArr     [2][]byte
-	// kick: the store is connected and the reading goroutine is to offer the connection to a loop.
-	kick bool
-	// Parked for a freeze (freeze.go), under mu: the reader, the reply reader. readEnded: the
-	// reader is done, the client's end of stream passed on. upDeadline: the read deadline set on up.
-	parkC2S, parkS2C, readEnded bool
-	upDeadline                  time.Time
-	// adoptedReplies: replies a previous process held for the client (upgrade_linux.go), written
-	// before any other.
-	adoptedReplies []byte
-
-	// The event-loop transport (loop_linux.go). What a loop could not finish is left in pendUp
-	// (bytes for the store), pendClient (bytes for the client) and resumeTail (the start of a
-	// message it could not keep), for the goroutines it hands the connection to to finish first.
-	clientEnded bool        // the client's end of stream reached the loop, which passed it on
-	registered  bool        // in its loop's epoll set; only the loop reads and writes it
-	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
-	timerAt     time.Time
-	cfd, ufd    int32
-	pendUp      []byte // the rest of carry (pendCarry) or of a read
-	pendUpTail  []byte // then this, a copy of the rest of a read
-	pendCarry   bool   // pendUp is in a carry's buffer, whose budget (pendHeld) it keeps until written
-	pendHeld    int64
-	pendClient  chunk // a pooled buffer: the store's bytes the client did not take from the loop
-	resumeTail  []byte
-	resumeRest  []byte // the client's bytes after a stall at max-pending-replies, not judged yet
+	gr   goroutines    // the goroutine transport's state (goroutines.go)
+	lt   loopTransport // the event loop's (loop_linux.go)
+	left leftover      // what the last owner left to finish (resume)
 
 	flow flowStats // its flow record's account (flow.go)
 	rep  replies   // the store-to-client half (replies.go)
-	// seen is what the stream has shown, for the reply half's goroutines: bytes judged, and
-	// 1 + the generation once known (0 before).
-	seenBytes atomic.Uint64
-	seenGen   atomic.Uint32
+	seen seen      // what the stream has shown, for the reply half's goroutines
+}
+
+// empty reports whether nothing is left to finish.
+func (l *leftover) empty() bool {
+	return len(l.up)+len(l.upTail)+len(l.tail)+len(l.rest)+len(l.replies) == 0 && l.client.buf == nil
+}
+
+// dialState is whether the store was dialled for the connection, by either transport.
+type dialState struct {
+	done  bool          // the store was dialled (storeUp, connectStore); only the connection's owner sets it
+	ready chan struct{} // closed once the dial is done; gr.up or lt.ufd is then set, or the dial failed
+}
+
+// seen is what the stream has shown, for the reply half's goroutines: bytes judged, and 1 + the
+// generation once known (0 before).
+type seen struct {
+	bytes atomic.Uint64
+	gen   atomic.Uint32
+}
+
+// leftover is what one owner of a connection leaves to the next to finish, in order (resume): a
+// loop that would have to wait, a freeze, a previous process (upgrade) or a keeper restore. It is
+// handed over with the connection, never shared: the giver does not touch it again.
+type leftover struct {
+	up      []byte // judged for the store and not written: the rest of carry (upCarry) or of a read
+	upTail  []byte // then this, a copy of the rest of a read
+	upCarry bool   // up is in a carry's buffer, whose budget (upHeld) it keeps until written
+	upHeld  int64
+	tail    []byte // the start of a message the budget could not hold at once, fed to keep again
+	rest    []byte // the client's bytes not judged yet (after a stall at max-pending-replies, or refed)
+	client  chunk  // a pooled buffer: the store's bytes a loop read and the client did not take
+	replies []byte // replies a previous process held for the client, written before any other
 }
 
 // noteSeen publishes what the guard has judged of the stream (seenBytes, seenGen).
 func (c *conn) noteSeen() {
-	c.seenBytes.Store(c.g.Bytes())
+	c.seen.bytes.Store(c.g.Bytes())
 	if g, known := c.g.Generation(); known {
-		c.seenGen.Store(1 + uint32(g))
+		c.seen.gen.Store(1 + uint32(g))
 	}
 }
 
@@ -163,17 +158,29 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 	return release, reason
 }
 
-// newConn is an admitted connection, not tracked yet; client is nil for one a loop accepted.
-func (s *Server) newConn(client *net.TCPConn, src, dst netip.AddrPort, release func()) *conn {
-	st := s.set.Load()
-	c := &conn{s: s, st: st, id: s.nextID.Add(1), client: client, src: src, dst: dst, start: s.now(),
-		out: viaGoroutines, upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1,
-		release: release}
+// newConn is the one constructor of a connection, however it starts (accepted here, taken over
+// from a previous process, restored from a keeper): its identity, forwarded by goroutines until
+// an owner change (handover_linux.go) says otherwise. The caller readies its guard.
+func (s *Server) newConn(id uint64, src, dst netip.AddrPort, start time.Time) *conn {
+	c := &conn{s: s, st: s.set.Load(), id: id, src: src, dst: dst, start: start,
+		dial: dialState{ready: make(chan struct{})}}
+	c.gr.s2cDone = make(chan struct{})
+	c.lt.cfd, c.lt.ufd = -1, -1
+	c.out = &c.gr
 	c.rep.init()
-	if !st.dec.Gen.Auto {
-		c.resetGuard(st.dec)
+	return c
+}
+
+// accepted is a connection admitted now (release gives the admission back), not tracked yet;
+// client is nil for one a loop accepted. Its guard starts, unless auto mode waits for the
+// store's generation (awaitStore).
+func (s *Server) accepted(client *net.TCPConn, src, dst netip.AddrPort, release func()) *conn {
+	c := s.newConn(s.nextID.Add(1), src, dst, s.now())
+	c.release, c.gr.client = release, client
+	if !c.st.dec.Gen.Auto {
+		c.resetGuard(c.st.dec)
 	} else if info, known, _ := s.store.Load().get(); known {
-		c.resetGuard(st.decoderFor(info))
+		c.resetGuard(c.st.decoderFor(info))
 	} else {
 		c.awaitStore = true
 	}
@@ -276,10 +283,10 @@ func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 func (c *conn) sendHeld(p []byte) bool {
 	ok := c.out.send(c, c.carry, p)
 	switch {
-	case c.pendCarry:
+	case c.left.upCarry:
 		// The transport left its rest to write: the buffer and its budget go with it, and the
 		// next message starts a carry of its own.
-		c.carry, c.pendHeld, c.held = nil, c.held, 0
+		c.carry, c.left.upHeld, c.held = nil, c.held, 0
 	case cap(c.carry) > keepCarry:
 		c.releaseCarry()
 	default:
@@ -290,10 +297,10 @@ func (c *conn) sendHeld(p []byte) bool {
 
 // pendingUp reports whether bytes judged for the store wait: a loop could not write them, or a
 // freeze began before the store was connected.
-func (c *conn) pendingUp() bool { return len(c.pendUp)+len(c.pendUpTail) > 0 }
+func (c *conn) pendingUp() bool { return len(c.left.up)+len(c.left.upTail) > 0 }
 
 // unfinished reports whether the goroutines have what a loop or a freeze left to finish (resume).
-func (c *conn) unfinished() bool { return c.pendingUp() || c.resumeTail != nil || c.resumeRest != nil }
+func (c *conn) unfinished() bool { return c.pendingUp() || c.left.tail != nil || c.left.rest != nil }
 
 // resume finishes, in order, what a loop left to the goroutines or a freeze interrupted: the bytes
 // judged for the store, the start of a message the budget could not hold at once, and bytes not
@@ -302,28 +309,28 @@ func (c *conn) unfinished() bool { return c.pendingUp() || c.resumeTail != nil |
 // parks, and resumes after the thaw; or the next process gets it all.
 func (c *conn) resume() bool {
 	if c.pendingUp() {
-		a, b := c.pendUp, c.pendUpTail
-		c.pendUp, c.pendUpTail = nil, nil
+		a, b := c.left.up, c.left.upTail
+		c.left.up, c.left.upTail = nil, nil
 		ok := c.out.send(c, a, b)
-		if c.pendCarry && len(c.pendUp) == 0 { // the carry's buffer is written: its budget goes back now
-			c.s.buf.release(c.src.Addr(), c.pendHeld)
-			c.pendCarry, c.pendHeld = false, 0
+		if c.left.upCarry && len(c.left.up) == 0 { // the carry's buffer is written: its budget goes back now
+			c.s.buf.release(c.src.Addr(), c.left.upHeld)
+			c.left.upCarry, c.left.upHeld = false, 0
 		}
 		if !ok || c.pendingUp() {
 			return ok // a freeze came first: the rest is kept for after it
 		}
 	}
-	if t := c.resumeTail; t != nil {
-		c.resumeTail = nil
+	if t := c.left.tail; t != nil {
+		c.left.tail = nil
 		if !c.keep(t) {
 			return false
 		}
-		if c.resumeTail != nil {
+		if c.left.tail != nil {
 			return true // the freeze came first: kept for after it
 		}
 	}
-	if r := c.resumeRest; r != nil {
-		c.resumeRest = nil
+	if r := c.left.rest; r != nil {
+		c.left.rest = nil
 		return c.process(r)
 	}
 	return true
@@ -380,12 +387,12 @@ func (c *conn) end() {
 
 // finish waits for the reply direction to end and gives back what the connection held.
 func (c *conn) finish() {
-	if c.dialed && c.awaitUp() && c.replying() {
-		<-c.s2cDone
+	if c.dial.done && c.awaitUp() && c.replying() {
+		<-c.gr.s2cDone
 	}
 	c.releaseCarry()
-	c.s.buf.release(c.src.Addr(), c.pendHeld)
-	c.pendHeld = 0
+	c.s.buf.release(c.src.Addr(), c.left.upHeld)
+	c.left.upHeld = 0
 	if c.untalk != nil {
 		c.untalk()
 	}
@@ -402,13 +409,13 @@ func (c *conn) closeBoth() {
 	c.closed = true
 	switch c.own {
 	case ownLoop:
-		c.lp.requestClose(c)
+		c.lt.lp.requestClose(c)
 	case ownGoroutines:
-		if c.client != nil {
-			c.client.Close()
+		if c.gr.client != nil {
+			c.gr.client.Close()
 		}
-		if c.up != nil {
-			c.up.Close()
+		if c.gr.up != nil {
+			c.gr.up.Close()
 		}
 	}
 }

@@ -112,7 +112,7 @@ func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
 	c.rep.mu.Lock()
 	f.FromStore, f.Replies = c.rep.fromStore, c.rep.replied
 	c.rep.mu.Unlock()
-	if g := c.seenGen.Load(); g > 0 {
+	if g := c.seen.gen.Load(); g > 0 {
 		f.Generation = protocol.Generation(g - 1).String()
 	}
 	c.flow.mu.Lock()

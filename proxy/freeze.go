@@ -96,22 +96,22 @@ func (c *conn) quiet() bool {
 	if c.closed || c.own != ownGoroutines {
 		return false
 	}
-	c2s := c.parkC2S || c.readEnded
-	s2c := !c.s2cStarted || c.parkS2C
+	c2s := c.gr.parkC2S || c.gr.readEnded
+	s2c := !c.gr.s2cStarted || c.gr.parkS2C
 	c.rep.mu.Lock()
 	writing := c.rep.writing
 	c.rep.mu.Unlock()
-	if !c2s && c.client != nil {
-		c.client.SetReadDeadline(past)
+	if !c2s && c.gr.client != nil {
+		c.gr.client.SetReadDeadline(past)
 	}
-	if !c2s && c.up != nil {
-		c.up.SetWriteDeadline(past) // a write to a store that does not read: its rest waits (send)
+	if !c2s && c.gr.up != nil {
+		c.gr.up.SetWriteDeadline(past) // a write to a store that does not read: its rest waits (send)
 	}
-	if !s2c && c.up != nil {
-		c.up.SetReadDeadline(past)
+	if !s2c && c.gr.up != nil {
+		c.gr.up.SetReadDeadline(past)
 	}
-	if writing && c.client != nil {
-		c.client.SetWriteDeadline(past)
+	if writing && c.gr.client != nil {
+		c.gr.client.SetWriteDeadline(past)
 	}
 	return c2s && s2c && !writing
 }
@@ -182,11 +182,11 @@ func (s *Server) thaw(conns []*conn) {
 	s.mu.Lock()
 	for c := range s.conns {
 		c.mu.Lock()
-		if c.client != nil {
-			c.client.SetWriteDeadline(time.Time{})
+		if c.gr.client != nil {
+			c.gr.client.SetWriteDeadline(time.Time{})
 		}
-		if c.up != nil {
-			c.up.SetWriteDeadline(time.Time{})
+		if c.gr.up != nil {
+			c.gr.up.SetWriteDeadline(time.Time{})
 		}
 		c.mu.Unlock()
 	}

@@ -17,17 +17,30 @@ import (
 // without waiting. Either way the store is connected only when the client's first valid message
 // is ready to go (storeUp): a connection that sends nothing valid costs the store nothing.
 
-// viaGoroutines writes to the store with blocking writes and waits for budget.
-var viaGoroutines transport = goroutines{}
-
-type goroutines struct{}
+// goroutines is the state of a connection its goroutines forward: it writes to the store with
+// blocking writes and waits for budget.
+type goroutines struct {
+	client     *net.TCPConn
+	up         *net.TCPConn
+	s2cStarted bool // the reply direction's goroutine runs (or ran)
+	s2cDone    chan struct{}
+	deadline   time.Time   // the read deadline set on client
+	vec        net.Buffers // reused for writev of carry + the rest of a message
+	vecArr     [2][]byte
+	// kick: the store is connected and the reading goroutine is to offer the connection to a loop.
+	kick bool
+	// Parked for a freeze (freeze.go), under c.mu: the reader, the reply reader. readEnded: the
+	// reader is done, the client's end of stream passed on. upDeadline: the read deadline set on up.
+	parkC2S, parkS2C, readEnded bool
+	upDeadline                  time.Time
+}
 
 // send writes a, then b, to the store, dialling it for the first message. A freeze that begins
 // meanwhile (a wait for a store slot or the store, or a write the store does not take: the freeze
 // sets a write deadline in the past, and nothing else sets one on the store's socket) leaves what
 // was not written pending, as a loop does: to be written after the thaw (resume) or by the next
 // process.
-func (goroutines) send(c *conn, a, b []byte) bool {
+func (*goroutines) send(c *conn, a, b []byte) bool {
 	if len(a)+len(b) == 0 {
 		return true
 	}
@@ -43,12 +56,12 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 	var err error
 	if len(a) == 0 {
 		var w int
-		w, err = c.up.Write(b)
+		w, err = c.gr.up.Write(b)
 		n = int64(w)
 	} else {
-		c.vecArr = [2][]byte{a, b}
-		c.vec = c.vecArr[:]
-		n, err = c.vec.WriteTo(c.up)
+		c.gr.vecArr = [2][]byte{a, b}
+		c.gr.vec = c.gr.vecArr[:]
+		n, err = c.gr.vec.WriteTo(c.gr.up)
 	}
 	c.wroteStore(int(n))
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -65,8 +78,8 @@ func (goroutines) send(c *conn, a, b []byte) bool {
 // leavePending keeps what a freeze stopped send from writing, n bytes of a and b written: the rest
 // of a, the carry, in its own buffer and budget (pendCarry), and a copy of the rest of b.
 func (c *conn) leavePending(a, b []byte, n int) {
-	c.pendUp, c.pendCarry = a[min(n, len(a)):], c.pendCarry || n < len(a)
-	c.pendUpTail = append([]byte(nil), b[max(0, n-len(a)):]...)
+	c.left.up, c.left.upCarry = a[min(n, len(a)):], c.left.upCarry || n < len(a)
+	c.left.upTail = append([]byte(nil), b[max(0, n-len(a)):]...)
 }
 
 // reserve waits for the budget, at most timeouts.message (or until a drain ends). The wait is not
@@ -74,7 +87,7 @@ func (c *conn) leavePending(a, b []byte, n int) {
 // vain is closed without a violation (budget_wait_timeouts_total), nothing of its message sent.
 // A freeze ends the wait at once: tail is kept after the thaw (resume), or the next process,
 // fed the message again from its start, waits there; so no client's wait can hold an upgrade up.
-func (goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
+func (*goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.Message)
 	defer cancel()
 	start := c.s.now()
@@ -84,7 +97,7 @@ func (goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 	case err == nil:
 		return true, true
 	case frozeFirst(ctx):
-		c.resumeTail = append([]byte(nil), tail...)
+		c.left.tail = append([]byte(nil), tail...)
 		return false, true
 	}
 	c.s.m.budgetTimeouts.Inc()
@@ -98,14 +111,14 @@ func (goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 
 // stalled waits for the reply, not reading the client meanwhile; behind requests a freeze kept
 // from the store (send), there is none to wait for: rest waits for them (resume).
-func (goroutines) stalled(c *conn, rest []byte) (judge, alive bool) {
+func (*goroutines) stalled(c *conn, rest []byte) (judge, alive bool) {
 	if c.pendingUp() {
-		c.resumeRest = append([]byte(nil), rest...)
+		c.left.rest = append([]byte(nil), rest...)
 		return false, true
 	}
 	ok, froze := c.awaitReply()
 	if froze { // the rest is judged once the reader goes on (pipeClientToStore), here or in the next process
-		c.resumeRest = append([]byte(nil), rest...)
+		c.left.rest = append([]byte(nil), rest...)
 		return false, true
 	}
 	return ok, ok
@@ -151,7 +164,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 		s.handlers.Done()
 		return
 	}
-	c := s.newConn(tc, src, dst, release)
+	c := s.accepted(tc, src, dst, release)
 	s.kp.opened(c, -1, tc)
 	s.track(c, true)
 	s.accepting.Add(-1)
@@ -204,7 +217,7 @@ func (c *conn) serve(fromLoop bool) {
 	}()
 	defer c.s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
 	if c.awaitStore && !c.awaitGeneration() {
-		close(c.upReady) // no store connection: there is nothing to wait for
+		close(c.dial.ready) // no store connection: there is nothing to wait for
 		c.closeBoth()
 		return
 	}
@@ -227,12 +240,12 @@ func (c *conn) serve(fromLoop bool) {
 // freeze began while it waited for a store slot or the store; the caller keeps the message for
 // after it, and storeUp asks again then.
 func (c *conn) storeUp() (up, deferred bool) {
-	if !c.dialed {
+	if !c.dial.done {
 		if c.dialStore() {
 			return false, true
 		}
-		c.dialed = true
-		close(c.upReady)
+		c.dial.done = true
+		close(c.dial.ready)
 	}
 	return c.awaitUp(), false
 }
@@ -295,10 +308,10 @@ func (c *conn) dialStore() (deferred bool) {
 		up.Close()
 		return false
 	}
-	c.up = up.(*net.TCPConn)
-	s.kp.connected(c, -1, c.up)
+	c.gr.up = up.(*net.TCPConn)
+	s.kp.connected(c, -1, c.gr.up)
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
-		c.kick = true // the reading goroutine offers the connection to a loop before its next read
+		c.gr.kick = true // the reading goroutine offers the connection to a loop before its next read
 		c.mu.Unlock()
 		return false
 	}
@@ -311,37 +324,37 @@ func (c *conn) dialStore() (deferred bool) {
 func (c *conn) startReplies() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.s2cStarted || c.up == nil || c.closed {
+	if c.gr.s2cStarted || c.gr.up == nil || c.closed {
 		return
 	}
-	c.s2cStarted = true
+	c.gr.s2cStarted = true
 	go c.pipeStoreToClient()
 }
 
 func (c *conn) replying() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.s2cStarted
+	return c.gr.s2cStarted
 }
 
 // awaitUp waits for dialStore and reports whether the store is connected.
 func (c *conn) awaitUp() bool {
-	<-c.upReady
-	return c.up != nil
+	<-c.dial.ready
+	return c.gr.up != nil
 }
 
 // pipeClientToStore reads the client, decodes, and forwards complete valid messages, until the
 // connection ends or a loop takes it (took: the loop owns it now).
 func (c *conn) pipeClientToStore() (took bool) {
-	rc, err := c.client.SyscallConn()
+	rc, err := c.gr.client.SyscallConn()
 	if err != nil {
 		c.closeBoth()
 		return false
 	}
 	for {
 		if c.s.frozen() {
-			c.park(&c.parkC2S)
-			c.deadline = unsetDeadline // the freeze set its own
+			c.park(&c.gr.parkC2S)
+			c.gr.deadline = unsetDeadline // the freeze set its own
 			continue
 		}
 		if c.unfinished() {
@@ -356,7 +369,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 				if took || !live {
 					return took
 				}
-				if rc, err = c.client.SyscallConn(); err != nil {
+				if rc, err = c.gr.client.SyscallConn(); err != nil {
 					c.closeBoth()
 					return false
 				}
@@ -385,15 +398,15 @@ func (c *conn) pipeClientToStore() (took bool) {
 func (c *conn) takeKick() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	k := c.kick
-	c.kick = false
+	k := c.gr.kick
+	c.gr.kick = false
 	return k
 }
 
 // adoptable reports whether a loop may take the connection now: the store is connected, no
 // goroutine copies its replies yet, and the client is between messages, with no deadline to watch.
 func (c *conn) adoptable() bool {
-	return c.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
+	return c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
 		!c.g.Stalled() && !c.isClosed() && !c.replying()
 }
 
@@ -444,9 +457,9 @@ func (c *conn) setDeadline() {
 	if idle := c.st.cfg.Timeouts.Idle; dl.IsZero() && idle > 0 && !c.g.Passing() {
 		dl = c.s.now().Add(idle)
 	}
-	if !dl.Equal(c.deadline) {
-		c.deadline = dl
-		c.client.SetReadDeadline(dl)
+	if !dl.Equal(c.gr.deadline) {
+		c.gr.deadline = dl
+		c.gr.client.SetReadDeadline(dl)
 	}
 }
 
@@ -457,8 +470,8 @@ func (c *conn) endRead(err error) bool {
 		if c.s.frozen() {
 			return true // woken to park (or a deadline too: judged once thawed)
 		}
-		if c.deadline != unsetDeadline && c.spuriousTimeout(c.deadline) {
-			c.deadline = unsetDeadline // a freeze's, and it ended: setDeadline arms the real one again
+		if c.gr.deadline != unsetDeadline && c.spuriousTimeout(c.gr.deadline) {
+			c.gr.deadline = unsetDeadline // a freeze's, and it ended: setDeadline arms the real one again
 			return true
 		}
 		if c.g.Deadline().IsZero() {
@@ -472,14 +485,14 @@ func (c *conn) endRead(err error) bool {
 		// The client is done sending: pass the half-close on (a partial message is dropped,
 		// never forwarded) and let the store's last replies through for a while.
 		c.ended(endedByClient)
-		if !c.dialed || !c.awaitUp() {
+		if !c.dial.done || !c.awaitUp() {
 			c.closeBoth()
 			return false
 		}
-		c.up.CloseWrite()
+		c.gr.up.CloseWrite()
 		c.mu.Lock()
-		c.upDeadline, c.readEnded = c.s.now().Add(replyGrace), true
-		c.up.SetReadDeadline(c.upDeadline)
+		c.gr.upDeadline, c.gr.readEnded = c.s.now().Add(replyGrace), true
+		c.gr.up.SetReadDeadline(c.gr.upDeadline)
 		c.mu.Unlock()
 		return false
 	default:
@@ -492,30 +505,30 @@ func (c *conn) endRead(err error) bool {
 // pipeStoreToClient passes the store's bytes to the client untouched, reading them as they come
 // whether or not the client takes them (replies.go).
 func (c *conn) pipeStoreToClient() {
-	defer close(c.s2cDone)
+	defer close(c.gr.s2cDone)
 	defer c.dropReplies()
 	defer c.closeBoth()
 	defer c.awaitWritten() // the store's last replies reach the client before the close
 	defer c.s.recoverConn(c)
-	if b := c.adoptedReplies; b != nil { // followed already, by the process that read them
-		c.adoptedReplies = nil
+	if b := c.left.replies; b != nil { // followed already, by the process that read them
+		c.left.replies = nil
 		c.queueHeld(b)
 	}
-	if p := c.pendClient; p.buf != nil { // followed already, by the loop that read it
-		c.pendClient = chunk{}
+	if p := c.left.client; p.buf != nil { // followed already, by the loop that read it
+		c.left.client = chunk{}
 		if !c.toClient(p.buf, p.to) {
 			return
 		}
 	}
-	rc, err := c.up.SyscallConn()
+	rc, err := c.gr.up.SyscallConn()
 	if err != nil {
 		return
 	}
 	for {
 		if c.s.frozen() && !c.isClosed() {
-			c.park(&c.parkS2C)
+			c.park(&c.gr.parkS2C)
 			c.mu.Lock()
-			c.up.SetReadDeadline(c.upDeadline) // the freeze set its own
+			c.gr.up.SetReadDeadline(c.gr.upDeadline) // the freeze set its own
 			c.mu.Unlock()
 			continue
 		}
@@ -529,10 +542,10 @@ func (c *conn) pipeStoreToClient() {
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				c.mu.Lock()
-				own := c.upDeadline
+				own := c.gr.upDeadline
 				c.mu.Unlock()
 				if c.s.frozen() || c.spuriousTimeout(own) {
-					c.up.SetReadDeadline(own) // woken to park, or a freeze's that ended
+					c.gr.up.SetReadDeadline(own) // woken to park, or a freeze's that ended
 					continue
 				}
 			}

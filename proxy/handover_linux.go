@@ -46,9 +46,9 @@ func (c *conn) connectStore(l *loop) bool {
 	}
 	c.s.kp.connected(c, int(fd), nil)
 	c.mu.Lock()
-	c.ufd, c.dialed = fd, true
+	c.lt.ufd, c.dial.done = fd, true
 	c.mu.Unlock()
-	close(c.upReady)
+	close(c.dial.ready)
 	return true
 }
 
@@ -82,7 +82,7 @@ func connectLocal(ap netip.AddrPort) (int32, error) {
 func (c *conn) takenFromAccept(l *loop, fd int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cfd, c.own, c.lp, c.out = int32(fd), ownLoop, l, viaLoop
+	c.lt.cfd, c.own, c.lt.lp, c.out = int32(fd), ownLoop, l, &c.lt
 }
 
 // retarget gives a connection that takenFromAccept meant for a loop that has ended to the loop l
@@ -90,7 +90,7 @@ func (c *conn) takenFromAccept(l *loop, fd int) {
 // was asked of the ended loop).
 func (c *conn) retarget(l *loop) bool {
 	c.mu.Lock()
-	c.lp = l
+	c.lt.lp = l
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
@@ -112,28 +112,61 @@ func (c *conn) toLoop() (took, live bool) {
 	}
 	l := c.s.loops.pick()
 	c.mu.Lock()
-	c.cfd, c.ufd = cfd, ufd
+	c.lt.cfd, c.lt.ufd = cfd, ufd
 	if c.closed {
 		c.closeDetached()
 		c.mu.Unlock()
 		return false, false
 	}
-	c.own, c.lp, c.out = ownLoop, l, viaLoop
+	c.own, c.lt.lp, c.out = ownLoop, l, &c.lt
 	c.mu.Unlock()
 	if l.adopt(c) {
 		return true, true
 	}
 	c.mu.Lock() // the loop ended: stay on goroutines
-	c.own, c.lp = ownDetached, nil
+	c.own, c.lt.lp = ownDetached, nil
 	c.mu.Unlock()
 	return false, c.fromLoop()
+}
+
+// startAdopted starts a connection a previous process or a keeper handed over, with its sockets
+// (cfd, and ufd or -1: the store not connected), detached, and what it left to finish: on a loop
+// when it stood between messages with nothing left and no deadline to watch, else on goroutines,
+// which finish what was left first (resume).
+func (c *conn) startAdopted(cfd, ufd int, left leftover) {
+	c.lt.cfd, c.lt.ufd = int32(cfd), int32(ufd)
+	if left.empty() && !c.gr.readEnded && ufd >= 0 && c.s.loops != nil && c.st.cfg.Timeouts.Idle == 0 &&
+		c.g.Deadline().IsZero() && !c.g.Passing() {
+		l := c.s.loops.pick()
+		c.mu.Lock()
+		c.own, c.lt.lp, c.out = ownLoop, l, &c.lt
+		c.mu.Unlock()
+		if l.adopt(c) {
+			return
+		}
+		c.mu.Lock()
+		c.out = &c.gr
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	c.own, c.lt.lp = ownDetached, nil
+	c.mu.Unlock()
+	c.left = left
+	go func() {
+		if c.gr.readEnded {
+			c.mu.Lock()
+			c.gr.readEnded = false // the reader sees the end of stream again and passes it on
+			c.mu.Unlock()
+		}
+		c.serve(true)
+	}()
 }
 
 // leaveLoop is called by the loop that lets c go, after it stopped watching c's sockets: a closed
 // connection ends there, a live one goes on with goroutines.
 func (c *conn) leaveLoop() {
 	c.mu.Lock()
-	c.own, c.lp = ownDetached, nil
+	c.own, c.lt.lp = ownDetached, nil
 	closed := c.closed
 	if closed {
 		c.closeDetached()
@@ -149,7 +182,7 @@ func (c *conn) leaveLoop() {
 // fromLoop gives the connection's sockets back to Go's poller after a loop and writes what the
 // loop left unwritten; it reports whether the connection lives on.
 func (c *conn) fromLoop() bool {
-	c.out = viaGoroutines
+	c.out = &c.gr
 	if !c.reattach() {
 		return false
 	}
@@ -165,50 +198,50 @@ func (c *conn) reattach() bool {
 		c.closeDetached()
 		return false
 	}
-	client, err := attach(c.cfd)
+	client, err := attach(c.lt.cfd)
 	if err == nil {
-		c.cfd = -1
+		c.lt.cfd = -1
 		var up *net.TCPConn
-		if c.ufd < 0 { // not connected yet: storeUp dials
-			c.client, c.own = client, ownGoroutines
+		if c.lt.ufd < 0 { // not connected yet: storeUp dials
+			c.gr.client, c.own = client, ownGoroutines
 			return true
 		}
-		if up, err = attach(c.ufd); err == nil {
-			c.client, c.up, c.ufd, c.own = client, up, -1, ownGoroutines
+		if up, err = attach(c.lt.ufd); err == nil {
+			c.gr.client, c.gr.up, c.lt.ufd, c.own = client, up, -1, ownGoroutines
 			return true
 		}
 		client.Close()
 	}
 	c.s.log.Warn("could not take a connection back from its event loop; closing it", "conn", c.id, "err", err)
 	c.closed = true
-	if c.ufd >= 0 { // attach closed what it was given, and cfd is then -1
-		unix.Close(int(c.ufd))
+	if c.lt.ufd >= 0 { // attach closed what it was given, and cfd is then -1
+		unix.Close(int(c.lt.ufd))
 	}
-	c.cfd, c.ufd = -1, -1
+	c.lt.cfd, c.lt.ufd = -1, -1
 	return false
 }
 
 // loopFds takes the connection's sockets away from Go's poller for a loop: the client's, and the
 // store's once connected.
 func (c *conn) loopFds() (cfd, ufd int32, err error) {
-	if c.up != nil {
-		return detach(c.client, c.up)
+	if c.gr.up != nil {
+		return detach(c.gr.client, c.gr.up)
 	}
-	if cfd, err = dupFd(c.client); err != nil {
+	if cfd, err = dupFd(c.gr.client); err != nil {
 		return -1, -1, err
 	}
-	c.client.Close()
+	c.gr.client.Close()
 	return cfd, -1, nil
 }
 
 // closeDetached closes the descriptors a loop owned; c.mu is held.
 func (c *conn) closeDetached() {
-	for _, fd := range [2]int32{c.cfd, c.ufd} {
+	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
 		if fd >= 0 {
 			unix.Close(int(fd))
 		}
 	}
-	c.cfd, c.ufd = -1, -1
+	c.lt.cfd, c.lt.ufd = -1, -1
 }
 
 // detach takes the client and store sockets away from Go's poller: it duplicates their

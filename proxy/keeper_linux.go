@@ -300,10 +300,7 @@ func (s *Server) RestoreFromKeeper() error {
 		if kc.HasUp {
 			ac.ufd = fds[1]
 		}
-		st := s.set.Load()
-		ac.c = &conn{s: s, st: st, id: kc.ID, src: kc.Src, dst: kc.Dst, start: s.now(), out: viaGoroutines,
-			upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1}
-		ac.c.rep.init()
+		ac.c = s.newConn(kc.ID, kc.Src, kc.Dst, s.now())
 		a.conns = append(a.conns, ac)
 	}
 	s.adopted = a

@@ -53,29 +53,34 @@ type loop struct {
 // viaLoop writes to the store without waiting: what the store cannot take yet is kept for the
 // goroutines the loop then hands the connection to (settle), as is the start of a message the
 // budget cannot hold at once.
-var viaLoop transport = loopTransport{}
-
-type loopTransport struct{}
+type loopTransport struct {
+	lp          *loop       // the loop that owns the sockets while c.own is ownLoop; under c.mu
+	clientEnded bool        // the client's end of stream reached the loop, which passed it on
+	registered  bool        // in its loop's epoll set; only the loop reads and writes it
+	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
+	timerAt     time.Time
+	cfd, ufd    int32 // the client's and the store's sockets while a loop has them, or detached
+}
 
 // send writes a, carry (the held start of a message) or empty, and b, the loop's read buffer. What the store does
 // not take is left for the goroutines: the rest of a as it is, in the carry's own buffer and
 // budget (pendCarry; never a copy, which would hold a large message twice outside the budget), and
 // a copy of the rest of b, at most a read.
-func (loopTransport) send(c *conn, a, b []byte) bool {
+func (*loopTransport) send(c *conn, a, b []byte) bool {
 	if len(a)+len(b) == 0 {
 		return true
 	}
 	if c.pendingUp() { // one judgement sends once: not expected, but bytes must keep their order
-		c.pendUpTail = append(append(c.pendUpTail, a...), b...)
+		c.left.upTail = append(append(c.left.upTail, a...), b...)
 		return true
 	}
 	n := 0
-	if c.ufd >= 0 || c.connectStore(c.lp) {
+	if c.lt.ufd >= 0 || c.connectStore(c.lt.lp) {
 		var errno unix.Errno
 		if len(a) == 0 {
-			n, errno = writeFd(c.ufd, b, nil)
+			n, errno = writeFd(c.lt.ufd, b, nil)
 		} else {
-			n, errno = writeFd(c.ufd, a, b)
+			n, errno = writeFd(c.lt.ufd, a, b)
 		}
 		c.wroteStore(n)
 		if errno != 0 && errno != unix.EAGAIN {
@@ -84,28 +89,28 @@ func (loopTransport) send(c *conn, a, b []byte) bool {
 		}
 	} // else for goroutines to dial and write (handbackDial)
 	if n < len(a) {
-		c.pendUp, c.pendCarry = a[n:], len(a) > 0
+		c.left.up, c.left.upCarry = a[n:], len(a) > 0
 		n = 0
 	} else {
 		n -= len(a)
 	}
 	if n < len(b) {
-		c.pendUpTail = append([]byte(nil), b[n:]...)
+		c.left.upTail = append([]byte(nil), b[n:]...)
 	}
 	return true
 }
 
-func (loopTransport) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
+func (*loopTransport) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 	if c.s.buf.tryAcquire(c.src.Addr(), n, c.held) {
 		return true, true
 	}
-	c.resumeTail = append([]byte(nil), tail...)
+	c.left.tail = append([]byte(nil), tail...)
 	return false, true
 }
 
 // stalled keeps rest for the goroutines the loop hands the connection to (settle): they wait.
-func (loopTransport) stalled(c *conn, rest []byte) (judge, alive bool) {
-	c.resumeRest = append([]byte(nil), rest...)
+func (*loopTransport) stalled(c *conn, rest []byte) (judge, alive bool) {
+	c.left.rest = append([]byte(nil), rest...)
 	return false, true
 }
 
@@ -325,12 +330,12 @@ func (l *loop) serveRequests() (stop bool) {
 		l.register(c)
 	}
 	for _, c := range due {
-		if c.registered {
+		if c.lt.registered {
 			l.deadlineDue(c)
 		}
 	}
 	for _, c := range closes {
-		if c.registered { // else the loop already let it go
+		if c.lt.registered { // else the loop already let it go
 			l.release(c, handbackNone)
 		}
 	}
@@ -437,7 +442,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 		return
 	}
 	s.loops.clientOptionsOf(fd)
-	c := s.newConn(nil, src, dst, release)
+	c := s.accepted(nil, src, dst, release)
 	s.kp.opened(c, fd, nil)
 	if c.loopable() {
 		// Connections are spread over the loops in turn: EPOLLEXCLUSIVE wakes the same loop for
@@ -466,30 +471,30 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 		s.handlers.Done()
 		return
 	}
-	c.client = tc
+	c.gr.client = tc
 	s.track(c, true)
 	go c.serve(false)
 }
 
 func (l *loop) releaseAll() {
 	for _, c := range l.conns {
-		if c != nil && c.registered { // each connection is there twice
+		if c != nil && c.lt.registered { // each connection is there twice
 			l.release(c, handbackStop)
 		}
 	}
 }
 
 func (l *loop) register(c *conn) {
-	for _, fd := range [2]int32{c.cfd, c.ufd} {
+	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
 		if fd >= 0 && !l.watch(fd, c) {
 			l.s.log.Warn("event loop: epoll_ctl failed; the connection stays with its goroutines", "conn", c.id)
-			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
-			l.conns[c.cfd] = nil
+			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.lt.cfd), nil)
+			l.conns[c.lt.cfd] = nil
 			c.leaveLoop()
 			return
 		}
 	}
-	c.registered = true
+	c.lt.registered = true
 	l.s.m.loopConns.Inc()
 }
 
@@ -522,15 +527,15 @@ func (l *loop) setConn(fd int32, c *conn) {
 // release takes c out of the loop: to goroutines for the rest of its life (why says why), or, once
 // closed (why is handbackNone), to end (leaveLoop).
 func (l *loop) release(c *conn, why handback) {
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer, c.timerAt = nil, time.Time{}
+	if c.lt.timer != nil {
+		c.lt.timer.Stop()
+		c.lt.timer, c.lt.timerAt = nil, time.Time{}
 	}
 	l.s.m.loopConns.Dec()
 	if why != handbackNone {
 		l.s.m.handbacks[why].Inc()
 	}
-	for _, fd := range [2]int32{c.cfd, c.ufd} {
+	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
 		if fd < 0 {
 			continue
 		}
@@ -539,7 +544,7 @@ func (l *loop) release(c *conn, why handback) {
 		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
 		l.conns[fd] = nil
 	}
-	c.registered = false
+	c.lt.registered = false
 	c.leaveLoop()
 }
 
@@ -549,7 +554,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	defer func() {
 		if r := recover(); r != nil {
 			l.s.panicked(r, c)
-			if c.registered { // else release itself panicked after letting c go
+			if c.lt.registered { // else release itself panicked after letting c go
 				l.release(c, handbackNone)
 			}
 		}
@@ -558,10 +563,10 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		l.release(c, handbackNone)
 		return
 	}
-	fromClient := ev.Fd == c.cfd
-	src := c.ufd
+	fromClient := ev.Fd == c.lt.cfd
+	src := c.lt.ufd
 	if fromClient {
-		src = c.cfd
+		src = c.lt.cfd
 	}
 	n, errno := readFd(src, l.buf)
 	switch {
@@ -578,7 +583,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		} else {
 			c.ended(endedByStore)
 		}
-		if errno != 0 || !c.clientEnded {
+		if errno != 0 || !c.lt.clientEnded {
 			side := "store"
 			if fromClient {
 				side = "client"
@@ -596,13 +601,13 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		return
 	}
 	c.rep.follow(l.buf[:n])
-	w, errno := writeFd(c.cfd, l.buf[:n], nil)
+	w, errno := writeFd(c.lt.cfd, l.buf[:n], nil)
 	c.s.m.bytesS2C.Add(float64(w))
 	switch {
 	case w == n:
 	case errno == 0 || errno == unix.EAGAIN:
 		bp := readBufs.Get().(*[]byte)
-		c.pendClient = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
+		c.left.client = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
 		l.release(c, handbackBackpressure)
 	default:
 		c.closeBoth()
@@ -617,13 +622,13 @@ func (l *loop) settle(c *conn, alive bool) {
 	switch {
 	case !alive:
 		l.release(c, handbackNone)
-	case c.pendingUp() && c.ufd < 0:
+	case c.pendingUp() && c.lt.ufd < 0:
 		l.release(c, handbackDial)
 	case c.pendingUp():
 		l.release(c, handbackBackpressure)
-	case c.resumeTail != nil:
+	case c.left.tail != nil:
 		l.release(c, handbackPartial)
-	case c.resumeRest != nil:
+	case c.left.rest != nil:
 		l.release(c, handbackAwaiting)
 	default:
 		l.watchDeadline(c)
@@ -634,22 +639,22 @@ func (l *loop) settle(c *conn, alive bool) {
 // timer only asks the loop to look: deadlineDue decides on the connection's state then.
 func (l *loop) watchDeadline(c *conn) {
 	dl := c.g.Deadline()
-	if dl.IsZero() || (!c.timerAt.IsZero() && !c.timerAt.After(dl)) {
+	if dl.IsZero() || (!c.lt.timerAt.IsZero() && !c.lt.timerAt.After(dl)) {
 		return // none, or the timer fires by then already
 	}
-	c.timerAt = dl
+	c.lt.timerAt = dl
 	d := dl.Sub(c.s.now())
-	if c.timer == nil {
-		c.timer = time.AfterFunc(d, func() { l.request(func() { l.due = append(l.due, c) }) })
+	if c.lt.timer == nil {
+		c.lt.timer = time.AfterFunc(d, func() { l.request(func() { l.due = append(l.due, c) }) })
 		return
 	}
-	c.timer.Reset(d)
+	c.lt.timer.Reset(d)
 }
 
 // deadlineDue is c's timer firing: the guard judges a deadline that has passed; one still ahead
 // (the message in progress began later) re-arms the timer.
 func (l *loop) deadlineDue(c *conn) {
-	c.timerAt = time.Time{}
+	c.lt.timerAt = time.Time{}
 	if next := c.g.Deadline(); next.IsZero() || c.s.now().Before(next) {
 		l.watchDeadline(c)
 		return
@@ -661,13 +666,13 @@ func (l *loop) deadlineDue(c *conn) {
 // to the store (a partial message is dropped, never forwarded) and the store's last replies still
 // reach the client, for at most replyGrace; the store's own close then ends the connection.
 func (l *loop) clientDone(c *conn) {
-	if c.ufd < 0 { // the store was never connected: nothing to pass on
+	if c.lt.ufd < 0 { // the store was never connected: nothing to pass on
 		c.closeBoth()
 		l.release(c, handbackNone)
 		return
 	}
-	c.clientEnded = true
-	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.cfd), nil)
-	unix.Shutdown(int(c.ufd), unix.SHUT_WR)
+	c.lt.clientEnded = true
+	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.lt.cfd), nil)
+	unix.Shutdown(int(c.lt.ufd), unix.SHUT_WR)
 	time.AfterFunc(replyGrace, c.closeBoth)
 }

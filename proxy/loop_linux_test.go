@@ -438,7 +438,7 @@ func TestClientOptionsOfAcceptedSockets(t *testing.T) {
 				defer h.srv.mu.Unlock()
 				for c := range h.srv.conns { // cfd is set before track, and later only under c.mu
 					c.mu.Lock()
-					fd = c.cfd
+					fd = c.lt.cfd
 					c.mu.Unlock()
 				}
 				return fd >= 0 && h.loopConns() == "1"

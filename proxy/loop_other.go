@@ -17,6 +17,12 @@ var errNoLoops = errors.New("event loops need Linux (epoll)")
 
 type loop struct{}
 
+// loopTransport holds what a connection's loop would: its descriptors stay -1.
+type loopTransport struct {
+	lp       *loop
+	cfd, ufd int32
+}
+
 type loops struct{}
 
 func startLoops(*Server, int) (*loops, error)    { return nil, errNoLoops }

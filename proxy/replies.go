@@ -216,7 +216,7 @@ func (c *conn) writeReplies() {
 			return
 		}
 		if len(r.queue) == 0 {
-			c.client.SetWriteDeadline(time.Time{}) // for toClient's writes
+			c.gr.client.SetWriteDeadline(time.Time{}) // for toClient's writes
 			r.writing = false
 			r.mu.Unlock()
 			signal(r.moved)
@@ -224,8 +224,8 @@ func (c *conn) writeReplies() {
 		}
 		ch := r.queue[0]
 		r.mu.Unlock()
-		c.client.SetWriteDeadline(c.s.now().Add(c.st.cfg.Timeouts.ReplyRead))
-		w, err := c.client.Write((*ch.buf)[ch.from:ch.to])
+		c.gr.client.SetWriteDeadline(c.s.now().Add(c.st.cfg.Timeouts.ReplyRead))
+		w, err := c.gr.client.Write((*ch.buf)[ch.from:ch.to])
 		c.s.m.bytesS2C.Add(float64(w))
 		r.mu.Lock()
 		r.queued -= w
@@ -316,7 +316,7 @@ func (c *conn) dropReplies() {
 
 // tryWrite writes p to the client without waiting: what the socket takes now.
 func (c *conn) tryWrite(p []byte) (int, error) {
-	rc, err := c.client.SyscallConn()
+	rc, err := c.gr.client.SyscallConn()
 	if err != nil {
 		return 0, err
 	}
@@ -353,7 +353,7 @@ func (c *conn) repliesUnread() {
 	if c.isClosed() {
 		return
 	}
-	seen, gen := c.seenBytes.Load(), c.seenGen.Load()
+	seen, gen := c.seen.bytes.Load(), c.seen.gen.Load()
 	v := &protocol.Violation{Rule: protocol.RuleRepliesUnread, Offset: seen, Declared: uint64(queued),
 		Limit: uint64(c.st.cfg.Caps.ReplyBufferBytes)}
 	if gen > 0 {

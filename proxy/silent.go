@@ -22,9 +22,15 @@ import (
 // reasonSilentEvicted is the flow record's reason for a silent connection closed to admit another.
 const reasonSilentEvicted = "silent_evicted"
 
+// silentLink is a connection's place in its source's silent list while on (under s.mu).
+type silentLink struct {
+	prev, next *conn
+	on         bool
+}
+
 // silentSource is one source's connections that have sent nothing, oldest first.
 type silentSource struct {
-	newest *conn // the list's tail; conn.silentPrev leads to older ones
+	newest *conn // the list's tail; conn.silent.prev leads to older ones
 	n      int
 }
 
@@ -36,9 +42,9 @@ func (s *Server) addSilentLocked(c *conn) {
 		ss = &silentSource{}
 		s.silent[src] = ss
 	}
-	c.silentPrev, c.silentNext, c.silentOn = ss.newest, nil, true
+	c.silent.prev, c.silent.next, c.silent.on = ss.newest, nil, true
 	if ss.newest != nil {
-		ss.newest.silentNext = c
+		ss.newest.silent.next = c
 	}
 	ss.newest = c
 	ss.n++
@@ -48,20 +54,20 @@ func (s *Server) addSilentLocked(c *conn) {
 // dropSilentLocked takes c out of the index (it sent its first bytes, ended, or was evicted), if
 // it is there.
 func (s *Server) dropSilentLocked(c *conn) {
-	if !c.silentOn {
+	if !c.silent.on {
 		return
 	}
 	src := c.src.Addr()
 	ss := s.silent[src]
-	if c.silentPrev != nil {
-		c.silentPrev.silentNext = c.silentNext
+	if c.silent.prev != nil {
+		c.silent.prev.silent.next = c.silent.next
 	}
-	if c.silentNext != nil {
-		c.silentNext.silentPrev = c.silentPrev
+	if c.silent.next != nil {
+		c.silent.next.silent.prev = c.silent.prev
 	} else {
-		ss.newest = c.silentPrev
+		ss.newest = c.silent.prev
 	}
-	c.silentPrev, c.silentNext, c.silentOn = nil, nil, false
+	c.silent.prev, c.silent.next, c.silent.on = nil, nil, false
 	if ss.n--; ss.n == 0 {
 		delete(s.silent, src)
 	}

@@ -232,21 +232,21 @@ func (c *conn) sendState(h *fdpass.Conn) error {
 	c.rep.mu.Lock()
 	rs := c.rep.track.State()
 	var toClient []byte
-	if p := c.pendClient; p.buf != nil {
+	if p := c.left.client; p.buf != nil {
 		toClient = append(toClient, (*p.buf)[p.from:p.to]...)
 	}
 	for _, ch := range c.rep.queue {
 		toClient = append(toClient, (*ch.buf)[ch.from:ch.to]...)
 	}
 	c.rep.mu.Unlock()
-	refeed := append(append([]byte(nil), c.carry...), c.resumeTail...)
-	refeed = append(refeed, c.resumeRest...)
-	toStore := append(append([]byte(nil), c.pendUp...), c.pendUpTail...)
+	refeed := append(append([]byte(nil), c.carry...), c.left.tail...)
+	refeed = append(refeed, c.left.rest...)
+	toStore := append(append([]byte(nil), c.left.up...), c.left.upTail...)
 	c.mu.Lock()
-	cs := connState{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs, HasUp: c.up != nil,
-		ReadEnded: c.readEnded, UpDeadline: c.upDeadline, Refeed: len(refeed), Held: c.held, ToStore: len(toStore),
+	cs := connState{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs, HasUp: c.gr.up != nil,
+		ReadEnded: c.gr.readEnded, UpDeadline: c.gr.upDeadline, Refeed: len(refeed), Held: c.held, ToStore: len(toStore),
 		ToClient: len(toClient), Flow: c.flowCarry()}
-	client, up := c.client, c.up
+	client, up := c.gr.client, c.gr.up
 	c.mu.Unlock()
 	var fds []int
 	for _, tc := range []*net.TCPConn{client, up} {
@@ -441,10 +441,8 @@ func (s *Server) takeConn(h *fdpass.Conn, kind byte, body []byte, fds []int) (*a
 		return nil, err
 	}
 	st := s.set.Load()
-	c := &conn{s: s, st: st, id: cs.ID, src: cs.Src, dst: cs.Dst, start: cs.Start, out: viaGoroutines,
-		upReady: make(chan struct{}), s2cDone: make(chan struct{}), cfd: -1, ufd: -1,
-		readEnded: cs.ReadEnded, upDeadline: cs.UpDeadline}
-	c.rep.init()
+	c := s.newConn(cs.ID, cs.Src, cs.Dst, cs.Start)
+	c.gr.readEnded, c.gr.upDeadline = cs.ReadEnded, cs.UpDeadline
 	if err := c.rep.track.Restore(cs.Replies); err != nil {
 		s.log.Warn("handover: a connection's replies could not be followed on; counting afresh", "conn", c.id, "err", err)
 	}
@@ -522,49 +520,24 @@ func (s *Server) startConn(ac *adoptedConn) {
 	}
 	if ac.ufd >= 0 {
 		c.storeSlot = s.slots.Adopt(c.src.Addr())
-		c.dialed = true
-		close(c.upReady)
+		c.dial.done = true
+		close(c.dial.ready)
 	}
 	s.m.active.Inc()
 	s.handlers.Add(1)
 	s.track(c, true)
-	c.cfd, c.ufd = int32(ac.cfd), int32(ac.ufd)
-	clean := len(ac.refeed)+len(ac.toStore)+len(ac.toClient) == 0 && !c.readEnded
-	if clean && ac.ufd >= 0 && s.loops != nil && c.st.cfg.Timeouts.Idle == 0 && c.g.Deadline().IsZero() &&
-		!c.g.Passing() {
-		l := s.loops.pick()
-		c.mu.Lock()
-		c.own, c.lp, c.out = ownLoop, l, viaLoop
-		c.mu.Unlock()
-		if l.adopt(c) {
-			return
-		}
-		c.mu.Lock()
-		c.out = viaGoroutines
-		c.mu.Unlock()
-	}
-	c.mu.Lock()
-	c.own, c.lp = ownDetached, nil
-	c.mu.Unlock()
+	left := leftover{replies: ac.toClient}
 	if len(ac.toStore) > 0 {
-		c.pendUp = ac.toStore
-	}
-	if held := min(ac.held, int64(c.g.Limits().MaxMessageBytes)); held > 0 && len(ac.refeed) > 0 {
-		c.s.buf.adopt(c.src.Addr(), held) // the message in progress keeps its budget, as before
-		c.carry, c.held = make([]byte, 0, held), held
+		left.up = ac.toStore
 	}
 	if len(ac.refeed) > 0 {
-		c.resumeRest = ac.refeed
-	}
-	c.adoptedReplies = ac.toClient
-	go func() {
-		if c.readEnded {
-			c.mu.Lock()
-			c.readEnded = false // the reader sees the end of stream again and passes it on
-			c.mu.Unlock()
+		left.rest = ac.refeed
+		if held := min(ac.held, int64(c.g.Limits().MaxMessageBytes)); held > 0 {
+			c.s.buf.adopt(c.src.Addr(), held) // the message in progress keeps its budget, as before
+			c.carry, c.held = make([]byte, 0, held), held
 		}
-		c.serve(true)
-	}()
+	}
+	c.startAdopted(ac.cfd, ac.ufd, left)
 }
 
 // acceptBacklog accepts what waits on the old listening socket after a restart for a new listen

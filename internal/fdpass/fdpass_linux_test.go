@@ -3,13 +3,11 @@ package fdpass
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/storeguard/storeguard/internal/fdpass/fdtest"
 )
 
 // open is a connected pair of Conns; the caller closes them.
@@ -38,66 +36,6 @@ func pair(t *testing.T) (a, b *Conn) {
 	return a, b
 }
 
-// sockets are n connected stream socket pairs, closed when the test ends: the first of each is
-// the one to pass, the second the one to check it through.
-func sockets(t *testing.T, n int) (pass, peer []*os.File) {
-	t.Helper()
-	for i := range n {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, b := os.NewFile(uintptr(fds[0]), fmt.Sprint("pass", i)), os.NewFile(uintptr(fds[1]), fmt.Sprint("peer", i))
-		t.Cleanup(func() { a.Close(); b.Close() })
-		pass, peer = append(pass, a), append(peer, b)
-	}
-	return pass, peer
-}
-
-func fdsOf(files []*os.File) []int {
-	fds := make([]int, len(files))
-	for i, f := range files {
-		fds[i] = int(f.Fd())
-	}
-	return fds
-}
-
-// fdCount is how many descriptors this process has open.
-func fdCount(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
-}
-
-// noLeak checks, when the test ends (after the cleanups registered later), that it left no
-// descriptor open: call it first.
-func noLeak(t *testing.T) {
-	before := fdCount(t)
-	t.Cleanup(func() {
-		if after := fdCount(t); after != before {
-			t.Errorf("%d descriptors open before, %d after: leaked", before, after)
-		}
-	})
-}
-
-// sameSocket checks that fd, received, is the socket passed: what is written through it arrives
-// at peer.
-func sameSocket(t *testing.T, fd int, peer *os.File, i int) {
-	t.Helper()
-	msg := fmt.Sprintf("through %d", i)
-	if _, err := unix.Write(fd, []byte(msg)); err != nil {
-		t.Fatalf("write through received descriptor %d: %v", i, err)
-	}
-	buf := make([]byte, 64)
-	n, err := peer.Read(buf)
-	if err != nil || string(buf[:n]) != msg {
-		t.Fatalf("descriptor %d: its peer read %q, %v; want %q", i, buf[:n], err, msg)
-	}
-}
-
 func TestPacketsRoundTripWithTheirDescriptors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -110,11 +48,11 @@ func TestPacketsRoundTripWithTheirDescriptors(t *testing.T) {
 		{"the most one packet carries (SCM_MAX_FD)", 253},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			noLeak(t)
+			fdtest.NoLeak(t)
 			a, b := pair(t)
-			pass, peer := sockets(t, tc.fds)
+			pass, peer := fdtest.Sockets(t, tc.fds)
 			sent := map[string]int{"fds": tc.fds}
-			if err := a.Send('M', sent, fdsOf(pass)...); err != nil {
+			if err := a.Send('M', sent, fdtest.Fds(pass...)...); err != nil {
 				t.Fatal(err)
 			}
 			kind, body, fds, err := b.Recv(0)
@@ -130,7 +68,7 @@ func TestPacketsRoundTripWithTheirDescriptors(t *testing.T) {
 				t.Fatalf("received %d descriptors, sent %d", len(fds), tc.fds)
 			}
 			for i, fd := range fds {
-				sameSocket(t, fd, peer[i], i)
+				fdtest.Same(t, fd, peer[i])
 			}
 		})
 	}
@@ -162,10 +100,10 @@ func TestSendRefusesAPacketOverTheLimit(t *testing.T) {
 // A packet longer than Recv takes is an error, never a shortened packet, and its descriptors are
 // closed.
 func TestRecvRejectsAPacketLongerThanItTakes(t *testing.T) {
-	noLeak(t)
+	fdtest.NoLeak(t)
 	a, b := pair(t)
-	pass, _ := sockets(t, 2)
-	if err := a.sendRaw(bytes.Repeat([]byte{'B'}, maxPacket+1), fdsOf(pass)); err != nil {
+	pass, _ := fdtest.Sockets(t, 2)
+	if err := a.sendRaw(bytes.Repeat([]byte{'B'}, maxPacket+1), fdtest.Fds(pass...)); err != nil {
 		t.Fatal(err)
 	}
 	kind, body, fds, err := b.Recv(0)
@@ -179,14 +117,14 @@ func TestRecvRejectsAPacketLongerThanItTakes(t *testing.T) {
 }
 
 func TestAClosedPeer(t *testing.T) {
-	noLeak(t)
+	fdtest.NoLeak(t)
 	a, b := open(t)
 	defer b.Close()
 	if b.Hungup() {
 		t.Fatal("Hungup while the peer is open")
 	}
-	pass, peer := sockets(t, 1)
-	if err := a.Send('O', 7, fdsOf(pass)...); err != nil {
+	pass, peer := fdtest.Sockets(t, 1)
+	if err := a.Send('O', 7, fdtest.Fds(pass...)...); err != nil {
 		t.Fatal(err)
 	}
 	a.Close()
@@ -198,7 +136,7 @@ func TestAClosedPeer(t *testing.T) {
 	if err != nil || kind != 'O' || string(body) != "7" || len(fds) != 1 {
 		t.Fatalf("received %c %s with %d descriptors, %v; want O 7 with 1", kind, body, len(fds), err)
 	}
-	sameSocket(t, fds[0], peer[0], 0)
+	fdtest.Same(t, fds[0], peer[0])
 	CloseFds(fds)
 	if _, _, fds, err := b.Recv(0); err == nil || fds != nil {
 		t.Fatalf("Recv after the peer closed: %d descriptors, %v; want an error", len(fds), err)
@@ -262,10 +200,10 @@ func TestExpect(t *testing.T) {
 		{"a body that is not the type", 'C', "three", "C packet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			noLeak(t)
+			fdtest.NoLeak(t)
 			a, b := pair(t)
-			pass, peer := sockets(t, 2)
-			if err := a.Send(tc.kind, tc.v, fdsOf(pass)...); err != nil {
+			pass, peer := fdtest.Sockets(t, 2)
+			if err := a.Send(tc.kind, tc.v, fdtest.Fds(pass...)...); err != nil {
 				t.Fatal(err)
 			}
 			var got body
@@ -281,7 +219,7 @@ func TestExpect(t *testing.T) {
 				t.Fatalf("Expect: %+v with %d descriptors, %v; want %+v with 2", got, len(fds), err, tc.v)
 			}
 			for i, fd := range fds {
-				sameSocket(t, fd, peer[i], i)
+				fdtest.Same(t, fd, peer[i])
 			}
 		})
 	}
@@ -308,7 +246,7 @@ func TestBlob(t *testing.T) {
 		}, len(blob), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			noLeak(t)
+			fdtest.NoLeak(t)
 			a, b := pair(t)
 			sent := make(chan error, 1)
 			go func() { sent <- tc.send(a) }() // more than a socket buffer: sent while read

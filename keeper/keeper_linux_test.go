@@ -394,13 +394,14 @@ func TestKeeperRestartsAWorkerThatDied(t *testing.T) {
 	logged := workers(t, "crash")
 	exited := make(chan int, 1)
 	go func() { exited <- runKeeper() }()
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(time.Minute)) // only if no worker dials
+	// The deadlines are for a keeper that fails: no worker dials, or nothing ends the connection.
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second))
 	c, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Minute))
+	c.SetDeadline(time.Now().Add(20 * time.Second))
 	got, err := io.ReadAll(c) // until the last copy closes: the keeper's, as it ends
 	if err != nil || string(got) != "from the restarted worker" {
 		t.Fatalf("the client read %q, %v; want the restarted worker's bytes, then the end", got, err)

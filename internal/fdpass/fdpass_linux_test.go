@@ -148,8 +148,12 @@ func TestAClosedPeer(t *testing.T) {
 
 func TestRecvWaitsAtMostItsTimeout(t *testing.T) {
 	a, b := pair(t)
+	start := time.Now()
 	if _, _, _, err := b.Recv(10 * time.Millisecond); err == nil {
 		t.Fatal("Recv with nothing sent returned no error")
+	}
+	if waited := time.Since(start); waited < 10*time.Millisecond { // a non-blocking socket: no wait at all
+		t.Fatalf("Recv gave up after %s, before its timeout", waited)
 	}
 	// The timeout is per call: a packet is still read after one.
 	if err := a.Send('F', nil); err != nil {

@@ -27,13 +27,15 @@ func link(t *testing.T, k *Keeper) (w *worker, wc *fdpass.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mine.Close()
-	defer theirs.Close()
-	ctl, err := fdpass.New(mine)
+	ctl, err := fdpass.New(mine) // as spawn makes the keeper's end
+	mine.Close()
 	if err != nil {
+		theirs.Close()
 		t.Fatal(err)
 	}
-	if wc, err = fdpass.New(theirs); err != nil {
+	wc, err = fdpass.New(theirs)
+	theirs.Close()
+	if err != nil {
 		ctl.Close()
 		t.Fatal(err)
 	}

@@ -377,6 +377,9 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if kind != 'L' { // the only one of these that carries descriptors
+		fdpass.CloseFds(fds)
+	}
 	switch kind {
 	case 'L':
 		var ln Listeners
@@ -414,7 +417,6 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 	case 'F':
 		go w.send('f', nil)
 	default:
-		fdpass.CloseFds(fds)
 		return fmt.Errorf("unknown packet")
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 const (
 	maxPacket  = 60 << 10
 	blobPacket = maxPacket - 1
+	maxFds     = 253 // SCM_MAX_FD: the most descriptors a packet carries (a keeper's M batch: 200)
 )
 
 // Conn is one end of a SOCK_SEQPACKET socket pair: packets of a kind byte and a JSON body, with
@@ -112,10 +113,10 @@ func (h *Conn) Recv(timeout time.Duration) (kind byte, body []byte, fds []int, e
 	tv := unix.NsecToTimeval(timeout.Nanoseconds())
 	unix.SetsockoptTimeval(h.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	buf := make([]byte, maxPacket)
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	var n, oobn int
+	oob := make([]byte, unix.CmsgSpace(4*maxFds))
+	var n, oobn, flags int
 	for {
-		n, oobn, _, _, err = unix.Recvmsg(h.fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, flags, _, err = unix.Recvmsg(h.fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if err != unix.EINTR {
 			break
 		}
@@ -135,6 +136,10 @@ func (h *Conn) Recv(timeout time.Duration) (kind byte, body []byte, fds []int, e
 				}
 			}
 		}
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 { // the kernel dropped the rest: never act on a part
+		CloseFds(fds)
+		return 0, nil, nil, fmt.Errorf("fdpass: a %c packet cut short (over %d bytes or %d descriptors)", buf[0], maxPacket, maxFds)
 	}
 	if n == 0 {
 		CloseFds(fds)

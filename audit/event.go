@@ -1,6 +1,6 @@
 // Package audit owns the storeguard audit event: its JSON Lines format, a
-// writer that rotates files and samples per source, and a reader that
-// summarizes what was blocked.
+// writer that rotates files and samples per source, and a reader of what it
+// wrote. The report on a log (storeguard audit) is package audit/report.
 package audit
 
 import (

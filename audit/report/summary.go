@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"cmp"
@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -32,7 +33,7 @@ type Filter struct {
 	Rule string
 }
 
-func (f Filter) match(e Event) bool {
+func (f Filter) match(e audit.Event) bool {
 	switch {
 	case !f.Since.IsZero() && e.Timestamp.Before(f.Since):
 		return false
@@ -40,7 +41,7 @@ func (f Filter) match(e Event) bool {
 		return false
 	case f.Source.IsValid() && !f.Source.Contains(e.SourceIP):
 		return false
-	case f.Rule != "" && e.Reason != f.Rule && e.Action != ActionSampledSummary:
+	case f.Rule != "" && e.Reason != f.Rule && e.Action != audit.ActionSampledSummary:
 		return false
 	}
 	return true
@@ -75,26 +76,26 @@ type Summary struct {
 	ConnectionsEstimated  uint64      `json:"connections_estimated"`
 	ByVerdict             []ConnCount `json:"by_verdict"` // connections by storeguard.verdict
 
-	ByAction       []Count       `json:"by_action"`   // events by event.action; they add up to Events
-	ByRule         []RuleStats   `json:"by_rule"`     // blocked and would_block events by rule
-	Denials        []ReasonStats `json:"denials"`     // refusals by reason: denied events, refused connections
-	Bans           []ReasonStats `json:"bans"`        // banned events by reason
-	Probes         []ProbeStats  `json:"probes"`      // storeguard.probe of connections and of blocked first messages
-	Ops            []Count       `json:"ops"`         // the op of each blocked or would_block message
-	HostileOps     []Count       `json:"hostile_ops"` // messages of connections that did not pass, by op (flow records)
-	Fields         []Count       `json:"fields"`      // the field each blocked or would_block message broke a limit with (no policy rule's)
-	TotalScans     int           `json:"total_scans"`
-	Scans          []ScanNotice  `json:"scans"`  // the first MaxScansListed scan_detected notices, oldest first
-	Policy         PolicyStats   `json:"policy"` // policy rules' events by rule, action, key and detail, worst first
-	Reached        Reached       `json:"reached_store"`
-	PerHour        []HourCount   `json:"per_hour"`
-	Timeline       Timeline      `json:"timeline"`
-	TotalSources   int           `json:"total_sources"`
-	JobSources     int           `json:"job_sources"`     // role job
-	HostileSources int           `json:"hostile_sources"` // role hostile or mixed
-	Sources        []SourceStats `json:"sources"`         // hostile first, then most estimated events; see Top
-	Malformed      int           `json:"malformed"`
-	MalformedAt    []LineError   `json:"malformed_at,omitempty"` // the first MaxMalformedListed
+	ByAction       []Count           `json:"by_action"`   // events by event.action; they add up to Events
+	ByRule         []RuleStats       `json:"by_rule"`     // blocked and would_block events by rule
+	Denials        []ReasonStats     `json:"denials"`     // refusals by reason: denied events, refused connections
+	Bans           []ReasonStats     `json:"bans"`        // banned events by reason
+	Probes         []ProbeStats      `json:"probes"`      // storeguard.probe of connections and of blocked first messages
+	Ops            []Count           `json:"ops"`         // the op of each blocked or would_block message
+	HostileOps     []Count           `json:"hostile_ops"` // messages of connections that did not pass, by op (flow records)
+	Fields         []Count           `json:"fields"`      // the field each blocked or would_block message broke a limit with (no policy rule's)
+	TotalScans     int               `json:"total_scans"`
+	Scans          []ScanNotice      `json:"scans"`  // the first MaxScansListed scan_detected notices, oldest first
+	Policy         PolicyStats       `json:"policy"` // policy rules' events by rule, action, key and detail, worst first
+	Reached        Reached           `json:"reached_store"`
+	PerHour        []HourCount       `json:"per_hour"`
+	Timeline       Timeline          `json:"timeline"`
+	TotalSources   int               `json:"total_sources"`
+	JobSources     int               `json:"job_sources"`     // role job
+	HostileSources int               `json:"hostile_sources"` // role hostile or mixed
+	Sources        []SourceStats     `json:"sources"`         // hostile first, then most estimated events; see Top
+	Malformed      int               `json:"malformed"`
+	MalformedAt    []audit.LineError `json:"malformed_at,omitempty"` // the first MaxMalformedListed
 
 	all []SourceStats // every source, for Top's findings
 }
@@ -124,10 +125,10 @@ type RuleStats struct {
 	WouldBlock uint64 `json:"would_block"` // of Estimated, let through in monitor mode
 	Sources    int    `json:"sources"`
 	// The largest storeguard.declared of the rule's written events, with its field and limit.
-	Field    string   `json:"field,omitempty"`
-	Declared *BigUint `json:"declared,omitempty"`
-	Limit    *BigUint `json:"limit,omitempty"`
-	First    Sighting `json:"first"` // the earliest written event
+	Field    string         `json:"field,omitempty"`
+	Declared *audit.BigUint `json:"declared,omitempty"`
+	Limit    *audit.BigUint `json:"limit,omitempty"`
+	First    Sighting       `json:"first"` // the earliest written event
 }
 
 // ReasonStats count refusals or bans with one reason.
@@ -157,15 +158,15 @@ type ProbeStats struct {
 // does): when, from where, and the bytes it began with; of a policy rule, the key and what broke
 // the rule (escaped as PolicyEntry's are).
 type Sighting struct {
-	Time       time.Time  `json:"time,omitzero"`
-	IP         netip.Addr `json:"ip,omitzero"`
-	Probe      string     `json:"probe,omitempty"`
-	FirstBytes HexBytes   `json:"first_bytes,omitempty"`
-	Key        string     `json:"key,omitempty"`
-	Detail     string     `json:"detail,omitempty"`
+	Time       time.Time      `json:"time,omitzero"`
+	IP         netip.Addr     `json:"ip,omitzero"`
+	Probe      string         `json:"probe,omitempty"`
+	FirstBytes audit.HexBytes `json:"first_bytes,omitempty"`
+	Key        string         `json:"key,omitempty"`
+	Detail     string         `json:"detail,omitempty"`
 }
 
-func (s *Sighting) see(e *Event) {
+func (s *Sighting) see(e *audit.Event) {
 	had, has := len(s.FirstBytes) > 0, len(e.FirstBytes) > 0
 	if s.Time.IsZero() || has && !had || has == had && e.Timestamp.Before(s.Time) {
 		*s = Sighting{Time: e.Timestamp.UTC(), IP: e.SourceIP, Probe: e.Probe, FirstBytes: e.FirstBytes,
@@ -249,9 +250,9 @@ type Summarizer struct {
 	ops      map[string]uint64
 	hostOps  map[string]uint64
 	fields   map[string]uint64
-	verdicts map[Verdict]*[2]uint64 // written, suppressed
+	verdicts map[audit.Verdict]*[2]uint64 // written, suppressed
 	sources  map[netip.Addr]*source
-	open     map[flowKey]Event // the latest interim record of each connection still open
+	open     map[flowKey]audit.Event // the latest interim record of each connection still open
 	tl       timeline
 	policy   policySummarizer
 }
@@ -301,9 +302,9 @@ func NewSummarizer(f Filter) *Summarizer {
 		ops:      make(map[string]uint64),
 		hostOps:  make(map[string]uint64),
 		fields:   make(map[string]uint64),
-		verdicts: make(map[Verdict]*[2]uint64),
+		verdicts: make(map[audit.Verdict]*[2]uint64),
 		sources:  make(map[netip.Addr]*source),
-		open:     make(map[flowKey]Event),
+		open:     make(map[flowKey]audit.Event),
 		tl:       newTimeline(),
 	}
 }
@@ -335,9 +336,9 @@ func (z *Summarizer) ReadFile(path string) error {
 // Read adds the events of one log; name labels its malformed lines.
 func (z *Summarizer) Read(name string, r io.Reader) {
 	z.sum.Files++
-	for e, err := range Events(r) {
+	for e, err := range audit.Events(r) {
 		z.lines++
-		var lerr *LineError
+		var lerr *audit.LineError
 		if errors.As(err, &lerr) {
 			z.sum.Malformed++
 			if len(z.sum.MalformedAt) < MaxMalformedListed {
@@ -356,26 +357,26 @@ func (z *Summarizer) Lines() uint64 { return z.lines }
 
 // Add counts one event if the filter selects it. Names storeguard does not write count as
 // OtherName (knownNames).
-func (z *Summarizer) Add(e Event) {
+func (z *Summarizer) Add(e audit.Event) {
 	e = knownNames(e)
 	if !z.filter.match(e) {
 		return
 	}
 	switch e.Action {
-	case ActionDroppedSummary:
+	case audit.ActionDroppedSummary:
 		z.sum.Dropped += e.Suppressed
 		return
-	case ActionHandover:
+	case audit.ActionHandover:
 		z.sum.Handovers++
 		return
 	}
-	if e.Action == ActionSampledSummary {
+	if e.Action == audit.ActionSampledSummary {
 		z.addSuppressed(&e)
 		return
 	}
 	src := z.source(e.SourceIP)
 	switch e.Action {
-	case ActionFlow:
+	case audit.ActionFlow:
 		z.addFlow(src, &e)
 		return
 	}
@@ -388,7 +389,7 @@ func (z *Summarizer) Add(e Event) {
 	z.tl.add(e.SourceIP, e.Timestamp, seriesEvents, 1)
 
 	switch e.Action {
-	case ActionBlocked, ActionWouldBlock:
+	case audit.ActionBlocked, audit.ActionWouldBlock:
 		r := z.rule(e.Reason)
 		r.stats.Events++
 		r.sources[e.SourceIP] = struct{}{}
@@ -414,20 +415,20 @@ func (z *Summarizer) Add(e Event) {
 			src.addProbe(e.Probe)
 		}
 		src.violation(e.Action, e.Reason, 1)
-		if e.Action == ActionWouldBlock {
+		if e.Action == audit.ActionWouldBlock {
 			r.stats.WouldBlock++
 		}
-	case ActionDenied:
+	case audit.ActionDenied:
 		d := reasonOf(z.denials, e.Reason)
 		d.stats.Events++
 		d.sources[e.SourceIP] = struct{}{}
 		src.weak++
-	case ActionBanned:
+	case audit.ActionBanned:
 		b := reasonOf(z.bans, e.Reason)
 		b.stats.Events++
 		b.sources[e.SourceIP] = struct{}{}
 		src.strong++
-	case ActionScan:
+	case audit.ActionScan:
 		z.sum.TotalScans++
 		if len(z.sum.Scans) < MaxScansListed {
 			z.sum.Scans = append(z.sum.Scans, ScanNotice{
@@ -441,7 +442,7 @@ func (z *Summarizer) Add(e Event) {
 
 // addSuppressed counts what a sampled_summary says was sampled away, by kind when it says so.
 // A Rule filter keeps that rule's kinds only; the source is not counted when none is left.
-func (z *Summarizer) addSuppressed(e *Event) {
+func (z *Summarizer) addSuppressed(e *audit.Event) {
 	if len(e.SuppressedBy) == 0 {
 		if z.filter.Rule == "" {
 			z.suppressEvents(z.source(e.SourceIP), e.Suppressed)
@@ -453,28 +454,28 @@ func (z *Summarizer) addSuppressed(e *Event) {
 		inKinds += n
 		action, reason, _ := strings.Cut(kind, "/")
 		reason, _, _ = strings.Cut(reason, "/") // the writer's kind may end in a probe: blocked/key_too_long/rdp_x224
-		if z.filter.Rule != "" && (reason != z.filter.Rule || Action(action) == ActionFlow) {
+		if z.filter.Rule != "" && (reason != z.filter.Rule || audit.Action(action) == audit.ActionFlow) {
 			continue
 		}
 		src := z.source(e.SourceIP)
-		switch Action(action) {
-		case ActionFlow:
-			z.verdict(Verdict(reason))[1] += n
+		switch audit.Action(action) {
+		case audit.ActionFlow:
+			z.verdict(audit.Verdict(reason))[1] += n
 			src.stats.ConnectionsSuppressed += n
-			src.verdictSuppressed(Verdict(reason), n)
+			src.verdictSuppressed(audit.Verdict(reason), n)
 			z.sum.ConnectionsSuppressed += n
 			continue
-		case ActionBlocked, ActionWouldBlock:
+		case audit.ActionBlocked, audit.ActionWouldBlock:
 			r := z.rule(reason)
 			r.stats.Suppressed += n
-			if Action(action) == ActionWouldBlock {
+			if audit.Action(action) == audit.ActionWouldBlock {
 				r.stats.WouldBlock += n
 			}
 			if protocol.IsPolicyRule(protocol.Rule(reason)) {
-				z.policy.suppressed(Action(action), n)
+				z.policy.suppressed(audit.Action(action), n)
 			}
-			src.violation(Action(action), reason, n)
-		case ActionDenied:
+			src.violation(audit.Action(action), reason, n)
+		case audit.ActionDenied:
 			reasonOf(z.denials, reason).stats.Suppressed += n
 			src.weak += n
 		}
@@ -492,14 +493,14 @@ func (z *Summarizer) suppressEvents(src *source, n uint64) {
 
 // addFlow counts a flow record. A connection's interim records are replaced by the next one, so
 // that it counts once, by its latest record.
-func (z *Summarizer) addFlow(src *source, e *Event) {
+func (z *Summarizer) addFlow(src *source, e *audit.Event) {
 	key := flowKey{e.ObserverHostname, e.ConnID, netip.AddrPortFrom(e.SourceIP, e.SourcePort), e.Start.UnixNano()}
 	if prev, ok := z.open[key]; ok {
 		delete(z.open, key)
 		z.countFlow(src, &prev, minusOne)
 	}
 	z.countFlow(src, e, 1)
-	if e.Verdict == VerdictOpen {
+	if e.Verdict == audit.VerdictOpen {
 		z.open[key] = *e
 	}
 	for _, t := range []time.Time{e.Start, e.Timestamp} {
@@ -514,7 +515,7 @@ const minusOne = ^uint64(0) // d in countFlow: unsigned arithmetic wraps, so x +
 
 // countFlow adds (d = 1) or takes back (d = minusOne) one flow record. Only interim records are
 // taken back, so what only a finished connection adds (probes, sightings) needs no undoing.
-func (z *Summarizer) countFlow(src *source, e *Event, d uint64) {
+func (z *Summarizer) countFlow(src *source, e *audit.Event, d uint64) {
 	z.verdict(e.Verdict)[0] += d
 	src.verdictWritten(e.Verdict, d)
 	z.sum.Connections += d
@@ -522,10 +523,10 @@ func (z *Summarizer) countFlow(src *source, e *Event, d uint64) {
 	z.tl.add(e.SourceIP, cmp.Or(e.Start, e.Timestamp), seriesConnections, d)
 	storeBytes, messages := deref(e.StoreBytes), deref(e.Messages)
 	switch e.Verdict {
-	case VerdictPassed:
+	case audit.VerdictPassed:
 		src.passed += d
 		return
-	case VerdictOpen:
+	case audit.VerdictOpen:
 		src.openBytes += d * storeBytes
 		src.openMessages += d * messages
 		if storeBytes > 0 {
@@ -546,9 +547,9 @@ func (z *Summarizer) countFlow(src *source, e *Event, d uint64) {
 		src.stats.Ops[op] += n
 	}
 	switch e.Verdict {
-	case VerdictBlocked, VerdictWouldBlock:
+	case audit.VerdictBlocked, audit.VerdictWouldBlock:
 		src.strong++
-	case VerdictRefused:
+	case audit.VerdictRefused:
 		r := reasonOf(z.denials, e.Reason)
 		r.stats.Connections++
 		r.sources[e.SourceIP] = struct{}{}
@@ -592,7 +593,7 @@ func (z *Summarizer) probe(key string) *probeAcc {
 	return p
 }
 
-func (z *Summarizer) verdict(v Verdict) *[2]uint64 {
+func (z *Summarizer) verdict(v audit.Verdict) *[2]uint64 {
 	c := z.verdicts[v]
 	if c == nil {
 		c = new([2]uint64)
@@ -612,12 +613,12 @@ func reasonOf(m map[string]*reasonAcc, key string) *reasonAcc {
 
 // violation counts n blocked or would_block events of a rule. A stream that ended mid-message is
 // no evidence of hostility on its own: a rank killed mid-message ends so.
-func (src *source) violation(a Action, rule string, n uint64) {
+func (src *source) violation(a audit.Action, rule string, n uint64) {
 	if src.stats.Rules == nil {
 		src.stats.Rules = make(map[string]uint64)
 	}
 	src.stats.Rules[rule] += n
-	if a == ActionWouldBlock {
+	if a == audit.ActionWouldBlock {
 		src.stats.WouldBlock += n
 		if src.stats.WouldBlockRules == nil {
 			src.stats.WouldBlockRules = make(map[string]uint64)
@@ -631,7 +632,7 @@ func (src *source) violation(a Action, rule string, n uint64) {
 	}
 }
 
-func (src *source) verdictWritten(v Verdict, d uint64) {
+func (src *source) verdictWritten(v audit.Verdict, d uint64) {
 	if src.stats.ByVerdict == nil {
 		src.stats.ByVerdict = make(map[string]uint64)
 	}
@@ -643,13 +644,13 @@ func (src *source) verdictWritten(v Verdict, d uint64) {
 
 // verdictSuppressed counts n flow records sampled away: they are evidence as written ones are,
 // but what they forwarded is not known unless nothing could be (empty, refused).
-func (src *source) verdictSuppressed(v Verdict, n uint64) {
+func (src *source) verdictSuppressed(v audit.Verdict, n uint64) {
 	src.verdictWritten(v, n)
 	switch v {
-	case VerdictPassed, VerdictOpen:
-	case VerdictEmpty, VerdictRefused:
+	case audit.VerdictPassed, audit.VerdictOpen:
+	case audit.VerdictEmpty, audit.VerdictRefused:
 		src.weak += n
-	case VerdictTruncated:
+	case audit.VerdictTruncated:
 		src.weak += n
 		src.stats.Unrecorded += n
 	default:
@@ -791,7 +792,7 @@ func roleRank(role string) int {
 // reachedOf is what became of a hostile or mixed source's traffic.
 func reachedOf(st *SourceStats) string {
 	switch {
-	case st.WouldBlock > 0 || st.ByVerdict[string(VerdictWouldBlock)] > 0:
+	case st.WouldBlock > 0 || st.ByVerdict[string(audit.VerdictWouldBlock)] > 0:
 		return ReachedWouldBlock
 	case st.StoreBytes > 0:
 		return ReachedForwarded

@@ -51,7 +51,7 @@ const (
 )
 
 // MaxFirstBytes caps storeguard.first_bytes; the writer clips longer slices.
-const MaxFirstBytes = 32
+const MaxFirstBytes = protocol.MaxFirstBytes
 
 // Event is one audit record, written as one JSON object per line, with the field names of the
 // Elastic Common Schema (ECSVersion) and storeguard's own under storeguard.* (docs/audit-events.md).

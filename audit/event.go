@@ -1,6 +1,6 @@
 // Package audit owns the storeguard audit event: its JSON Lines format, a
-// writer that rotates files and samples per source, and a reader that
-// summarizes what was blocked.
+// writer that rotates files and samples per source, and a reader of what it
+// wrote. The report on a log (storeguard audit) is package audit/report.
 package audit
 
 import (
@@ -51,7 +51,7 @@ const (
 )
 
 // MaxFirstBytes caps storeguard.first_bytes; the writer clips longer slices.
-const MaxFirstBytes = 32
+const MaxFirstBytes = protocol.MaxFirstBytes
 
 // Event is one audit record, written as one JSON object per line, with the field names of the
 // Elastic Common Schema (ECSVersion) and storeguard's own under storeguard.* (docs/audit-events.md).

@@ -14,7 +14,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -50,7 +49,7 @@ type Holder interface {
 // Warning is a rule broken by a message that was sent all the same (a monitored rule).
 type Warning struct {
 	Violation *protocol.Violation
-	First     []byte // the message's first bytes, at most audit.MaxFirstBytes
+	First     []byte // the message's first bytes, at most protocol.MaxFirstBytes
 }
 
 // Awaiting counts a stream's requests that await their replies. serve keeps one per connection,
@@ -71,7 +70,7 @@ type Decision struct {
 	// (or in their place, after Send).
 	Keep bool
 	// Violation: the message at p[Forward:], after the held bytes, breaks a rule; First is its
-	// first bytes (at most audit.MaxFirstBytes), valid until the next call. In monitor mode the
+	// first bytes (at most protocol.MaxFirstBytes), valid until the next call. In monitor mode the
 	// decision also sends everything.
 	Violation *protocol.Violation
 	First     []byte
@@ -96,10 +95,10 @@ type Stream struct {
 	passing  bool      // monitor mode after a violation: bytes pass undecoded
 	talked   bool
 	bytes    uint64
-	counts   [32]uint64                // complete messages by protocol.Op
-	head     [audit.MaxFirstBytes]byte // the first bytes of the message in progress
+	counts   [32]uint64                   // complete messages by protocol.Op
+	head     [protocol.MaxFirstBytes]byte // the first bytes of the message in progress
 	headN    int
-	first    [audit.MaxFirstBytes]byte // Decision.First
+	first    [protocol.MaxFirstBytes]byte // Decision.First
 	// resumed: when the message in progress began, for a stream restored mid-message (Restore),
 	// whose held bytes are fed again
 	resumed time.Time
@@ -238,7 +237,7 @@ func (s *Stream) judge(msg *protocol.Message, p []byte, end int, base uint64) *p
 }
 
 func (s *Stream) warn(msg *protocol.Message, b protocol.Split, f policy.Finding) {
-	first := b.AppendTo(nil, 0, min(b.Len(), audit.MaxFirstBytes))
+	first := b.AppendTo(nil, 0, min(b.Len(), protocol.MaxFirstBytes))
 	s.warns = append(s.warns, Warning{Violation: s.ruleViolation(msg, f), First: first})
 }
 

@@ -151,6 +151,10 @@ type Violation struct {
 // MaxKeyShown is how many bytes of a key a policy violation shows.
 const MaxKeyShown = 256
 
+// MaxFirstBytes is how many of a violating message's (or a stream's) first bytes are kept as
+// evidence: the guard's Decision.First, the audit event's storeguard.first_bytes.
+const MaxFirstBytes = 32
+
 // ShowKey is key as a Violation shows it: printable ASCII, escapes for the rest, at most
 // MaxKeyShown bytes of the key (then "...").
 func ShowKey(key []byte) string {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/audit/report"
 	"github.com/storeguard/storeguard/internal/progress"
 )
 
@@ -18,7 +18,7 @@ import (
 func newAuditCommand() *cobra.Command {
 	var (
 		since, until, source string
-		f                    audit.Filter
+		f                    report.Filter
 		format, html         string
 		top                  int
 		rotated, flows       bool
@@ -42,11 +42,11 @@ func newAuditCommand() *cobra.Command {
 			if !slices.Contains([]string{"table", "json", "csv"}, format) {
 				return fmt.Errorf("--format: want table, json or csv, got %q", format)
 			}
-			paths, err := audit.ExpandFiles(args, rotated, flows)
+			paths, err := report.ExpandFiles(args, rotated, flows)
 			if err != nil {
 				return err
 			}
-			z := audit.NewSummarizer(f)
+			z := report.NewSummarizer(f)
 			bar := progress.New(cmd.ErrOrStderr(), 0)
 			for i, path := range paths {
 				if err := readLog(z, bar, path, fmt.Sprintf("reading %s (%d of %d)", path, i+1, len(paths))); err != nil {
@@ -78,7 +78,7 @@ func newAuditCommand() *cobra.Command {
 }
 
 // readLog adds the log at path to z, showing its progress on bar (on a terminal only).
-func readLog(z *audit.Summarizer, bar *progress.Printer, path, label string) error {
+func readLog(z *report.Summarizer, bar *progress.Printer, path, label string) error {
 	file, err := os.Open(path)
 	if err != nil {
 		return err
@@ -91,7 +91,7 @@ func readLog(z *audit.Summarizer, bar *progress.Printer, path, label string) err
 // linesRead passes the lines z has read so far to bar before each read.
 type linesRead struct {
 	r   io.Reader
-	z   *audit.Summarizer
+	z   *report.Summarizer
 	bar *progress.Printer
 }
 
@@ -100,7 +100,7 @@ func (l linesRead) Read(b []byte) (int, error) {
 	return l.r.Read(b)
 }
 
-func writeHTML(path string, s audit.Summary) error {
+func writeHTML(path string, s report.Summary) error {
 	out, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("--html: %w", err)

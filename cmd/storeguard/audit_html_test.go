@@ -230,7 +230,7 @@ func figures(t *testing.T, dom string) []figure {
 	return out
 }
 
-// lookup resolves a data-figure name (audit.Summary.WriteHTML) in the JSON of the same summary.
+// lookup resolves a data-figure name (report.Summary.WriteHTML) in the JSON of the same summary.
 func lookup(doc map[string]any, name string) (any, error) {
 	coll, rest, ok := strings.Cut(name, ":")
 	i := strings.LastIndex(rest, ":")

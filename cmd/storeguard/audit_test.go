@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/audit/report"
 )
 
 // TestAuditCommand drives `storeguard audit` over a log with one rotated
@@ -63,7 +63,7 @@ func TestAuditCommand(t *testing.T) {
 			if status != 0 {
 				t.Fatalf("status %d: %s", status, errOut.String())
 			}
-			var s audit.Summary
+			var s report.Summary
 			if err := json.Unmarshal(out.Bytes(), &s); err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"iter"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/probename"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -22,12 +23,12 @@ const OtherName = "other"
 // knownNames returns e with every name that storeguard does not write replaced by OtherName, and
 // its source address's zone (an interface's name, or whatever a log holds there) escaped. The maps
 // and slices of e are not changed: those with an unknown name are copied.
-func knownNames(e Event) Event {
+func knownNames(e audit.Event) audit.Event {
 	if zone := e.SourceIP.Zone(); zone != "" {
 		e.SourceIP = e.SourceIP.WithZone(printable(zone))
 	}
-	e.Action = Action(knownAction(string(e.Action)))
-	e.Verdict = Verdict(knownVerdict(string(e.Verdict)))
+	e.Action = audit.Action(knownAction(string(e.Action)))
+	e.Verdict = audit.Verdict(knownVerdict(string(e.Verdict)))
 	e.Reason = knownReason(e.Action, e.Verdict, e.Reason)
 	e.Op, e.Field, e.Probe = knownOp(e.Op), knownWord(e.Field), knownProbe(e.Probe)
 	e.Ops = knownCounts(e.Ops, knownOp)
@@ -55,10 +56,10 @@ func setOf[T ~string](names ...T) map[string]bool {
 }
 
 var (
-	actions = setOf(ActionBlocked, ActionWouldBlock, ActionDenied, ActionBanned, ActionSampledSummary,
-		ActionDroppedSummary, ActionHandover, ActionFlow, ActionScan)
-	verdicts = setOf(VerdictPassed, VerdictEmpty, VerdictTruncated, VerdictBlocked, VerdictWouldBlock,
-		VerdictRefused, VerdictOpen, VerdictIncomplete, VerdictHalfOpen)
+	actions = setOf(audit.ActionBlocked, audit.ActionWouldBlock, audit.ActionDenied, audit.ActionBanned, audit.ActionSampledSummary,
+		audit.ActionDroppedSummary, audit.ActionHandover, audit.ActionFlow, audit.ActionScan)
+	verdicts = setOf(audit.VerdictPassed, audit.VerdictEmpty, audit.VerdictTruncated, audit.VerdictBlocked, audit.VerdictWouldBlock,
+		audit.VerdictRefused, audit.VerdictOpen, audit.VerdictIncomplete, audit.VerdictHalfOpen)
 	ops = func() map[string]bool {
 		names := []string{protocol.OpInvalid.String()}
 		for _, op := range protocol.Ops() {
@@ -89,9 +90,9 @@ func knownWord(s string) string {
 
 // knownReason: event.reason is a rule where a violation is recorded (a blocked or would_block
 // event, and the flow of its connection), a word otherwise.
-func knownReason(a Action, v Verdict, reason string) string {
-	if a == ActionBlocked || a == ActionWouldBlock ||
-		a == ActionFlow && (v == VerdictBlocked || v == VerdictWouldBlock || v == VerdictTruncated) {
+func knownReason(a audit.Action, v audit.Verdict, reason string) string {
+	if a == audit.ActionBlocked || a == audit.ActionWouldBlock ||
+		a == audit.ActionFlow && (v == audit.VerdictBlocked || v == audit.VerdictWouldBlock || v == audit.VerdictTruncated) {
 		return knownRule(reason)
 	}
 	return knownWord(reason)
@@ -101,10 +102,10 @@ func knownReason(a Action, v Verdict, reason string) string {
 // "flow/empty") with each of its names known.
 func knownKind(kind string) string {
 	parts := strings.SplitN(kind, "/", 3)
-	a := Action(knownAction(parts[0]))
+	a := audit.Action(knownAction(parts[0]))
 	parts[0] = string(a)
 	if len(parts) > 1 {
-		if a == ActionFlow {
+		if a == audit.ActionFlow {
 			parts[1] = knownVerdict(parts[1])
 		} else {
 			parts[1] = knownReason(a, "", parts[1])

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/probename"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -112,7 +113,7 @@ func TestCraftedLog(t *testing.T) {
 	writeCraftedLog(t, path)
 	raw, _ := os.ReadFile(path)
 	var decoded strings.Builder
-	for e := range Events(bytes.NewReader(raw)) {
+	for e := range audit.Events(bytes.NewReader(raw)) {
 		decoded.WriteString(e.Reason + e.Key + e.Probe + e.SourceIP.Zone())
 	}
 	if n := strings.Count(decoded.String(), "\x1b"); n < 100 { // the control: the file does carry them

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"net/netip"

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"cmp"
@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/storeguard/storeguard/audit"
 )
 
 // group writes n with thousands separators: 962,174,058,496.
@@ -173,7 +175,7 @@ func stepText(sec int64) string {
 }
 
 // verdictOrder is the order verdicts are listed in, most telling first.
-var verdictOrder = []Verdict{VerdictWouldBlock, VerdictBlocked, VerdictTruncated, VerdictEmpty, VerdictRefused, VerdictOpen, VerdictPassed}
+var verdictOrder = []audit.Verdict{audit.VerdictWouldBlock, audit.VerdictBlocked, audit.VerdictTruncated, audit.VerdictEmpty, audit.VerdictRefused, audit.VerdictOpen, audit.VerdictPassed}
 
 // verdictsText lists a source's connections by verdict: "20 empty, 7 blocked".
 func verdictsText(m map[string]uint64) string {

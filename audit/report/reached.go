@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"cmp"
@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/storeguard/storeguard/audit"
 )
 
 // Reached answers "did anything hostile get through?" from flow records and would_block events,
@@ -51,9 +53,9 @@ var reachedRank = map[string]int{ReachedWouldBlock: 0, ReachedForwarded: 1, Reac
 
 // hostileConnections: a source's connections recorded, those of its job apart.
 func hostileConnections(st *SourceStats) uint64 {
-	n := st.Connections - st.ByVerdict[string(VerdictPassed)]
+	n := st.Connections - st.ByVerdict[string(audit.VerdictPassed)]
 	if st.Role == RoleMixed {
-		n -= st.ByVerdict[string(VerdictOpen)]
+		n -= st.ByVerdict[string(audit.VerdictOpen)]
 	}
 	return n
 }

@@ -1,19 +1,26 @@
-package audit
+package report
 
 import (
 	"bytes"
+	"compress/gzip"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/storeguard/storeguard/audit"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 func at(hhmm string) time.Time {
 	t, err := time.Parse(time.DateTime, "2025-03-01 "+hhmm+":00")
@@ -38,21 +45,23 @@ func at(hhmm string) time.Time {
 //	13:40  E 203.0.113.5    1 × blocked message_too_large (extra.log)
 func writeSampleLogs(t *testing.T, dir string) []string {
 	t.Helper()
-	clock := newClock()
+	var mu sync.Mutex // the clock of the writer's goroutines
+	now := at("12:00")
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	// A line is about 540 B with the ECS bookkeeping: 3 a file, so that no backup falls off
 	// MaxBackups (at 700 B, one a file, the oldest did, with A's first event).
-	w, err := Open(filepath.Join(dir, "audit.log"), Options{
+	w, err := audit.Open(filepath.Join(dir, "audit.log"), audit.Options{
 		MaxBytes: 2000, MaxBackups: 10, Compress: true,
-		SampleFirst: 3, SampleWindow: 10 * time.Minute, Clock: clock.Now,
+		SampleFirst: 3, SampleWindow: 10 * time.Minute, Clock: clock,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(hhmm string, n int, e Event) {
+	write := func(hhmm string, n int, e audit.Event) {
 		for i := range n {
-			clock.mu.Lock()
-			clock.now = at(hhmm).Add(time.Duration(i) * time.Second)
-			clock.mu.Unlock()
+			mu.Lock()
+			now = at(hhmm).Add(time.Duration(i) * time.Second)
+			mu.Unlock()
 			e.SourcePort = uint16(40000 + i)
 			if err := w.Write(e); err != nil {
 				t.Fatal(err)
@@ -60,11 +69,11 @@ func writeSampleLogs(t *testing.T, dir string) []string {
 		}
 	}
 	a, b, c, d := ip("192.0.2.1"), ip("192.0.2.2"), ip("2001:db8::5"), ip("198.51.100.9")
-	write("12:00", 10, Event{Action: ActionBlocked, Reason: "key_too_long", SourceIP: a, Mode: ModeEnforce})
-	write("12:30", 2, Event{Action: ActionBlocked, Reason: "value_too_long", SourceIP: b, Mode: ModeEnforce})
-	write("13:10", 4, Event{Action: ActionWouldBlock, Reason: "unknown_opcode", SourceIP: c, Mode: ModeMonitor})
-	write("13:20", 1, Event{Action: ActionDenied, Reason: "cidr", SourceIP: d})
-	write("13:30", 1, Event{Action: ActionBanned, Reason: "violations", SourceIP: a})
+	write("12:00", 10, audit.Event{Action: audit.ActionBlocked, Reason: "key_too_long", SourceIP: a, Mode: audit.ModeEnforce})
+	write("12:30", 2, audit.Event{Action: audit.ActionBlocked, Reason: "value_too_long", SourceIP: b, Mode: audit.ModeEnforce})
+	write("13:10", 4, audit.Event{Action: audit.ActionWouldBlock, Reason: "unknown_opcode", SourceIP: c, Mode: audit.ModeMonitor})
+	write("13:20", 1, audit.Event{Action: audit.ActionDenied, Reason: "cidr", SourceIP: d})
+	write("13:30", 1, audit.Event{Action: audit.ActionBanned, Reason: "violations", SourceIP: a})
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -78,12 +87,12 @@ func writeSampleLogs(t *testing.T, dir string) []string {
 		``,
 		`{"@timestamp":"2025-03-01T13:42:00Z","source.ip":"203.0.113.5"}`, // no action
 	}, "\n")
-	if err := os.WriteFile(filepath.Join(dir, "extra.log"), gzipBytes(t, []byte(extra)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "extra.log"), gzipped(t, extra), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
 	t.Chdir(dir) // stable, relative names in malformed-line reports
-	files, err := RotatedFiles("audit.log")
+	files, err := audit.RotatedFiles("audit.log")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,20 +344,30 @@ func TestFilters(t *testing.T) {
 func TestSummaryCountsHandoversApart(t *testing.T) {
 	z := NewSummarizer(Filter{})
 	n := uint64(3)
-	z.Add(Event{Timestamp: time.Now(), Action: ActionHandover, Reason: "upgrade", Connections: &n})
-	z.Add(Event{Timestamp: time.Now(), Action: ActionBlocked, Reason: "key_too_long", SourceIP: netip.MustParseAddr("192.0.2.7")})
+	z.Add(audit.Event{Timestamp: time.Now(), Action: audit.ActionHandover, Reason: "upgrade", Connections: &n})
+	z.Add(audit.Event{Timestamp: time.Now(), Action: audit.ActionBlocked, Reason: "key_too_long", SourceIP: netip.MustParseAddr("192.0.2.7")})
 	s := z.Summary()
 	if s.Handovers != 1 || s.Events != 1 || s.TotalSources != 1 || len(s.ByAction) != 1 || s.ByAction[0].Key != "blocked" {
 		t.Fatalf("summary %+v: want 1 hand-over apart from 1 blocked event of 1 source", s)
 	}
 }
 
+// gzipped is text compressed by gzip.
+func gzipped(t *testing.T, text string) []byte {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := io.WriteString(zw, text); err != nil || zw.Close() != nil {
+		t.Fatal("gzip", err)
+	}
+	return b.Bytes()
+}
+
 // TestSuppressedKindWithProbe: a sampled_summary's kind that names a probe counts towards its rule
 // and verdict, not a rule or verdict of its own.
 func TestSuppressedKindWithProbe(t *testing.T) {
 	z := NewSummarizer(Filter{})
-	z.Add(Event{Timestamp: at("12:00"), Action: ActionBlocked, Reason: "key_too_long", SourceIP: ip("192.0.2.7"), Probe: "rdp_x224"})
-	z.Add(Event{Timestamp: at("12:01"), Action: ActionSampledSummary, SourceIP: ip("192.0.2.7"), Suppressed: 5,
+	z.Add(audit.Event{Timestamp: at("12:00"), Action: audit.ActionBlocked, Reason: "key_too_long", SourceIP: ip("192.0.2.7"), Probe: "rdp_x224"})
+	z.Add(audit.Event{Timestamp: at("12:01"), Action: audit.ActionSampledSummary, SourceIP: ip("192.0.2.7"), Suppressed: 5,
 		SuppressedBy: map[string]uint64{"blocked/key_too_long/rdp_x224": 3, "flow/blocked/rdp_x224": 2}})
 	s := z.Summary()
 	if len(s.ByRule) != 1 || s.ByRule[0].Key != "key_too_long" || s.ByRule[0].Estimated != 4 {

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	_ "embed"
@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/storeguard/storeguard/audit"
 )
 
 //go:embed report.html.tmpl
@@ -29,7 +31,7 @@ var reportHTML = template.Must(template.New("report").Funcs(template.FuncMap{
 	"mark":      findingMark,
 	"step":      stepText,
 	"counts":    verdictCounts,
-	"lineError": func(e LineError) string { return printable(e.Error()) },
+	"lineError": func(e audit.LineError) string { return printable(e.Error()) },
 	"printable": printable,
 	"ips":       ipsText,
 }).Parse(reportTemplate))
@@ -81,7 +83,7 @@ func htmlTime(t time.Time) string {
 	return t.UTC().Format(time.DateTime)
 }
 
-func bigText(n *BigUint) string {
+func bigText(n *audit.BigUint) string {
 	if n == nil {
 		return "-"
 	}
@@ -120,7 +122,7 @@ func verdictCounts(m map[string]uint64) []keyCount {
 	}
 	var unknown []string
 	for k, n := range m {
-		if !slices.Contains(verdictOrder, Verdict(k)) && n > 0 {
+		if !slices.Contains(verdictOrder, audit.Verdict(k)) && n > 0 {
 			unknown = append(unknown, k)
 		}
 	}

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -31,7 +32,7 @@ type policyViolation struct {
 	key    string // raw, as the client sent it: ShowKey escapes it, as the guard does
 	detail string
 	value  string
-	action Action
+	action audit.Action
 }
 
 // validateBytes is the size of a G3 VALIDATE, the message before pv's on its connection.
@@ -46,31 +47,31 @@ func (pv policyViolation) message(t testing.TB) []byte {
 	return msg
 }
 
-func (pv policyViolation) event(t testing.TB) Event {
+func (pv policyViolation) event(t testing.TB) audit.Event {
 	t.Helper()
 	msg := pv.message(t)
-	mode := ModeEnforce
-	if pv.action == ActionWouldBlock {
-		mode = ModeMonitor
+	mode := audit.ModeEnforce
+	if pv.action == audit.ActionWouldBlock {
+		mode = audit.ModeMonitor
 	}
 	v := &protocol.Violation{Rule: pv.rule, Op: pv.op, Generation: protocol.G3, Field: protocol.FieldValue,
 		Declared: uint64(len(pv.value)), Offset: validateBytes, Index: 1, Key: protocol.ShowKey([]byte(pv.key)), Detail: pv.detail}
-	e := ViolationEvent(v, true, netip.AddrPortFrom(pv.src, 41000), storeAddr, pv.action, mode, msg, validateBytes+uint64(len(msg)))
+	e := audit.ViolationEvent(v, true, netip.AddrPortFrom(pv.src, 41000), storeAddr, pv.action, mode, msg, validateBytes+uint64(len(msg)))
 	e.Timestamp = pv.at
 	return e
 }
 
 // flow is the record of the connection that sent pv: a VALIDATE passed, then pv's message,
 // forwarded in monitor mode (the connection goes on, and ends) and not in enforce.
-func (pv policyViolation) flow(t testing.TB, conn uint64) Event {
+func (pv policyViolation) flow(t testing.TB, conn uint64) audit.Event {
 	msg := pv.message(t)
-	fl := Flow{ConnID: conn, Src: netip.AddrPortFrom(pv.src, 41000), Dst: storeAddr, Start: pv.at.Add(-time.Second), End: pv.at,
-		Verdict: VerdictBlocked, Reason: string(pv.rule), Generation: "G3", Mode: ModeEnforce, ClosedBy: ClosedByGuard,
+	fl := audit.Flow{ConnID: conn, Src: netip.AddrPortFrom(pv.src, 41000), Dst: storeAddr, Start: pv.at.Add(-time.Second), End: pv.at,
+		Verdict: audit.VerdictBlocked, Reason: string(pv.rule), Generation: "G3", Mode: audit.ModeEnforce, ClosedBy: audit.ClosedByGuard,
 		FromClient: validateBytes + uint64(len(msg)), ToStore: validateBytes, Messages: 1, Replies: 1, Ops: new([32]uint64),
 		First: append(mustHex("0e00000000"), msg...)}
 	fl.Ops[protocol.OpValidate] = 1
-	if pv.action == ActionWouldBlock {
-		fl.Verdict, fl.Mode, fl.ClosedBy = VerdictWouldBlock, ModeMonitor, ClosedByClient
+	if pv.action == audit.ActionWouldBlock {
+		fl.Verdict, fl.Mode, fl.ClosedBy = audit.VerdictWouldBlock, audit.ModeMonitor, audit.ClosedByClient
 		fl.ToStore, fl.Messages, fl.Replies = fl.FromClient, 2, 2
 		fl.Ops[pv.op] = 1
 	}
@@ -81,20 +82,20 @@ func (pv policyViolation) flow(t testing.TB, conn uint64) Event {
 // (serve's options: an observer, sampling off), after a job's two connections that passed.
 func writePolicyLog(t testing.TB, path string, pvs ...policyViolation) {
 	t.Helper()
-	w, err := Open(path, Options{Observer: &Observer{Hostname: "master-0", Type: "proxy", Version: "test", Host: true}})
+	w, err := audit.Open(path, audit.Options{Observer: &audit.Observer{Hostname: "master-0", Type: "proxy", Version: "test", Host: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(e Event) {
+	write := func(e audit.Event) {
 		t.Helper()
 		if err := w.Write(e); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 2 {
-		write((&Flow{ConnID: uint64(i + 1), Src: netip.AddrPortFrom(jobIP, uint16(40000+i)), Dst: storeAddr,
-			Start: at("12:00"), End: at("13:00"), Verdict: VerdictPassed, Generation: "G3", Mode: ModeEnforce,
-			ClosedBy: ClosedByClient, FromClient: 9000, ToStore: 9000, FromStore: 700, Messages: 120, Replies: 120}).Event())
+		write((&audit.Flow{ConnID: uint64(i + 1), Src: netip.AddrPortFrom(jobIP, uint16(40000+i)), Dst: storeAddr,
+			Start: at("12:00"), End: at("13:00"), Verdict: audit.VerdictPassed, Generation: "G3", Mode: audit.ModeEnforce,
+			ClosedBy: audit.ClosedByClient, FromClient: 9000, ToStore: 9000, FromStore: 700, Messages: 120, Replies: 120}).Event())
 	}
 	for i, pv := range pvs {
 		write(pv.event(t))
@@ -110,11 +111,11 @@ func writePolicyLog(t testing.TB, path string, pvs ...policyViolation) {
 func hijack() []policyViolation {
 	return []policyViolation{
 		{at: at("12:10"), src: scannerIP, rule: protocol.RuleRendezvousStateInvalid, op: protocol.OpSet, key: "/torch.rendezvous.r1",
-			detail: "imports posix.system: not a torch rendezvous state", value: evilPickle, action: ActionWouldBlock},
+			detail: "imports posix.system: not a torch rendezvous state", value: evilPickle, action: audit.ActionWouldBlock},
 		{at: at("12:40"), src: scannerIP, rule: protocol.RulePickleGlobalDenied, op: protocol.OpSet, key: "/vllm/broadcast/0",
-			detail: "base64 pickle imports posix.system", value: evilPickle, action: ActionBlocked},
+			detail: "base64 pickle imports posix.system", value: evilPickle, action: audit.ActionBlocked},
 		{at: at("12:41"), src: scannerIP, rule: protocol.RulePickleGlobalDenied, op: protocol.OpSet, key: "/vllm/broadcast/0",
-			detail: "base64 pickle imports posix.system", value: evilPickle, action: ActionBlocked},
+			detail: "base64 pickle imports posix.system", value: evilPickle, action: audit.ActionBlocked},
 	}
 }
 
@@ -188,7 +189,7 @@ func TestPolicyRules(t *testing.T) {
 			"deleted key /torchelastic/assigned_ranks/0"},
 	}
 	for _, r := range rules {
-		for _, action := range []Action{ActionBlocked, ActionWouldBlock} {
+		for _, action := range []audit.Action{audit.ActionBlocked, audit.ActionWouldBlock} {
 			t.Run(string(r.rule)+"/"+string(action), func(t *testing.T) {
 				pv := policyViolation{at: at("12:10"), src: scannerIP, rule: r.rule, op: r.op, key: r.key, detail: r.detail,
 					value: r.value, action: action}
@@ -200,7 +201,7 @@ func TestPolicyRules(t *testing.T) {
 					t.Fatalf("entries %+v\nwant %+v", p.Entries, want)
 				}
 				wb := uint64(0)
-				if action == ActionWouldBlock {
+				if action == audit.ActionWouldBlock {
 					wb = 2
 				}
 				if p.Events != 2 || p.WouldBlock != wb || p.Other != 0 || p.Suppressed != 0 {
@@ -217,7 +218,7 @@ func TestPolicyRules(t *testing.T) {
 				lines := answer(t, table)
 				var wantLine string
 				switch {
-				case action == ActionBlocked:
+				case action == audit.ActionBlocked:
 					wantLine = fmt.Sprintf("- blocked: 10.0.0.5 %s: %s (%s, 2 messages); nothing of them reached the store", r.what, r.detail, r.rule)
 				case codeRule(string(r.rule)):
 					wantLine = fmt.Sprintf("!! CODE EXECUTION LET THROUGH (monitor mode): 10.0.0.5 %s: %s (%s, 2 messages)", r.what, r.detail, r.rule)
@@ -229,10 +230,10 @@ func TestPolicyRules(t *testing.T) {
 				}
 				// The flow-based headline under it agrees: a let-through message is never "nothing".
 				headline := lines[1]
-				if action == ActionWouldBlock && !strings.HasPrefix(headline, "YES, IN MONITOR MODE: ") {
+				if action == audit.ActionWouldBlock && !strings.HasPrefix(headline, "YES, IN MONITOR MODE: ") {
 					t.Errorf("headline %q after a policy would_block", headline)
 				}
-				if action == ActionBlocked && strings.Contains(headline, "MONITOR") {
+				if action == audit.ActionBlocked && strings.Contains(headline, "MONITOR") {
 					t.Errorf("headline %q after a policy block", headline)
 				}
 				if !strings.Contains(table, "LARGEST DECLARED / DETAIL") || !strings.Contains(table, "  "+string(r.rule)+" ") {
@@ -287,16 +288,16 @@ func csvRows(t *testing.T, out string) map[string][]map[string]string {
 // TestPolicyOrder: what reached the store comes before what was blocked, code before the policy
 // file's rules, and within those most messages first.
 func TestPolicyOrder(t *testing.T) {
-	pv := func(hhmm string, rule protocol.Rule, key string, action Action) policyViolation {
+	pv := func(hhmm string, rule protocol.Rule, key string, action audit.Action) policyViolation {
 		return policyViolation{at: at(hhmm), src: speakerIP, rule: rule, op: protocol.OpSet, key: key, detail: "d", value: "v", action: action}
 	}
 	s := summarizePolicy(t,
-		pv("12:00", protocol.RulePickleGlobalDenied, "/a", ActionBlocked),
-		pv("12:01", protocol.RulePickleGlobalDenied, "/b", ActionBlocked),
-		pv("12:02", protocol.RulePickleGlobalDenied, "/b", ActionBlocked),
-		pv("12:03", protocol.RuleValueInvalid, "/c", ActionBlocked),
-		pv("12:04", protocol.RulePolicyDenied, "/d", ActionWouldBlock),
-		pv("12:05", protocol.RuleRendezvousStateInvalid, "/torch.rendezvous.r1", ActionWouldBlock),
+		pv("12:00", protocol.RulePickleGlobalDenied, "/a", audit.ActionBlocked),
+		pv("12:01", protocol.RulePickleGlobalDenied, "/b", audit.ActionBlocked),
+		pv("12:02", protocol.RulePickleGlobalDenied, "/b", audit.ActionBlocked),
+		pv("12:03", protocol.RuleValueInvalid, "/c", audit.ActionBlocked),
+		pv("12:04", protocol.RulePolicyDenied, "/d", audit.ActionWouldBlock),
+		pv("12:05", protocol.RuleRendezvousStateInvalid, "/torch.rendezvous.r1", audit.ActionWouldBlock),
 	)
 	var got []string
 	for _, en := range s.Policy.Entries {
@@ -327,13 +328,13 @@ func TestPolicyBounded(t *testing.T) {
 	var events uint64
 	for i := range 3 * maxPolicyHeld {
 		ip := netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)})
-		z.Add(Event{Timestamp: base.Add(time.Duration(i) * time.Second), Action: ActionBlocked, Reason: string(protocol.RulePickleGlobalDenied),
+		z.Add(audit.Event{Timestamp: base.Add(time.Duration(i) * time.Second), Action: audit.ActionBlocked, Reason: string(protocol.RulePickleGlobalDenied),
 			SourceIP: ip, Key: fmt.Sprintf("/k/%d", i), Detail: "pickle imports os.system", Op: "set"})
 		events++
 	}
 	for i := range 2 * maxPolicySources {
 		ip := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(i >> 8), 15: byte(i)})
-		z.Add(Event{Timestamp: base.Add(time.Hour), Action: ActionWouldBlock, Reason: string(protocol.RuleRendezvousStateInvalid),
+		z.Add(audit.Event{Timestamp: base.Add(time.Hour), Action: audit.ActionWouldBlock, Reason: string(protocol.RuleRendezvousStateInvalid),
 			SourceIP: ip, Key: "/torch.rendezvous.r1", Detail: "not base64: torch writes base64(pickle) or its sentinel", Op: "set"})
 		events++
 	}
@@ -363,17 +364,17 @@ func TestPolicyBounded(t *testing.T) {
 func TestPolicyHostileText(t *testing.T) {
 	hostile := []policyViolation{
 		{at: at("12:10"), src: scannerIP, rule: protocol.RulePickleGlobalDenied, op: protocol.OpSet, key: "/k",
-			detail: "pickle imports os.\x1b]0;pwned\x07system\x1b[2J\u009b31m", value: evilPickle, action: ActionWouldBlock},
+			detail: "pickle imports os.\x1b]0;pwned\x07system\x1b[2J\u009b31m", value: evilPickle, action: audit.ActionWouldBlock},
 		{at: at("12:11"), src: scannerIP, rule: protocol.RulePolicyDenied, op: protocol.OpSet, key: "=cmd|' /C calc'!A0",
-			detail: "-2+3", value: "v", action: ActionBlocked},
+			detail: "-2+3", value: "v", action: audit.ActionBlocked},
 		{at: at("12:12"), src: scannerIP, rule: protocol.RuleValueInvalid, op: protocol.OpSet, key: "@SUM(1)",
-			detail: "+1", value: "v", action: ActionBlocked},
+			detail: "+1", value: "v", action: audit.ActionBlocked},
 	}
 	path := filepath.Join(t.TempDir(), "audit.log")
 	writePolicyLog(t, path, hostile...)
 	// ViolationEvent writes the key as the guard escapes it (ShowKey); a log edited by hand, or
 	// written by another tool, has it raw: append such a line.
-	raw, err := json.Marshal(Event{Timestamp: at("12:13"), ID: "x", Action: ActionWouldBlock, Reason: string(protocol.RuleRendezvousStateInvalid),
+	raw, err := json.Marshal(audit.Event{Timestamp: at("12:13"), ID: "x", Action: audit.ActionWouldBlock, Reason: string(protocol.RuleRendezvousStateInvalid),
 		SourceIP: scannerIP, Key: "/torch.rendezvous.\x1b[31mr1\x07", Detail: "\x1b[1mnot\x7f base64"})
 	if err != nil {
 		t.Fatal(err)
@@ -439,12 +440,12 @@ func TestPolicyHostileText(t *testing.T) {
 // TestPolicyTableWidth: policy lines of the longest key and detail the writer lets through, from
 // the longest addresses, stay within the screen, four lines an entry at most.
 func TestPolicyTableWidth(t *testing.T) {
-	for _, action := range []Action{ActionWouldBlock, ActionBlocked} {
+	for _, action := range []audit.Action{audit.ActionWouldBlock, audit.ActionBlocked} {
 		t.Run(string(action), func(t *testing.T) { testPolicyTableWidth(t, action) })
 	}
 }
 
-func testPolicyTableWidth(t *testing.T, action Action) {
+func testPolicyTableWidth(t *testing.T, action audit.Action) {
 	long := strings.Repeat("\x1b", protocol.MaxKeyShown+10)
 	z := NewSummarizer(Filter{})
 	for i, rule := range []protocol.Rule{protocol.RuleRendezvousStateInvalid, protocol.RulePickleGlobalDenied, protocol.RulePolicyDenied} {

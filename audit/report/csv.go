@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"encoding/csv"
@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/storeguard/storeguard/audit"
 )
 
 // csvHeader: one long table, so that every section fits the same columns; a row leaves empty what
@@ -63,7 +65,7 @@ func policyReached(wouldBlock uint64) string {
 
 func u(n uint64) string { return strconv.FormatUint(n, 10) }
 
-func big(n *BigUint) string {
+func big(n *audit.BigUint) string {
 	if n == nil {
 		return ""
 	}
@@ -109,7 +111,7 @@ func (s Summary) writeCSV(w io.Writer) error {
 			ips[i] = formatIP(ip)
 		}
 		var wb uint64
-		if p.Action == string(ActionWouldBlock) {
+		if p.Action == string(audit.ActionWouldBlock) {
 			wb = p.Events
 		}
 		put(csvRow{section: "policy", key: p.Key, events: u(p.Events), estimated: u(p.Events), first: p.FirstSeen, last: p.LastSeen,

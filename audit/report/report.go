@@ -1,4 +1,7 @@
-package audit
+// Package report reads audit logs offline (storeguard audit) and says what happened: a Summary
+// of who, when, with what, and whether anything hostile reached the store, written as a table,
+// JSON, CSV or an HTML page. Serve and replay never import it.
+package report
 
 import (
 	"encoding/hex"
@@ -9,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -150,7 +154,7 @@ func (s Summary) writeSources(w io.Writer, c clock) {
 		var passed uint64
 		for _, src := range all {
 			if src.Role == RoleJob {
-				passed += src.ByVerdict[string(VerdictPassed)]
+				passed += src.ByVerdict[string(audit.VerdictPassed)]
 				if len(jobs) < tableJobIPs {
 					jobs = append(jobs, formatIP(src.IP))
 				}

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -53,21 +54,21 @@ var (
 //	13:30        203.0.113.77   5 bytes, then FIN: truncated
 func writeFlowLog(t testing.TB, path string) {
 	t.Helper()
-	w, err := Open(path, Options{Observer: &Observer{Hostname: "master-0", Type: "proxy", Version: "test", Host: true}})
+	w, err := audit.Open(path, audit.Options{Observer: &audit.Observer{Hostname: "master-0", Type: "proxy", Version: "test", Host: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(e Event) {
+	write := func(e audit.Event) {
 		t.Helper()
 		if err := w.Write(e); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var conn uint64
-	flow := func(src netip.Addr, start, end time.Time, v Verdict, reason string, first []byte, probe string, f func(*Flow)) {
+	flow := func(src netip.Addr, start, end time.Time, v audit.Verdict, reason string, first []byte, probe string, f func(*audit.Flow)) {
 		conn++
-		fl := Flow{ConnID: conn, Src: netip.AddrPortFrom(src, uint16(40000+conn)), Dst: storeAddr, Start: start, End: end,
-			Verdict: v, Reason: reason, Generation: "G3", Mode: ModeEnforce, ClosedBy: ClosedByClient,
+		fl := audit.Flow{ConnID: conn, Src: netip.AddrPortFrom(src, uint16(40000+conn)), Dst: storeAddr, Start: start, End: end,
+			Verdict: v, Reason: reason, Generation: "G3", Mode: audit.ModeEnforce, ClosedBy: audit.ClosedByClient,
 			FromClient: uint64(len(first)), First: first}
 		if f != nil {
 			f(&fl)
@@ -79,10 +80,10 @@ func writeFlowLog(t testing.TB, path string) {
 		write(e)
 	}
 	blocked := func(src netip.Addr, ts time.Time, rule protocol.Rule, field, op string, declared, limit uint64, first []byte, probe string) {
-		e := Event{Timestamp: ts, Action: ActionBlocked, Reason: string(rule), SourceIP: src, SourcePort: 40000,
-			DestIP: storeAddr.Addr(), DestPort: storeAddr.Port(), Generation: "G3", Op: op, FirstBytes: first, Probe: probe, Mode: ModeEnforce}
+		e := audit.Event{Timestamp: ts, Action: audit.ActionBlocked, Reason: string(rule), SourceIP: src, SourcePort: 40000,
+			DestIP: storeAddr.Addr(), DestPort: storeAddr.Port(), Generation: "G3", Op: op, FirstBytes: first, Probe: probe, Mode: audit.ModeEnforce}
 		if field != "" {
-			e.Field, e.Declared, e.Limit = field, new(BigUint(declared)), new(BigUint(limit))
+			e.Field, e.Declared, e.Limit = field, new(audit.BigUint(declared)), new(audit.BigUint(limit))
 		}
 		write(e)
 	}
@@ -92,11 +93,11 @@ func writeFlowLog(t testing.TB, path string) {
 	for i := range 4 {
 		start, end := sec("12:05", float64(i)), sec("13:35", float64(i))
 		if i == 1 {
-			fl := Flow{ConnID: conn + 1, Src: netip.AddrPortFrom(jobIP, uint16(40000+conn+1)), Dst: storeAddr, Start: start,
-				End: at("12:40"), Verdict: VerdictOpen, Generation: "G3", Mode: ModeEnforce, FromClient: 1000, ToStore: 1000, Messages: 10}
+			fl := audit.Flow{ConnID: conn + 1, Src: netip.AddrPortFrom(jobIP, uint16(40000+conn+1)), Dst: storeAddr, Start: start,
+				End: at("12:40"), Verdict: audit.VerdictOpen, Generation: "G3", Mode: audit.ModeEnforce, FromClient: 1000, ToStore: 1000, Messages: 10}
 			write(fl.Event())
 		}
-		flow(jobIP, start, end, VerdictPassed, "", nil, "", func(f *Flow) {
+		flow(jobIP, start, end, audit.VerdictPassed, "", nil, "", func(f *audit.Flow) {
 			f.FromClient, f.ToStore, f.FromStore, f.Messages, f.Replies = 4096, 4096, 512, 36, 36
 			f.Ops = new([32]uint64)
 			f.Ops[protocol.OpSet], f.Ops[protocol.OpGet], f.Ops[protocol.OpAdd], f.Ops[protocol.OpWait] = 10, 20, 4, 2
@@ -104,39 +105,39 @@ func writeFlowLog(t testing.TB, path string) {
 	}
 	// A connection that is still open when the log ends: it counts once, by its latest record.
 	for i, hhmm := range []string{"13:00", "13:20"} {
-		fl := Flow{ConnID: 900, Src: netip.AddrPortFrom(openIP, 41000), Dst: storeAddr, Start: at("12:55"), End: at(hhmm),
-			Verdict: VerdictOpen, Generation: "G3", Mode: ModeEnforce, FromClient: uint64(100 * (i + 1)), ToStore: uint64(100 * (i + 1))}
+		fl := audit.Flow{ConnID: 900, Src: netip.AddrPortFrom(openIP, 41000), Dst: storeAddr, Start: at("12:55"), End: at(hhmm),
+			Verdict: audit.VerdictOpen, Generation: "G3", Mode: audit.ModeEnforce, FromClient: uint64(100 * (i + 1)), ToStore: uint64(100 * (i + 1))}
 		write(fl.Event())
 	}
 
 	// The scanner.
 	for i := range 20 {
-		flow(scannerIP, sec("12:50", float64(i)), sec("12:50", float64(i)+0.05), VerdictEmpty, "", nil, "", nil)
+		flow(scannerIP, sec("12:50", float64(i)), sec("12:50", float64(i)+0.05), audit.VerdictEmpty, "", nil, "", nil)
 	}
 	for i := range 7 {
-		flow(scannerIP, sec("12:50", 20+float64(i)), sec("12:50", 20.1+float64(i)), VerdictBlocked, "key_too_long", rdpProbe, "rdp_x224", nil)
+		flow(scannerIP, sec("12:50", 20+float64(i)), sec("12:50", 20.1+float64(i)), audit.VerdictBlocked, "key_too_long", rdpProbe, "rdp_x224", nil)
 	}
 	for i := range 3 {
-		flow(scannerIP, sec("12:50", 27+float64(i)), sec("12:50", 27.1+float64(i)), VerdictBlocked, "unknown_opcode", httpProbe, "http_get", nil)
+		flow(scannerIP, sec("12:50", 27+float64(i)), sec("12:50", 27.1+float64(i)), audit.VerdictBlocked, "unknown_opcode", httpProbe, "http_get", nil)
 	}
 	blocked(scannerIP, sec("12:50", 20.1), protocol.RuleKeyTooLong, "key", "add", 962174058496, 8192, rdpProbe, "rdp_x224")
 	blocked(scannerIP, sec("12:50", 21.1), protocol.RuleKeyTooLong, "key", "add", 4294967296, 8192, rdpProbe, "rdp_x224")
 	blocked(scannerIP, sec("12:50", 22.1), protocol.RuleKeyTooLong, "key", "add", 962174058496, 8192, rdpProbe, "rdp_x224")
-	write(Event{Timestamp: sec("12:50", 27.1), Action: ActionBlocked, Reason: "unknown_opcode", SourceIP: scannerIP,
-		Generation: "G3", Op: "invalid", FirstBytes: httpProbe, Probe: "http_get", Mode: ModeEnforce})
-	write(Event{Timestamp: sec("12:50", 30), Start: at("12:50"), Action: ActionScan, SourceIP: scannerIP,
+	write(audit.Event{Timestamp: sec("12:50", 27.1), Action: audit.ActionBlocked, Reason: "unknown_opcode", SourceIP: scannerIP,
+		Generation: "G3", Op: "invalid", FirstBytes: httpProbe, Probe: "http_get", Mode: audit.ModeEnforce})
+	write(audit.Event{Timestamp: sec("12:50", 30), Start: at("12:50"), Action: audit.ActionScan, SourceIP: scannerIP,
 		ScanConnections: new(uint64(30)), ScanPorts: []uint16{29500}, ScanProbes: []string{"rdp_x224", "http_get"},
 		ScanVerdicts: map[string]uint64{"empty": 20, "blocked": 10}})
-	write(Event{Timestamp: at("12:51"), Action: ActionBanned, Reason: "violations", SourceIP: scannerIP})
+	write(audit.Event{Timestamp: at("12:51"), Action: audit.ActionBanned, Reason: "violations", SourceIP: scannerIP})
 	for i := range 2 {
-		write(Event{Timestamp: sec("12:52", float64(i)), Action: ActionDenied, Reason: "banned", SourceIP: scannerIP})
-		flow(scannerIP, sec("12:52", float64(i)), sec("12:52", float64(i)), VerdictRefused, "banned", nil, "", nil)
+		write(audit.Event{Timestamp: sec("12:52", float64(i)), Action: audit.ActionDenied, Reason: "banned", SourceIP: scannerIP})
+		flow(scannerIP, sec("12:52", float64(i)), sec("12:52", float64(i)), audit.VerdictRefused, "banned", nil, "", nil)
 	}
-	write(Event{Timestamp: sec("12:59", 59), Start: at("12:50"), Action: ActionSampledSummary, SourceIP: scannerIP, Suppressed: 13,
+	write(audit.Event{Timestamp: sec("12:59", 59), Start: at("12:50"), Action: audit.ActionSampledSummary, SourceIP: scannerIP, Suppressed: 13,
 		SuppressedBy: map[string]uint64{"flow/empty": 8, "blocked/key_too_long": 4, "blocked/unknown_opcode": 1}})
 
 	// A client that speaks TCPStore: two valid messages reach the store, then its value is blocked.
-	flow(speakerIP, at("13:10"), sec("13:10", 1), VerdictBlocked, "value_too_long", mustHex("0200000000000000036b6579"), "", func(f *Flow) {
+	flow(speakerIP, at("13:10"), sec("13:10", 1), audit.VerdictBlocked, "value_too_long", mustHex("0200000000000000036b6579"), "", func(f *audit.Flow) {
 		f.FromClient, f.ToStore, f.FromStore, f.Messages, f.Replies = 130, 96, 17, 2, 2
 		f.Ops = new([32]uint64)
 		f.Ops[protocol.OpSet], f.Ops[protocol.OpGet] = 1, 1
@@ -145,14 +146,14 @@ func writeFlowLog(t testing.TB, path string) {
 
 	// Monitor mode lets an HTTP request through.
 	mon := []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-	write(Event{Timestamp: at("13:20"), Action: ActionWouldBlock, Reason: "unknown_opcode", SourceIP: monitorIP,
-		Generation: "G3", Op: "invalid", FirstBytes: mon, Probe: "http_get", Mode: ModeMonitor})
-	flow(monitorIP, at("13:20"), sec("13:20", 2), VerdictWouldBlock, "unknown_opcode", mon, "http_get", func(f *Flow) {
-		f.Mode, f.ToStore = ModeMonitor, uint64(len(mon))
+	write(audit.Event{Timestamp: at("13:20"), Action: audit.ActionWouldBlock, Reason: "unknown_opcode", SourceIP: monitorIP,
+		Generation: "G3", Op: "invalid", FirstBytes: mon, Probe: "http_get", Mode: audit.ModeMonitor})
+	flow(monitorIP, at("13:20"), sec("13:20", 2), audit.VerdictWouldBlock, "unknown_opcode", mon, "http_get", func(f *audit.Flow) {
+		f.Mode, f.ToStore = audit.ModeMonitor, uint64(len(mon))
 	})
 
 	// A few bytes, then FIN.
-	flow(truncIP, at("13:30"), sec("13:30", 1), VerdictTruncated, "truncated_message", []byte{0x02, 0, 0, 0, 0}, "", nil)
+	flow(truncIP, at("13:30"), sec("13:30", 1), audit.VerdictTruncated, "truncated_message", []byte{0x02, 0, 0, 0, 0}, "", nil)
 	blocked(truncIP, sec("13:30", 1), protocol.RuleTruncatedMessage, "", "set", 0, 0, []byte{0x02, 0, 0, 0, 0}, "")
 
 	if err := w.Close(); err != nil {
@@ -251,7 +252,7 @@ func TestReport(t *testing.T) {
 	}
 	kl := s.ByRule[0]
 	if kl.Estimated != 7 || kl.Declared == nil || *kl.Declared != 962174058496 || kl.declaredText() != "key declared 962,174,058,496 B > 8,192" ||
-		!bytes.Equal(kl.First.FirstBytes, rdpProbe[:MaxFirstBytes]) || kl.First.Probe != "rdp_x224" {
+		!bytes.Equal(kl.First.FirstBytes, rdpProbe[:audit.MaxFirstBytes]) || kl.First.Probe != "rdp_x224" {
 		t.Errorf("key_too_long: %+v (%s)", kl, kl.declaredText())
 	}
 	for _, rs := range s.ByRule {
@@ -323,14 +324,14 @@ func TestReportTop(t *testing.T) {
 	base := at("12:00")
 	for i := range 20 {
 		ip := netip.AddrFrom4([4]byte{10, 9, 0, byte(i + 1)})
-		e := (&Flow{ConnID: uint64(i + 1), Src: netip.AddrPortFrom(ip, 40000), Dst: storeAddr, Start: base, End: base.Add(time.Second),
-			Verdict: VerdictEmpty}).Event()
+		e := (&audit.Flow{ConnID: uint64(i + 1), Src: netip.AddrPortFrom(ip, 40000), Dst: storeAddr, Start: base, End: base.Add(time.Second),
+			Verdict: audit.VerdictEmpty}).Event()
 		for range i + 1 {
 			z.Add(e)
 		}
 	}
-	leak := (&Flow{ConnID: 99, Src: netip.MustParseAddrPort("10.9.1.1:40000"), Dst: storeAddr, Start: base, End: base.Add(time.Second),
-		Verdict: VerdictBlocked, Reason: "key_too_long", ToStore: 40, Messages: 1}).Event()
+	leak := (&audit.Flow{ConnID: 99, Src: netip.MustParseAddrPort("10.9.1.1:40000"), Dst: storeAddr, Start: base, End: base.Add(time.Second),
+		Verdict: audit.VerdictBlocked, Reason: "key_too_long", ToStore: 40, Messages: 1}).Event()
 	z.Add(leak)
 	s := z.Summary().Top(3)
 	if len(s.Sources) != 3 || s.TotalSources != 21 {
@@ -361,26 +362,26 @@ func TestTableFitsOneScreen(t *testing.T) {
 		ip := netip.AddrFrom4([4]byte{172, 16, byte(i / 250), byte(i%250 + 1)})
 		ts := base.Add(time.Duration(i) * 7 * time.Minute)
 		for j := range 5 {
-			e := (&Flow{ConnID: uint64(i*10 + j), Src: netip.AddrPortFrom(ip, 40000), Dst: storeAddr, Start: ts, End: ts.Add(time.Second),
-				Verdict: VerdictBlocked, Reason: rules[i%len(rules)], First: rdpProbe}).Event()
+			e := (&audit.Flow{ConnID: uint64(i*10 + j), Src: netip.AddrPortFrom(ip, 40000), Dst: storeAddr, Start: ts, End: ts.Add(time.Second),
+				Verdict: audit.VerdictBlocked, Reason: rules[i%len(rules)], First: rdpProbe}).Event()
 			e.Probe = probes[(i+j)%len(probes)]
 			z.Add(e)
-			z.Add(Event{Timestamp: ts, Action: ActionBlocked, Reason: rules[i%len(rules)], SourceIP: ip, Field: "key",
-				Declared: new(BigUint(1 << 60)), Limit: new(BigUint(8192)), FirstBytes: rdpProbe, Probe: e.Probe})
+			z.Add(audit.Event{Timestamp: ts, Action: audit.ActionBlocked, Reason: rules[i%len(rules)], SourceIP: ip, Field: "key",
+				Declared: new(audit.BigUint(1 << 60)), Limit: new(audit.BigUint(8192)), FirstBytes: rdpProbe, Probe: e.Probe})
 		}
 		if i%10 == 0 {
-			z.Add(Event{Timestamp: ts, Action: ActionScan, SourceIP: ip, ScanConnections: new(uint64(5)), ScanPorts: []uint16{29500},
+			z.Add(audit.Event{Timestamp: ts, Action: audit.ActionScan, SourceIP: ip, ScanConnections: new(uint64(5)), ScanPorts: []uint16{29500},
 				ScanProbes: probes[:3], ScanVerdicts: map[string]uint64{"blocked": 5}})
-			z.Add(Event{Timestamp: ts, Action: ActionDenied, Reason: "per_source_connections", SourceIP: ip})
-			z.Add(Event{Timestamp: ts, Action: ActionBanned, Reason: "violations", SourceIP: ip})
+			z.Add(audit.Event{Timestamp: ts, Action: audit.ActionDenied, Reason: "per_source_connections", SourceIP: ip})
+			z.Add(audit.Event{Timestamp: ts, Action: audit.ActionBanned, Reason: "violations", SourceIP: ip})
 		}
 	}
 	for i := range 64 {
 		ip := netip.AddrFrom4([4]byte{10, 1, 0, byte(i + 1)})
-		z.Add((&Flow{ConnID: uint64(5000 + i), Src: netip.AddrPortFrom(ip, 40000), Dst: storeAddr, Start: base, End: base.Add(23 * time.Hour),
-			Verdict: VerdictPassed, ToStore: 1 << 20, Messages: 100}).Event())
+		z.Add((&audit.Flow{ConnID: uint64(5000 + i), Src: netip.AddrPortFrom(ip, 40000), Dst: storeAddr, Start: base, End: base.Add(23 * time.Hour),
+			Verdict: audit.VerdictPassed, ToStore: 1 << 20, Messages: 100}).Event())
 	}
-	z.Add(Event{Timestamp: base.Add(time.Hour), Action: ActionWouldBlock, Reason: "key_too_long", SourceIP: netip.MustParseAddr("2001:db8:ffff:ffff:ffff:ffff:ffff:fff1")})
+	z.Add(audit.Event{Timestamp: base.Add(time.Hour), Action: audit.ActionWouldBlock, Reason: "key_too_long", SourceIP: netip.MustParseAddr("2001:db8:ffff:ffff:ffff:ffff:ffff:fff1")})
 	z.Read("torn.log", strings.NewReader(strings.Repeat("{\n", 40)))
 	var out bytes.Buffer
 	if err := z.Summary().Top(8).Write(&out, "table"); err != nil {
@@ -414,7 +415,7 @@ func TestTimelineSteps(t *testing.T) {
 		const n = 1000
 		for i := range n {
 			ts := base.Add(time.Duration(int64(tt.span) * int64(i) / (n - 1)))
-			z.Add(Event{Timestamp: ts, Action: ActionBlocked, Reason: "key_too_long", SourceIP: scannerIP})
+			z.Add(audit.Event{Timestamp: ts, Action: audit.ActionBlocked, Reason: "key_too_long", SourceIP: scannerIP})
 		}
 		tl := z.Summary().Timeline
 		if tl.BucketSeconds != tt.step || sum(tl.Events) != n || len(tl.Sources) != 1 || sum(tl.Sources[0].Events) != n {

@@ -1,4 +1,4 @@
-package audit
+package report
 
 import (
 	"cmp"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -69,7 +70,7 @@ func codeRule(rule string) bool {
 // policyClass ranks an entry, worst first: let through before blocked, code before the rest.
 func policyClass(action, rule string) int {
 	c := 0
-	if action != string(ActionWouldBlock) {
+	if action != string(audit.ActionWouldBlock) {
 		c = 2
 	}
 	if !codeRule(rule) {
@@ -92,8 +93,8 @@ type policySummarizer struct {
 	held    [4]int // entries held, by class
 }
 
-func (p *policySummarizer) add(e *Event) {
-	wb := e.Action == ActionWouldBlock
+func (p *policySummarizer) add(e *audit.Event) {
+	wb := e.Action == audit.ActionWouldBlock
 	p.stats.Events++
 	if wb {
 		p.stats.WouldBlock++
@@ -134,9 +135,9 @@ func (p *policySummarizer) add(e *Event) {
 }
 
 // suppressed counts n events of a policy rule that sampling left out.
-func (p *policySummarizer) suppressed(a Action, n uint64) {
+func (p *policySummarizer) suppressed(a audit.Action, n uint64) {
 	p.stats.Suppressed += n
-	if a == ActionWouldBlock {
+	if a == audit.ActionWouldBlock {
 		p.stats.SuppressedWouldBlock += n
 	}
 }
@@ -162,7 +163,7 @@ func (p *policySummarizer) summary() PolicyStats {
 			continue
 		}
 		st.Other += en.Events
-		if en.Action == string(ActionWouldBlock) {
+		if en.Action == string(audit.ActionWouldBlock) {
 			st.OtherWouldBlock += en.Events
 		}
 	}
@@ -201,32 +202,32 @@ func (s Summary) writePolicy(w io.Writer) {
 	rest, restWB := p.Other, p.OtherWouldBlock
 	for _, en := range p.Entries[len(shown):] {
 		rest += en.Events
-		if en.Action == string(ActionWouldBlock) {
+		if en.Action == string(audit.ActionWouldBlock) {
 			restWB += en.Events
 		}
 	}
 	if rest > 0 {
 		text := plural(rest, "more message") + " broke a policy rule"
-		mark := policyMark(string(ActionBlocked))
+		mark := policyMark(string(audit.ActionBlocked))
 		if restWB > 0 {
 			text += fmt.Sprintf(", %s LET THROUGH (monitor mode)", group(restWB))
-			mark = policyMark(string(ActionWouldBlock))
+			mark = policyMark(string(audit.ActionWouldBlock))
 		}
 		writeWrapped(w, "  "+mark, text+fmt.Sprintf("; --format json lists the first %d keys", MaxPolicyEntries))
 	}
 	if p.Suppressed > 0 {
 		text := plural(p.Suppressed, "more message") + " broke a policy rule, sampled away (no key recorded)"
-		mark := policyMark(string(ActionBlocked))
+		mark := policyMark(string(audit.ActionBlocked))
 		if p.SuppressedWouldBlock > 0 {
 			text += fmt.Sprintf(", %s LET THROUGH (monitor mode)", group(p.SuppressedWouldBlock))
-			mark = policyMark(string(ActionWouldBlock))
+			mark = policyMark(string(audit.ActionWouldBlock))
 		}
 		writeWrapped(w, "  "+mark, text)
 	}
 }
 
 func policyMark(action string) string {
-	if action == string(ActionWouldBlock) {
+	if action == string(audit.ActionWouldBlock) {
 		return "!! "
 	}
 	return "- "
@@ -238,7 +239,7 @@ func policyMark(action string) string {
 func (en *PolicyEntry) sentence() string {
 	var b strings.Builder
 	switch {
-	case en.Action != string(ActionWouldBlock):
+	case en.Action != string(audit.ActionWouldBlock):
 		b.WriteString("blocked: ")
 	case codeRule(en.Rule):
 		b.WriteString("CODE EXECUTION LET THROUGH (monitor mode): ")
@@ -250,7 +251,7 @@ func (en *PolicyEntry) sentence() string {
 		b.WriteString(": " + clipEscaped(printable(en.Detail), tableDetailWidth))
 	}
 	fmt.Fprintf(&b, " (%s, %s)", printable(en.Rule), plural(en.Events, "message"))
-	if en.Action != string(ActionWouldBlock) {
+	if en.Action != string(audit.ActionWouldBlock) {
 		if en.Events == 1 {
 			b.WriteString("; it never reached the store")
 		} else {

@@ -171,7 +171,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
-	sources *verdict.Sources // the connections that completed a message, by source; under mu
+	sources *verdict.Sources // the connections that completed a message, by source; it takes mu
 	// silent indexes the connections that have sent nothing by source; over holds the sources
 	// with more of them than caps.per-source-silent beyond their working ones (silent.go).
 	silent map[netip.Addr]*silentSource

@@ -147,7 +147,7 @@ type Replayer struct {
 	ports   [1024]uint64 // bit set of server ports
 	audit   *audit.Writer
 	flows   *verdict.Flows // with an audit file
-	monitor bool           // the actions of monitor mode; judgement ends at the first violation in either
+	monitor bool           // cfg's mode is monitor: a violation comes to verdict.Of(v, true)
 	sum     Summary
 	nextID  uint64
 	clock   time.Time // capture time, for the audit writer

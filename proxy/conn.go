@@ -141,7 +141,7 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 	if s.draining.Load() {
 		return nil, refuseDraining
 	}
-	serving := s.isTalker(src)
+	serving := s.sources.Serving(src)
 	release, reason = s.gate.Admit(src, serving)
 	if reason == admission.MaxConnections && s.silentOver() {
 		// Admitted in place of a silent connection (silent.go), closed once this one is in: its
@@ -243,7 +243,7 @@ func (c *conn) process(p []byte) bool {
 
 // expired is the guard's deadline passing as the transport's timer measured it.
 func (c *conn) expired() bool {
-	return c.act(c.g.Expired(c.s.isTalker(c.src.Addr())), nil, c.s.now())
+	return c.act(c.g.Expired(c.s.sources.Serving(c.src.Addr())), nil, c.s.now())
 }
 
 // act carries out the guard's decision d on p (empty at a deadline), decided at now; it reports
@@ -485,17 +485,9 @@ func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
 // recordViolationSeen records v as recordViolation does, for a goroutine other than the one
 // judging c's stream: known and seen are what the stream had shown (conn.seen).
 func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) {
-	mode, action, verdict := "enforce", audit.ActionBlocked, audit.VerdictBlocked
-	if c.st.monitor {
-		mode, action, verdict = "monitor", audit.ActionWouldBlock, audit.VerdictWouldBlock
-	}
-	s.m.violations.WithLabelValues(string(v.Rule), mode).Inc()
-	c.decided(verdict, string(v.Rule))
-	e := audit.ViolationEvent(v, known, c.src, c.dst, action, audit.Mode(mode), first, seen)
-	e.Timestamp, e.ConnID = s.now(), c.id
-	s.writeAudit(e)
-	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", mode)
-	if c.st.monitor {
+	o := s.recordOutcome(c, v, first, known, seen)
+	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", string(c.mode()))
+	if !o.Bans() {
 		return
 	}
 	if banned := s.gate.Violation(c.src.Addr()); banned.IsValid() {
@@ -520,14 +512,10 @@ func (s *Server) recordWarning(c *conn, v *protocol.Violation, first []byte) {
 }
 
 // recordTruncated records v, a message that the stream's end cut short (first: its bytes): blocked
-// in either mode, since none of it was forwarded, and never a step towards a ban.
+// in either mode, since none of it was forwarded, and never a step towards a ban (verdict.Of).
 func (s *Server) recordTruncated(c *conn, v *protocol.Violation, first []byte) {
-	s.m.violations.WithLabelValues(string(v.Rule), string(c.mode())).Inc()
-	c.decided(audit.VerdictTruncated, string(v.Rule))
 	_, known := c.g.Generation()
-	e := audit.ViolationEvent(v, known, c.src, c.dst, audit.ActionBlocked, c.mode(), first, c.g.Bytes())
-	e.Timestamp, e.ConnID = s.now(), c.id
-	s.writeAudit(e)
+	s.recordOutcome(c, v, first, known, c.g.Bytes())
 }
 
 func (s *Server) refuse(src, dst netip.AddrPort, reason admission.Reason) {

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
-	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/verdict"
 )
 
 // Flow records (audit.Flow): every connection is accounted for at its end, and a long one every
@@ -75,6 +75,18 @@ func (c *conn) decided(v audit.Verdict, reason string) {
 	c.flow.mu.Unlock()
 }
 
+// recordOutcome counts v, a violation of c's stream, decides c's flow and writes v's event, as
+// verdict.Of says (recordViolation, recordTruncated).
+func (s *Server) recordOutcome(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) verdict.Outcome {
+	o := verdict.Of(v, c.st.monitor)
+	s.m.violations.WithLabelValues(string(v.Rule), string(c.mode())).Inc()
+	c.decided(o.Verdict, string(v.Rule))
+	e := audit.ViolationEvent(v, known, c.src, c.dst, o.Action, c.mode(), first, seen)
+	e.Timestamp, e.ConnID = s.now(), c.id
+	s.writeAudit(e)
+	return o
+}
+
 // flowCarry is a flow's account as an upgrade carries it to the new process.
 type flowCarry struct {
 	FromClient, ToStore, FromStore, Replied uint64
@@ -130,11 +142,8 @@ func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
 	switch {
 	case interim:
 		f.Verdict = audit.VerdictOpen
-	case f.Verdict != "":
-	case f.FromClient == 0:
-		f.Verdict = audit.VerdictEmpty
-	default:
-		f.Verdict = audit.VerdictPassed
+	case f.Verdict == "":
+		f.Verdict = verdict.Default(f.FromClient)
 	}
 	return f
 }
@@ -148,26 +157,7 @@ func (c *conn) mode() audit.Mode {
 
 // writeFlow writes f as configured (flows) and feeds the scan detector, writing its notice.
 func (s *Server) writeFlow(f *audit.Flow) {
-	cfg := &s.set.Load().cfg
-	switch {
-	case cfg.Flows == config.FlowsOff:
-	case cfg.Flows == config.FlowsSuspicious && (f.Verdict == audit.VerdictPassed || f.Verdict == audit.VerdictOpen):
-	default:
-		s.writeAudit(f.Event())
-	}
-	if f.Verdict == audit.VerdictOpen {
-		return
-	}
-	job := s.isTalker(f.Src.Addr())
-	s.scanMu.Lock()
-	if s.scan == nil || s.scanOpts != cfg.Scan {
-		s.scanOpts = cfg.Scan
-		s.scan = audit.NewScanDetector(audit.ScanOptions{Threshold: cfg.Scan.Threshold, Window: cfg.Scan.Window,
-			MaxSources: maxScanSources})
-	}
-	notice, ok := s.scan.Observe(f, job)
-	s.scanMu.Unlock()
-	if ok {
+	if notice, ok := s.flows.Write(f, &s.set.Load().cfg, s.sources); ok {
 		s.m.scans.Inc()
 		s.writeAudit(notice)
 		s.log.Warn("scan detected", "src", f.Src.Addr().String(), "connections", *notice.ScanConnections,

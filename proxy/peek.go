@@ -10,6 +10,7 @@ import (
 
 	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/verdict"
 )
 
 // A banned source's connection is refused, but its first bytes (admission.PeekBytes) are read for
@@ -43,7 +44,7 @@ func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reas
 		if nc != nil {
 			nc.Close()
 		}
-		s.peeking.Add(-1)
+		s.peeks.Done()
 	} else {
 		unix.Close(fd)
 	}
@@ -54,11 +55,10 @@ func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reas
 // banned source's (throttled too), with ban.peek set. nil: close it at once.
 func (s *Server) peekable(reason admission.Reason) *settings {
 	st := s.set.Load()
-	if !reason.Ban() || st.cfg.Ban.Peek <= 0 || s.draining.Load() {
+	if !verdict.Peeked(reason, st.cfg.Ban.Peek) || s.draining.Load() {
 		return nil
 	}
-	if s.peeking.Add(1) > admission.MaxPeeks {
-		s.peeking.Add(-1)
+	if !s.peeks.Take() {
 		s.m.peeks.WithLabelValues("skipped").Inc()
 		return nil
 	}
@@ -73,33 +73,27 @@ func (s *Server) peekThenClose(tc *net.TCPConn, src, dst netip.AddrPort, reason 
 	s.handlers.Add(1)
 	go func() {
 		defer s.handlers.Done()
-		defer s.peeking.Add(-1)
+		defer s.peeks.Done()
 		first := peek(tc, st.cfg.Ban.Peek)
 		tc.Close()
 		s.refusedFlow(src, dst, string(reason), start, first, s.judgeFirst(st, first))
 	}()
 }
 
-// peek reads up to admission.PeekBytes of what c sends within d.
+// peek reads what c sends within d, as verdict.Peek says.
 func peek(c *net.TCPConn, d time.Duration) []byte {
-	buf := make([]byte, admission.PeekBytes)
-	end := time.Now().Add(d)
-	c.SetReadDeadline(end)
-	n := 0
-	for n < len(buf) {
-		m, err := c.Read(buf[n:])
-		if n == 0 && m > 0 {
-			// A probe comes in one write: wait a little for the rest of it, not for d.
-			if rest := time.Now().Add(admission.PeekRest); rest.Before(end) {
-				c.SetReadDeadline(rest)
-			}
+	p := verdict.NewPeek(time.Now(), d)
+	c.SetReadDeadline(p.Until())
+	for !p.Full() {
+		m, err := c.Read(p.Room())
+		if p.Took(m, time.Now()) {
+			c.SetReadDeadline(p.Until())
 		}
-		n += m
 		if err != nil {
 			break
 		}
 	}
-	return buf[:n]
+	return p.Bytes()
 }
 
 // judgeFirst is the violation, if any, that first would have been as a connection's first bytes,

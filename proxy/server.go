@@ -27,6 +27,7 @@ import (
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/verdict"
 )
 
 // settings is one validated configuration, swapped atomically on reload. A connection keeps the
@@ -116,11 +117,8 @@ type Server struct {
 	now      func() time.Time
 	set      atomic.Pointer[settings]
 	gate     *admission.Gate
-	// scan counts the flows that make scans (flow.go); scanOpts are the options it was made with.
-	scanMu   sync.Mutex
-	scan     *audit.ScanDetector
-	scanOpts config.Scan
-	peeking  atomic.Int32 // banned connections being read (peek.go)
+	flows    *verdict.Flows // where flow records go (flow.go)
+	peeks    verdict.Peeks  // banned connections being read (peek.go)
 	buf      *budget
 	m        *metrics
 	// slots counts the connections to the store against its caps (storelimit.go); limiter keeps
@@ -173,7 +171,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
-	talkers map[netip.Addr]int // sources with a connection that has completed a message
+	sources *verdict.Sources // the connections that completed a message, by source; it takes mu
 	// silent indexes the connections that have sent nothing by source; over holds the sources
 	// with more of them than caps.per-source-silent beyond their working ones (silent.go).
 	silent map[netip.Addr]*silentSource
@@ -183,8 +181,10 @@ type Server struct {
 // New validates cfg and builds a server; Listen and Serve start it.
 func New(cfg config.Config, opts Options) (*Server, error) {
 	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock,
-		conns: make(map[*conn]struct{}), talkers: make(map[netip.Addr]int),
-		silent: make(map[netip.Addr]*silentSource), over: make(map[netip.Addr]*silentSource)}
+		conns: make(map[*conn]struct{}), silent: make(map[netip.Addr]*silentSource),
+		over: make(map[netip.Addr]*silentSource)}
+	s.sources = verdict.NewSources(&s.mu, s.weighSilentLocked) // silent.go weighs the sources they change
+	s.flows = verdict.NewFlows(s.writeAudit, maxScanSources)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -584,36 +584,14 @@ func (s *Server) countMessage(m *protocol.Message) { s.m.byOp[m.Generation][m.Op
 
 // markTalker records that src has a connection that completed a message; done undoes it.
 func (s *Server) markTalker(src netip.Addr) (done func()) {
-	s.mu.Lock()
-	s.talkers[src]++
-	s.weighSilentLocked(src)
-	s.mu.Unlock()
-	return func() {
-		s.mu.Lock()
-		if s.talkers[src]--; s.talkers[src] <= 0 {
-			delete(s.talkers, src)
-		}
-		s.weighSilentLocked(src)
-		s.mu.Unlock()
-	}
-}
-
-func (s *Server) isTalker(src netip.Addr) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.talkers[src] > 0
+	s.sources.Talk(src)
+	return func() { s.sources.Untalk(src) }
 }
 
 // servingJob reports whether src has a live connection other than c that completed a valid
 // message: evidence of a job's rank there, whose new connections go first to the store.
 func (s *Server) servingJob(src netip.Addr, c *conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := s.talkers[src]
-	if c.untalk != nil {
-		n-- // c's own valid messages are no evidence
-	}
-	return n > 0
+	return s.sources.ServingBesides(src, c.untalk != nil)
 }
 
 // sameAddr reports whether a reloaded listen address names the socket already open: the same

@@ -78,7 +78,7 @@ func (s *Server) dropSilentLocked(c *conn) {
 // after its silent or its working connections changed.
 func (s *Server) weighSilentLocked(src netip.Addr) {
 	ss := s.silent[src]
-	if ss != nil && ss.n > s.talkers[src]+s.set.Load().cfg.Caps.PerSourceSilent {
+	if ss != nil && ss.n > s.sources.Count(src)+s.set.Load().cfg.Caps.PerSourceSilent {
 		s.over[src] = ss
 		return
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/gopacket/gopacket/reassembly"
 	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/verdict"
 )
 
 // capture is the state of one capture file: its streams, the reassembler and the clock.
@@ -28,10 +29,10 @@ type capture struct {
 	trailing list.List         // decided streams whose flow goes on, least recently active first
 	done     list.List         // streams whose flow ended, lingering, least recently active first
 	timers   timerHeap         // undecided streams with a deadline
-	talkers  map[netip.Addr]int
-	gate     *admission.Gate // serve's admission, on capture time; made at the first packet
-	gateAt   time.Time       // the gate's clock: the time of what it is asked or told
-	peeking  int             // refused streams being read for ban.peek, at most admission.MaxPeeks
+	sources  *verdict.Sources  // the streams that completed a message, by source
+	gate     *admission.Gate   // serve's admission, on capture time; made at the first packet
+	gateAt   time.Time         // the gate's clock: the time of what it is asked or told
+	peeks    verdict.Peeks     // refused streams being read for ban.peek
 
 	now       time.Time // capture clock: the latest timestamp seen
 	started   bool
@@ -58,7 +59,7 @@ func (c *captureContext) GetCaptureInfo() gopacket.CaptureInfo { return c.ci }
 
 func (r *Replayer) newCapture(file string) *capture {
 	return &capture{r: r, file: file, pd: newPacketDecoder(), streams: map[tuple]*stream{},
-		talkers: map[netip.Addr]int{}}
+		sources: verdict.NewSources(nil, nil)}
 }
 
 // assembler returns the reassembler, made when a stream first needs it: a capture whose streams
@@ -347,9 +348,7 @@ func (c *capture) settle(sortByID bool) {
 		slices.SortFunc(c.flows, func(a, b *stream) int { return cmp.Compare(a.id, b.id) })
 	}
 	for _, s := range c.flows {
-		// job: the source has a connection that completed a message open (a torch <= 2.0
-		// client's silent second connection is no probe); the detector remembers closed ones.
-		c.r.writeFlow(s, c.talkers[s.key.src.Addr()] > 0)
+		c.r.writeFlow(s, c.sources)
 	}
 	clear(c.flows)
 	c.flows = c.flows[:0]
@@ -422,7 +421,7 @@ func (c *capture) admit(s *stream) {
 	s.g.From(s.key.src.Addr())
 	defer s.schedule()
 	c.gateAt = c.now
-	release, reason := c.gate.Admit(s.key.src.Addr(), c.talkers[s.key.src.Addr()] > 0)
+	release, reason := c.gate.Admit(s.key.src.Addr(), c.sources.Serving(s.key.src.Addr()))
 	if reason == "" {
 		s.release = release
 		return
@@ -431,9 +430,8 @@ func (c *capture) admit(s *stream) {
 	e := audit.AdmissionEvent(s.key.src, s.key.dst, audit.ActionDenied, string(reason))
 	e.Timestamp, e.Mode = c.now, audit.ModeReplay
 	c.r.writeAudit(e)
-	if peek := c.r.cfg.Ban.Peek; reason.Ban() && peek > 0 && c.peeking < admission.MaxPeeks {
-		c.peeking++
-		s.peek, s.peekEnd = make([]byte, 0, admission.PeekBytes), c.now.Add(peek)
+	if peek := c.r.cfg.Ban.Peek; verdict.Peeked(reason, peek) && c.peeks.Take() {
+		s.peek = verdict.NewPeek(c.now, peek)
 		return
 	}
 	s.endPeek(c.now)

@@ -69,6 +69,7 @@ import (
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/verdict"
 )
 
 // Options tune a replay. The zero value uses cfg's ports and the defaults below.
@@ -145,8 +146,8 @@ type Replayer struct {
 	opts    Options
 	ports   [1024]uint64 // bit set of server ports
 	audit   *audit.Writer
-	scan    *audit.ScanDetector
-	action  audit.Action
+	flows   *verdict.Flows // with an audit file
+	monitor bool           // cfg's mode is monitor: a violation comes to verdict.Of(v, true)
 	sum     Summary
 	nextID  uint64
 	clock   time.Time // capture time, for the audit writer
@@ -190,10 +191,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 		rules = rules.WithStore(policy.Store{Written: policy.NewWritten(1 << 16), Quota: policy.NewQuota()})
 	}
 	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen, Rules: rules}, opts: opts,
-		adm: cfg.Admission(), action: audit.ActionBlocked}
-	if cfg.Mode == config.ModeMonitor {
-		r.action = audit.ActionWouldBlock
-	}
+		adm: cfg.Admission(), monitor: cfg.Mode == config.ModeMonitor}
 	ports := opts.Ports
 	if len(ports) == 0 {
 		ports = cfg.Replay.Ports
@@ -217,7 +215,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 			return nil, fmt.Errorf("audit: %w", err)
 		}
 		r.audit = w
-		r.scan = audit.NewScanDetector(audit.ScanOptions{Threshold: cfg.Scan.Threshold, Window: cfg.Scan.Window})
+		r.flows = verdict.NewFlows(r.writeAudit, 0)
 	}
 	return r, nil
 }
@@ -256,23 +254,14 @@ func (r *Replayer) writeAudit(e audit.Event) {
 	}
 }
 
-// writeFlow writes s's flow record as cfg.Flows says and feeds it to the scan detector, writing
-// its notice at once. job: s's source has a connection open that completed a message.
-func (r *Replayer) writeFlow(s *stream, job bool) {
+// writeFlow writes s's flow record as serve does (verdict.Flows), its scan notice at once;
+// sources are s's capture's.
+func (r *Replayer) writeFlow(s *stream, sources *verdict.Sources) {
 	if r.audit == nil {
 		return
 	}
 	f := s.flowRecord()
-	switch {
-	case r.cfg.Flows == config.FlowsOff:
-	case r.cfg.Flows == config.FlowsSuspicious && (f.Verdict == audit.VerdictPassed || f.Verdict == audit.VerdictOpen):
-	default:
-		r.writeAudit(f.Event())
-	}
-	if f.Verdict == audit.VerdictOpen {
-		return // not over: the detector counts what ended
-	}
-	if notice, ok := r.scan.Observe(&f, job); ok {
+	if notice, ok := r.flows.Write(&f, &r.cfg, sources); ok {
 		r.writeAudit(notice)
 	}
 }

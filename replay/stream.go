@@ -12,6 +12,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/verdict"
 )
 
 // stream is one client-to-server TCP stream and the decoder serve would have run on it.
@@ -51,8 +52,7 @@ type stream struct {
 	// admitted before the capture.
 	release func()           // gives its admission back at its flow's end
 	refused admission.Reason // why serve would have refused it; "" admitted
-	peek    []byte           // a banned source's first bytes, read for ban.peek, at most admission.PeekBytes
-	peekEnd time.Time        // when reading them stops
+	peek    *verdict.Peek    // a banned source's first bytes, read for ban.peek; nil: not read
 	judged  *protocol.Violation
 
 	// Its flow record (audit.Flow), as serve would have kept it for the connection. The flow
@@ -203,7 +203,7 @@ func (s *stream) feed(p []byte) {
 		s.held += uint64(len(p) - d.Forward)
 	}
 	if d.Talked {
-		s.c.talkers[s.key.src.Addr()]++
+		s.c.sources.Talk(s.key.src.Addr())
 	}
 	if d.Violation != nil {
 		s.reject(d.Violation, d.First, now)
@@ -213,15 +213,9 @@ func (s *stream) feed(p []byte) {
 }
 
 // readPeek reads p, the next bytes of a banned source's stream, at now, as serve's peek reads
-// them: up to admission.PeekBytes, and once the first came only admission.PeekRest more.
+// them (verdict.Peek).
 func (s *stream) readPeek(p []byte, now time.Time) {
-	if len(s.peek) == 0 {
-		if rest := now.Add(admission.PeekRest); rest.Before(s.peekEnd) {
-			s.peekEnd = rest
-		}
-	}
-	s.peek = append(s.peek, p[:min(len(p), cap(s.peek)-len(s.peek))]...)
-	if len(s.peek) == cap(s.peek) {
+	if s.peek.Read(p, now) {
 		s.endPeek(now)
 		return
 	}
@@ -232,8 +226,8 @@ func (s *stream) readPeek(p []byte, now time.Time) {
 // was read for ban.peek and the rule those bytes would have broken, as a stream's first bytes.
 func (s *stream) endPeek(at time.Time) {
 	if s.peek != nil {
-		s.c.peeking--
-		s.judged = protocol.FirstViolation(s.c.r.dec, s.peek)
+		s.c.peeks.Done()
+		s.judged = protocol.FirstViolation(s.c.r.dec, s.peek.Bytes())
 	}
 	s.decide(VerdictRefused, string(s.refused), at)
 	s.endFlow(audit.ClosedByGuard, at)
@@ -245,7 +239,7 @@ func (s *stream) deadline() time.Time {
 	case s.done || s.midstream || s.halfOpen:
 		return time.Time{}
 	case s.refused != "":
-		return s.peekEnd
+		return s.peek.Until()
 	}
 	return s.g.Deadline()
 }
@@ -270,7 +264,7 @@ func (s *stream) expireDue(now time.Time, delivering bool) bool {
 	case !delivering && s.holePending():
 		return false
 	}
-	if e := s.g.Expired(s.c.talkers[s.key.src.Addr()] > 0); e.Violation != nil {
+	if e := s.g.Expired(s.c.sources.Serving(s.key.src.Addr())); e.Violation != nil {
 		s.reject(e.Violation, e.First, d)
 		return true
 	}
@@ -340,14 +334,10 @@ func (s *stream) observe() {
 func (s *stream) reject(v *protocol.Violation, first []byte, at time.Time) {
 	_, known := s.g.Generation()
 	s.violation = v
-	action := s.c.r.action
-	if v.Rule == protocol.RuleTruncatedMessage {
-		action = audit.ActionBlocked // in either mode, as serve has it: nothing of it was forwarded
-	}
-	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, action, audit.ModeReplay, first, s.g.Bytes())
+	o := verdict.Of(v, s.c.r.monitor)
+	s.event = audit.ViolationEvent(v, known, s.key.src, s.key.dst, o.Action, audit.ModeReplay, first, s.g.Bytes())
 	s.event.Timestamp, s.event.ConnID = at, s.id
-	if action == audit.ActionBlocked && v.Rule != protocol.RuleTruncatedMessage {
-		// enforce mode: a step towards a ban, as serve has it; a message cut short never is
+	if o.Bans() {
 		s.banned = s.c.violation(s, at)
 	}
 	end := at
@@ -355,8 +345,8 @@ func (s *stream) reject(v *protocol.Violation, first []byte, at time.Time) {
 		end = s.last
 	}
 	s.decide(VerdictReject, "", end)
-	if action == audit.ActionBlocked && v.Rule != protocol.RuleTruncatedMessage {
-		s.endFlow(audit.ClosedByGuard, end) // serve closes the connection at the violation
+	if o.Closes() {
+		s.endFlow(audit.ClosedByGuard, end) // as serve does
 	}
 }
 
@@ -381,7 +371,7 @@ func (s *stream) warn(w guard.Warning, at time.Time) {
 // passesAll reports whether serve would have passed every byte on from the violation on: monitor
 // mode, but for a message cut short, which never was.
 func (s *stream) passesAll() bool {
-	return s.violation != nil && s.c.r.action == audit.ActionWouldBlock && s.violation.Rule != protocol.RuleTruncatedMessage
+	return s.violation != nil && verdict.Of(s.violation, s.c.r.monitor).Verdict == audit.VerdictWouldBlock
 }
 
 // decide records the verdict and queues the stream for reporting.
@@ -396,22 +386,16 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 		s.flowVerdict, s.flowReason = audit.VerdictRefused, reason
 	case v == VerdictHalfOpen:
 		s.flowVerdict = audit.VerdictHalfOpen
-	case v == VerdictReject && s.violation.Rule == protocol.RuleTruncatedMessage:
-		s.flowVerdict, s.flowReason = audit.VerdictTruncated, string(s.violation.Rule)
-	case v == VerdictReject && s.passesAll():
-		s.flowVerdict, s.flowReason = audit.VerdictWouldBlock, string(s.violation.Rule)
 	case v == VerdictReject:
-		s.flowVerdict, s.flowReason = audit.VerdictBlocked, string(s.violation.Rule)
+		s.flowVerdict, s.flowReason = verdict.Of(s.violation, c.r.monitor).Verdict, string(s.violation.Rule)
 	case v == VerdictIncomplete:
 		s.flowVerdict, s.flowReason = audit.VerdictIncomplete, reason
 	case s.warnedRule != "":
 		s.flowVerdict, s.flowReason = audit.VerdictWouldBlock, s.warnedRule // forwarded, a rule in monitor mode broken
 	case c.ending:
 		s.flowVerdict = audit.VerdictOpen // the capture ends, the connection lasts
-	case s.fromClient == 0:
-		s.flowVerdict = audit.VerdictEmpty
 	default:
-		s.flowVerdict = audit.VerdictPassed
+		s.flowVerdict = verdict.Default(s.fromClient)
 	}
 	if s.timer >= 0 {
 		heap.Remove(&c.timers, s.timer)
@@ -419,10 +403,7 @@ func (s *stream) decide(v Verdict, reason string, end time.Time) {
 	c.live.Remove(s.elem)
 	s.elem = c.trailing.PushBack(s)
 	if s.g.Talked() {
-		a := s.key.src.Addr()
-		if c.talkers[a]--; c.talkers[a] <= 0 {
-			delete(c.talkers, a)
-		}
+		c.sources.Untalk(s.key.src.Addr())
 	}
 	c.decided = append(c.decided, s)
 	c.unhook = append(c.unhook, s)
@@ -456,8 +437,8 @@ func (s *stream) flowRecord() audit.Flow {
 	if s.refused != "" {
 		// as serve's refusedFlow: no conn id, no store, nothing decoded
 		return audit.Flow{Src: s.key.src, Dst: s.key.dst, Start: s.start, End: s.flowEnd, Verdict: s.flowVerdict,
-			Reason: s.flowReason, ClosedBy: s.closedBy, Mode: audit.ModeReplay, FromClient: uint64(len(s.peek)),
-			First: s.peek, Judged: s.judged}
+			Reason: s.flowReason, ClosedBy: s.closedBy, Mode: audit.ModeReplay, FromClient: uint64(len(s.peek.Bytes())),
+			First: s.peek.Bytes(), Judged: s.judged}
 	}
 	f := audit.Flow{ConnID: s.id, Src: s.key.src, Dst: s.key.dst, Start: s.start, End: s.flowEnd,
 		Verdict: s.flowVerdict, Reason: s.flowReason, ClosedBy: s.closedBy, Mode: audit.ModeReplay,
@@ -527,7 +508,7 @@ func (s *stream) result() StreamResult {
 		r.Violation = newViolation(s.violation)
 	}
 	if s.refused != "" {
-		r.Bytes = uint64(len(s.peek))
+		r.Bytes = uint64(len(s.peek.Bytes()))
 		if s.judged != nil {
 			r.Judged = newViolation(s.judged)
 		}

@@ -15,16 +15,6 @@ import (
 	"github.com/storeguard/storeguard/protocol"
 )
 
-func sim(t *testing.T, addr string, g protocol.Generation, b protocol.Backend) *storesim.Store {
-	t.Helper()
-	s, err := storesim.Start(addr, g, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	return s
-}
-
 func autoGuard(t *testing.T, m mode, upstream string) *harness {
 	return startOn(t, m, upstream, func(c *config.Config) { c.Generation = "auto"; c.Timeouts.UpstreamDial = 10 * time.Second })
 }
@@ -68,7 +58,7 @@ func testAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T, m mode) {
 	if _, ok := h.srv.Store(); ok {
 		t.Fatal("a generation was known with no store")
 	}
-	sim(t, addr, protocol.G1, protocol.BackendLegacy)
+	storesim.StartT(t, addr, protocol.G1, protocol.BackendLegacy)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	want := []byte("\x02\x00\x00\x00\x00\x00\x00\x00ab\x02\x00\x00\x00\x00\x00\x00\x00ab")
 	got := make([]byte, len(want))
@@ -107,7 +97,7 @@ func testAutoRefusesBytesTheStoreWouldMisread(t *testing.T, m mode) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := sim(t, "127.0.0.1:0", tc.store, tc.b)
+			s := storesim.StartT(t, "127.0.0.1:0", tc.store, tc.b)
 			h := autoGuard(t, m, s.Addr())
 			waitStore(t, h, tc.store)
 			before := s.NumConns()
@@ -152,12 +142,12 @@ func TestAutoLearnsAgainAfterTheStoreRestarts(t *testing.T) {
 
 func testAutoLearnsAgainAfterTheStoreRestarts(t *testing.T, m mode) {
 	addr := reservedAddr(t)
-	s := sim(t, addr, protocol.G1, protocol.BackendLegacy)
+	s := storesim.StartT(t, addr, protocol.G1, protocol.BackendLegacy)
 	h := autoGuard(t, m, addr)
 	waitStore(t, h, protocol.G1)
 	s.Close()
 	eventually(t, "the store forgotten", func() bool { _, ok := h.srv.Store(); return !ok })
-	sim(t, addr, protocol.G6, protocol.BackendLibuv)
+	storesim.StartT(t, addr, protocol.G6, protocol.BackendLibuv)
 	waitStore(t, h, protocol.G6)
 	c := h.dial()
 	hs := protocol.AppendHandshake(nil, protocol.G6, 7)
@@ -200,7 +190,7 @@ func testAutoValueLimitFollowsTheBackend(t *testing.T, m mode) {
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%s-%s-%d", tc.g, tc.b, tc.declared), func(t *testing.T) {
-			s := sim(t, "127.0.0.1:0", tc.g, tc.b)
+			s := storesim.StartT(t, "127.0.0.1:0", tc.g, tc.b)
 			h := autoGuard(t, m, s.Addr())
 			waitStore(t, h, tc.g)
 			checkValueLimit(t, h, s, tc.g, tc.declared, tc.limit)
@@ -253,7 +243,7 @@ func checkValueLimit(t *testing.T, h *harness, s *storesim.Store, g protocol.Gen
 func TestReloadValueLimit(t *testing.T) { run(t, testReloadValueLimit) }
 
 func testReloadValueLimit(t *testing.T, m mode) {
-	s := sim(t, "127.0.0.1:0", protocol.G6, protocol.BackendLegacy)
+	s := storesim.StartT(t, "127.0.0.1:0", protocol.G6, protocol.BackendLegacy)
 	h := autoGuard(t, m, s.Addr())
 	waitStore(t, h, protocol.G6)
 	reload := func(value config.ByteLimit) {
@@ -286,7 +276,7 @@ func (h *harness) assertNoEvents() {
 func TestReloadToAutoLearnsTheStore(t *testing.T) { run(t, testReloadToAutoLearnsTheStore) }
 
 func testReloadToAutoLearnsTheStore(t *testing.T, m mode) {
-	s := sim(t, "127.0.0.1:0", protocol.G6, protocol.BackendLibuv)
+	s := storesim.StartT(t, "127.0.0.1:0", protocol.G6, protocol.BackendLibuv)
 	h := startOn(t, m, s.Addr(), func(c *config.Config) { c.Generation = "1.13" })
 	if _, ok := h.srv.Store(); ok {
 		t.Fatal("a generation learned with one configured")

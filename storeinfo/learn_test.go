@@ -15,16 +15,6 @@ import (
 	"github.com/storeguard/storeguard/protocol"
 )
 
-func sim(t *testing.T, addr string, g protocol.Generation, b protocol.Backend) *storesim.Store {
-	t.Helper()
-	s, err := storesim.Start(addr, g, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	return s
-}
-
 // TestLearnStoreEveryGeneration: the probes name every generation and backend, and leave the
 // store as they found it (no key created, none left behind).
 func TestLearnStoreEveryGeneration(t *testing.T) {
@@ -53,7 +43,7 @@ func TestLearnStoreEveryGeneration(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%s-%s", tc.g, tc.b), func(t *testing.T) {
-			s := sim(t, "127.0.0.1:0", tc.g, tc.b)
+			s := storesim.StartT(t, "127.0.0.1:0", tc.g, tc.b)
 			got, err := Learn(context.Background(), s.Addr(), 2*time.Second)
 			if err != nil || got != tc.want {
 				t.Fatalf("Learn = %v, %v; want %v", got, err, tc.want)
@@ -68,7 +58,7 @@ func TestLearnStoreEveryGeneration(t *testing.T) {
 // TestLearnStoreNeverGuesses: a store that does not answer, or is not up, is an error to retry,
 // not a generation.
 func TestLearnStoreNeverGuesses(t *testing.T) {
-	s := sim(t, "127.0.0.1:0", protocol.G1, protocol.BackendLegacy)
+	s := storesim.StartT(t, "127.0.0.1:0", protocol.G1, protocol.BackendLegacy)
 	s.Pause()
 	if got, err := Learn(context.Background(), s.Addr(), 200*time.Millisecond); !errors.Is(err, errStoreSlow) {
 		t.Fatalf("paused G1 store: %v, %v; want errStoreSlow", got, err)

@@ -46,10 +46,7 @@ type StoreSlots struct {
 	now func() time.Time
 
 	mu       sync.Mutex
-	limit    int // 0 = unlimited
-	perSrc   int // 0 = unlimited
-	used     int
-	bySource map[netip.Addr]int
+	held     Counter // slots, one a connection
 	rate     DialRate
 	all      bucket                      // dial tokens of the store (rate.Rate > 0)
 	sources  map[netip.Addr]*sourceDials // sources that dialled lately; absent: not within recentDial, tokens full
@@ -82,16 +79,16 @@ type sourceDials struct {
 // NewStoreSlots caps store connections at limit in all and perSource per source (0: no cap), with
 // no dial rate until SetDialRate.
 func NewStoreSlots(limit, perSource int) *StoreSlots {
-	return &StoreSlots{now: time.Now, limit: limit, perSrc: perSource, bySource: map[netip.Addr]int{},
+	return &StoreSlots{now: time.Now, held: NewCounter(int64(limit), int64(perSource)),
 		sources: map[netip.Addr]*sourceDials{}}
 }
 
 // full says which cap keeps src from another store connection now, or "".
 func (s *StoreSlots) full(src netip.Addr) Reason {
-	switch {
-	case s.perSrc > 0 && s.bySource[src] >= s.perSrc:
+	switch s.held.Exceeds(src, 1, 0) {
+	case SourceCap:
 		return SourceStoreConnections
-	case s.limit > 0 && s.used >= s.limit:
+	case TotalCap:
 		return MaxStoreConnections
 	}
 	return ""
@@ -114,8 +111,7 @@ func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
 
 // take counts one slot for src and returns what gives it back, once.
 func (s *StoreSlots) take(src netip.Addr) (release func()) {
-	s.used++
-	s.bySource[src]++
+	s.held.Take(src, 1)
 	var released atomic.Bool
 	return func() {
 		if !released.CompareAndSwap(false, true) {
@@ -123,10 +119,7 @@ func (s *StoreSlots) take(src netip.Addr) (release func()) {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.used--
-		if s.bySource[src]--; s.bySource[src] <= 0 {
-			delete(s.bySource, src)
-		}
+		s.held.Release(src, 1)
 		s.serveLocked()
 	}
 }
@@ -298,7 +291,7 @@ func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (re
 func (s *StoreSlots) SetLimits(limit, perSource int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.limit, s.perSrc = limit, perSource
+	s.held.SetLimits(int64(limit), int64(perSource))
 	s.serveLocked()
 }
 
@@ -321,7 +314,7 @@ func (s *StoreSlots) SetDialRate(r DialRate) {
 func (s *StoreSlots) InUse() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.used
+	return int(s.held.Used())
 }
 
 // Waiting is how many clients wait in Take now.
@@ -335,7 +328,7 @@ func (s *StoreSlots) Waiting() int {
 func (s *StoreSlots) Limit() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.limit
+	return int(s.held.Limit())
 }
 
 // Adopt counts a store connection another process opened and hands over, whatever the caps say

@@ -55,8 +55,8 @@ func TestStoreSlotsReleaseOnce(t *testing.T) {
 		t.Fatalf("a second release of another source's slot freed 10.0.0.2's: %q", r)
 	}
 	b()
-	if n := s.InUse(); n != 0 || len(s.bySource) != 0 {
-		t.Fatalf("InUse = %d, sources %v after all released", n, s.bySource)
+	if n := s.InUse(); n != 0 || len(s.held.bySource) != 0 {
+		t.Fatalf("InUse = %d, sources %v after all released", n, s.held.bySource)
 	}
 }
 
@@ -130,7 +130,7 @@ func TestStoreSlotsConcurrent(t *testing.T) {
 					return
 				}
 				s.mu.Lock()
-				n, used := s.bySource[src], s.used
+				n, used := int(s.held.bySource[src]), int(s.held.used)
 				s.mu.Unlock()
 				mu.Lock()
 				maxUsed = max(maxUsed, used)

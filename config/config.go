@@ -125,7 +125,7 @@ type Caps struct {
 	IPv4Prefix           int `mapstructure:"ipv4-prefix"`
 	IPv6Prefix           int `mapstructure:"ipv6-prefix"`
 	// MaxStoreConnections caps the connections to the store, in all: auto reads the store's
-	// descriptor limit when it runs on this host (proxy/storelimit.go); 0 = unlimited.
+	// descriptor limit when it runs on this host (storeinfo/limit.go); 0 = unlimited.
 	MaxStoreConnections       AutoCount `mapstructure:"max-store-connections"`
 	PerSourceStoreConnections int       `mapstructure:"per-source-store-connections"` // 0 = unlimited
 	BufferBudgetBytes         int64     `mapstructure:"buffer-budget-bytes"`

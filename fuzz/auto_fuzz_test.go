@@ -9,6 +9,7 @@ import (
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/proxy"
+	"github.com/storeguard/storeguard/storeinfo"
 )
 
 type autoGuard struct {
@@ -39,7 +40,7 @@ func setupAuto(t testing.TB) {
 			{protocol.G6, protocol.BackendLibuv}, {protocol.G6, protocol.BackendLegacy}}
 		type learning struct {
 			srv  *proxy.Server
-			want proxy.StoreInfo
+			want storeinfo.Info
 		}
 		var started []learning
 		for _, st := range stores {
@@ -50,7 +51,7 @@ func setupAuto(t testing.TB) {
 					t.Fatal(err)
 				}
 				srv := startFuzzProxy(t, store.Addr(), "auto", m)
-				started = append(started, learning{srv, proxy.StoreInfo{Gen: st.g, Backend: st.b}})
+				started = append(started, learning{srv, storeinfo.Info{Gen: st.g, Backend: st.b}})
 				each = append(each, autoGuard{store: store, mode: m, addr: srv.Addr().String()})
 			}
 			autoGuards = append(autoGuards, each)

@@ -11,7 +11,7 @@ type Config struct {
 	// LegacyGen is how an Auto decoder reads a stream that does not start with VALIDATE: G0 or
 	// G1. Their opcodes 0x07 and 0x08 mean different things and nothing in a G0/G1 stream says which
 	// it is. serve never uses it: it decodes with the store's own generation, learned from the
-	// store (proxy.LearnStore). replay, which has no store to ask, does.
+	// store (storeinfo.Learn). replay, which has no store to ask, does.
 	LegacyGen Generation
 	Backend   Backend
 	Limits    Limits

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"sync"
 
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/config"
 )
 
@@ -14,18 +15,16 @@ import (
 // messages cannot take what every other host's need. A connection that needs more waits until
 // others release some: when the budget is spent, reading slows down, and memory never follows the
 // wire. The wait is not the client's fault: the guard does not count it against the message's
-// deadline (guard.Stream.Paused).
+// deadline (guard.Stream.Paused). The counting is admission.Counter's; every release wakes every
+// waiter, and each takes what fits then.
 type budget struct {
-	mu       sync.Mutex
-	cond     *sync.Cond
-	limit    int64
-	perSrc   int64 // 0: no per-source share
-	used     int64
-	bySource map[netip.Addr]int64
+	mu   sync.Mutex
+	cond *sync.Cond
+	held admission.Counter
 }
 
 func newBudget(limit, perSource int64) *budget {
-	b := &budget{limit: limit, perSrc: perSource, bySource: map[netip.Addr]int64{}}
+	b := &budget{held: admission.NewCounter(limit, perSource)}
 	b.cond = sync.NewCond(&b.mu)
 	return b
 }
@@ -34,16 +33,7 @@ func newBudget(limit, perSource int64) *budget {
 // message larger than the whole budget, or than a source's share, proceeds once nothing but its
 // own start is held (of the source's), so that no limit smaller than one message can deadlock.
 func (b *budget) fits(src netip.Addr, n, own int64) bool {
-	if b.used+n > b.limit && b.used > own {
-		return false
-	}
-	held := b.bySource[src]
-	return b.perSrc <= 0 || held+n <= b.perSrc || held <= own
-}
-
-func (b *budget) take(src netip.Addr, n int64) {
-	b.used += n
-	b.bySource[src] += n
+	return b.held.Exceeds(src, n, own) == admission.NoCap
 }
 
 // acquire takes n bytes for src's connection holding own, waiting while they do not fit, until
@@ -66,7 +56,7 @@ func (b *budget) acquire(ctx context.Context, src netip.Addr, n, own int64) erro
 		}
 		b.cond.Wait()
 	}
-	b.take(src, n)
+	b.held.Take(src, n)
 	return nil
 }
 
@@ -80,7 +70,7 @@ func (b *budget) tryAcquire(src netip.Addr, n, own int64) bool {
 	if !b.fits(src, n, own) {
 		return false
 	}
-	b.take(src, n)
+	b.held.Take(src, n)
 	return true
 }
 
@@ -88,7 +78,7 @@ func (b *budget) tryAcquire(src netip.Addr, n, own int64) bool {
 // upgrade held them in the previous process.
 func (b *budget) adopt(src netip.Addr, n int64) {
 	b.mu.Lock()
-	b.take(src, n)
+	b.held.Take(src, n)
 	b.mu.Unlock()
 }
 
@@ -97,17 +87,14 @@ func (b *budget) release(src netip.Addr, n int64) {
 		return
 	}
 	b.mu.Lock()
-	b.used -= n
-	if b.bySource[src] -= n; b.bySource[src] <= 0 {
-		delete(b.bySource, src)
-	}
+	b.held.Release(src, n)
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }
 
 func (b *budget) setLimits(limit, perSource int64) {
 	b.mu.Lock()
-	b.limit, b.perSrc = limit, perSource
+	b.held.SetLimits(limit, perSource)
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }
@@ -115,7 +102,7 @@ func (b *budget) setLimits(limit, perSource int64) {
 func (b *budget) inUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.used
+	return b.held.Used()
 }
 
 // heapOverhead is what serve's memory holds besides the budget, at most: the runtime, the event

@@ -12,6 +12,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/storeinfo"
 )
 
 // A connection is forwarded by one of two transports: its own goroutines (goroutines.go), or an
@@ -179,7 +180,7 @@ func (s *Server) accepted(client *net.TCPConn, src, dst netip.AddrPort, release 
 	c.release, c.gr.client = release, client
 	if !c.st.dec.Gen.Auto {
 		c.resetGuard(c.st.dec)
-	} else if info, known, _ := s.store.Load().get(); known {
+	} else if info, known := s.store.Get(); known {
 		c.resetGuard(c.st.decoderFor(info))
 	} else {
 		c.awaitStore = true
@@ -208,7 +209,7 @@ func (c *conn) Held() []byte { return c.carry }
 // mode): the store's own generation, fixed, its backend unless one is configured, and that
 // backend's limits (auto ones differ: config.LimitsFor). Every byte forwarded is then framed as
 // that store frames it. With a generation configured, info is unused.
-func (st *settings) decoderFor(info StoreInfo) protocol.Config {
+func (st *settings) decoderFor(info storeinfo.Info) protocol.Config {
 	dc := st.dec
 	if dc.Gen.Auto {
 		dc.Gen = protocol.GenSetting{Gen: info.Gen}

@@ -189,7 +189,7 @@ func originalDst(c *net.TCPConn) netip.AddrPort {
 // mode) until it is: nothing is read from the client or sent to the store meanwhile. It reports
 // false, having counted it, when timeouts.upstream-dial passed first (or drain ended).
 func (c *conn) awaitGeneration() bool {
-	info, ok := c.s.store.Load().await(c.st.cfg.Timeouts.UpstreamDial, c.s.drainEnd)
+	info, ok := c.s.store.Await(c.st.cfg.Timeouts.UpstreamDial, c.s.drainEnd)
 	if !ok && c.isClosed() {
 		return false // drain closed it
 	}

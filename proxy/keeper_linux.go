@@ -315,7 +315,7 @@ func (s *Server) rebuild(ac *adoptedConn) bool {
 	c := ac.c
 	dc := c.st.dec
 	if dc.Gen.Auto {
-		info, ok := s.store.Load().await(c.st.cfg.Timeouts.UpstreamDial, s.drainEnd)
+		info, ok := s.store.Await(c.st.cfg.Timeouts.UpstreamDial, s.drainEnd)
 		if !ok {
 			return false
 		}

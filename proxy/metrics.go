@@ -8,6 +8,7 @@ import (
 	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/storeinfo"
 )
 
 const namespace = "storeguard"
@@ -71,7 +72,7 @@ var auditLogs = []string{"events", "flows"}
 
 // setStore shows the store's generation and backend as learned in auto mode (known), or that it
 // is not known now.
-func (m *metrics) setStore(i StoreInfo, known bool) {
+func (m *metrics) setStore(i storeinfo.Info, known bool) {
 	m.storeInfo.Reset()
 	if known {
 		m.storeInfo.WithLabelValues(i.Gen.String(), i.Backend.String()).Set(1)

@@ -104,7 +104,7 @@ func (s *Server) judgeFirst(st *settings, first []byte) *protocol.Violation {
 	}
 	dc := st.dec
 	if dc.Gen.Auto {
-		info, known, _ := s.store.Load().get()
+		info, known := s.store.Get()
 		if !known {
 			return nil
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/storeinfo"
 	"github.com/storeguard/storeguard/verdict"
 )
 
@@ -121,38 +122,31 @@ type Server struct {
 	peeks    verdict.Peeks  // banned connections being read (peek.go)
 	buf      *budget
 	m        *metrics
-	// slots counts the connections to the store against its caps (storelimit.go); limiter keeps
-	// auto's cap, and storeLimitKick asks it to look again.
-	slots          *admission.StoreSlots
-	limiter        storeLimiter
-	storeLimitKick chan struct{}
+	// slots counts the connections to the store against its caps (storelimit.go); storeCaps keeps
+	// them, auto's from the store's process.
+	slots     *admission.StoreSlots
+	storeCaps *storeinfo.Limiter
 
-	// store is, in auto mode, the generation the store speaks, learned from it (learnStore); a
-	// reload that changes the upstream or switches to auto starts learning anew (startLearning).
-	store atomic.Pointer[storeState]
+	// store learns, in auto mode, the generation the store speaks, and asks it about keys.
+	store *storeinfo.Learner
 	// What the policy learns of the store, kept across reloads, forgotten when the store goes away
 	// (storeGone): the write-once keys written through the guard, and the quota's account.
-	written     *policy.Written
-	quota       *policy.Quota
-	keys        *keyOracle // asks the store about write-once keys not seen written
-	learnMu     sync.Mutex
-	learnCtx    context.Context // Serve's, once it runs
-	learnCancel context.CancelFunc
+	written *policy.Written
+	quota   *policy.Quota
 
-	dialLog     everySecond
-	acceptLog   everySecond
-	auditLog    everySecond
-	budgetLog   everySecond
-	storeCapLog everySecond
-	evictLog    everySecond
-	ln          net.Listener
-	metricsLn   net.Listener
-	nextID      atomic.Uint64
-	handlers    sync.WaitGroup
-	draining    atomic.Bool
-	drainEnd    chan struct{} // closed when drain closes what is left: held connections stop waiting
-	loops       *loops        // nil: connections are forwarded by their goroutines only
-	loopsAcc    bool          // the loops accept (loopsAccept), not acceptLoop
+	dialLog   everySecond
+	acceptLog everySecond
+	auditLog  everySecond
+	budgetLog everySecond
+	evictLog  everySecond
+	ln        net.Listener
+	metricsLn net.Listener
+	nextID    atomic.Uint64
+	handlers  sync.WaitGroup
+	draining  atomic.Bool
+	drainEnd  chan struct{} // closed when drain closes what is left: held connections stop waiting
+	loops     *loops        // nil: connections are forwarded by their goroutines only
+	loopsAcc  bool          // the loops accept (loopsAccept), not acceptLoop
 
 	// Upgrade in place (upgrade_linux.go): the listening sockets' own descriptors, kept to hand
 	// over, the freeze, accepts not yet tracked, and handedOver, closed once the next process took
@@ -191,7 +185,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.written, s.quota, s.keys = policy.NewWritten(writtenKeys), policy.NewQuota(), &keyOracle{s: s}
+	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
+	s.written, s.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
 	st, err := newSettings(cfg, s.countMessage, s.policyStore())
 	if err != nil {
 		return nil, err
@@ -199,12 +194,12 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.set.Store(st)
 	s.gate = admission.New(cfg.Admission(), s.now)
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
-	s.slots = admission.NewStoreSlots(fallbackStoreConnections, cfg.Caps.PerSourceStoreConnections)
+	s.slots = admission.NewStoreSlots(storeinfo.FallbackConnections, cfg.Caps.PerSourceStoreConnections)
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}
 	s.slots.SetDialRate(cfg.DialRate())
-	s.storeLimitKick = make(chan struct{}, 1)
+	s.storeCaps = storeinfo.NewLimiter(s.slots, func() config.Config { return s.set.Load().cfg }, s.log)
 	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
 	s.failed = opts.UpgradeFailed
 	if s.failed == nil {
@@ -242,7 +237,6 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 			return float64(events)
 		},
 	})
-	s.store.Store(newStoreState())
 	s.drainEnd = make(chan struct{})
 	s.handedOver = make(chan struct{})
 	s.serving = make(chan struct{})
@@ -288,13 +282,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	st := s.set.Load()
 	s.log.Info("storeguard serving", "listen", s.ln.Addr().String(), "upstream", st.cfg.Upstream,
 		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", version.String())
-	s.warnExposure(st.cfg.Upstream)
-	defer s.keys.close()
-	s.learnMu.Lock()
-	s.learnCtx = ctx
-	s.learnMu.Unlock()
-	s.startLearning()
-	go s.watchStoreLimit(ctx)
+	storeinfo.WarnExposure(s.log, st.cfg.Upstream)
+	defer s.store.CloseKeys()
+	s.store.Start(ctx)
+	go s.storeCaps.Run(ctx)
 	var httpSrv *http.Server
 	if s.metricsLn != nil {
 		httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
@@ -433,7 +424,7 @@ func (s *Server) resumeAccept() {
 		s.log.Error("event loops cannot accept again after a failed upgrade; accepting on a goroutine", "err", err)
 		if ln != nil {
 			s.ln, s.loopsAcc = ln, false
-			go s.acceptLoop(s.learnCtx)
+			go s.acceptLoop(s.store.Context())
 		}
 	}
 }
@@ -516,19 +507,19 @@ func (s *Server) reload(cfg config.Config) error {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}
 	s.slots.SetDialRate(cfg.DialRate())
-	s.kickStoreLimit() // auto: the upstream may have changed
+	s.storeCaps.Kick() // auto: the upstream may have changed
 	if old.Upstream != cfg.Upstream {
 		s.storeGone() // another store: none of the keys known are in it
 	}
 	if strings.EqualFold(old.Generation, "auto") != st.dec.Gen.Auto || old.Upstream != cfg.Upstream {
-		s.startLearning()
+		s.store.Restart()
 	}
 	return nil
 }
 
 // policyStore is what the policy of every configuration shares about the store.
 func (s *Server) policyStore() policy.Store {
-	return policy.Store{Written: s.written, Lookup: s.keys.exists, Quota: s.quota, Count: s.keys.count}
+	return policy.Store{Written: s.written, Lookup: s.store.Exists, Quota: s.quota, Count: s.store.Count}
 }
 
 // storeGone forgets what the guard knew of the store's keys: the store went away (a restarted
@@ -564,7 +555,7 @@ func (s *Server) httpHandler() http.Handler {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 			return
 		}
-		if _, known, _ := s.store.Load().get(); st.dec.Gen.Auto && !known {
+		if _, known := s.store.Get(); st.dec.Gen.Auto && !known {
 			http.Error(w, "the store's generation is not known yet", http.StatusServiceUnavailable)
 			return
 		}

@@ -2,15 +2,11 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,73 +14,6 @@ import (
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 )
-
-func sim(t *testing.T, addr string, g protocol.Generation, b protocol.Backend) *storesim.Store {
-	t.Helper()
-	s, err := storesim.Start(addr, g, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	return s
-}
-
-// TestLearnStoreEveryGeneration: the probes name every generation and backend, and leave the
-// store as they found it (no key created, none left behind).
-func TestLearnStoreEveryGeneration(t *testing.T) {
-	type store struct {
-		g protocol.Generation
-		b protocol.Backend
-	}
-	cases := []struct {
-		store
-		want StoreInfo
-	}{
-		{store{protocol.G0, protocol.BackendLegacy}, StoreInfo{protocol.G0, protocol.BackendLegacy}},
-		{store{protocol.G1, protocol.BackendLegacy}, StoreInfo{protocol.G1, protocol.BackendLegacy}},
-		// A legacy G4 store has no queue ops: it answers exactly as G3.
-		{store{protocol.G4, protocol.BackendLegacy}, StoreInfo{protocol.G3, protocol.BackendLegacy}},
-	}
-	for g := protocol.G2; g <= protocol.LatestGeneration; g++ {
-		for _, b := range []protocol.Backend{protocol.BackendLegacy, protocol.BackendLibuv} {
-			if g != protocol.G4 || b != protocol.BackendLegacy {
-				cases = append(cases, struct {
-					store
-					want StoreInfo
-				}{store{g, b}, StoreInfo{g, b}})
-			}
-		}
-	}
-	for _, tc := range cases {
-		t.Run(fmt.Sprintf("%s-%s", tc.g, tc.b), func(t *testing.T) {
-			s := sim(t, "127.0.0.1:0", tc.g, tc.b)
-			got, err := LearnStore(context.Background(), s.Addr(), 2*time.Second)
-			if err != nil || got != tc.want {
-				t.Fatalf("LearnStore = %v, %v; want %v", got, err, tc.want)
-			}
-			if n := s.NumKeys(); n != 0 {
-				t.Errorf("the probes left %d keys in the store", n)
-			}
-		})
-	}
-}
-
-// TestLearnStoreNeverGuesses: a store that does not answer, or is not up, is an error to retry,
-// not a generation.
-func TestLearnStoreNeverGuesses(t *testing.T) {
-	s := sim(t, "127.0.0.1:0", protocol.G1, protocol.BackendLegacy)
-	s.Pause()
-	if got, err := LearnStore(context.Background(), s.Addr(), 200*time.Millisecond); !errors.Is(err, errStoreSlow) {
-		t.Fatalf("paused G1 store: %v, %v; want errStoreSlow", got, err)
-	}
-	s.Resume()
-	if got, err := LearnStore(context.Background(), s.Addr(), time.Second); err != nil || got.Gen != protocol.G1 {
-		t.Fatalf("resumed G1 store: %v, %v", got, err)
-	}
-	if got, err := LearnStore(context.Background(), reservedAddr(t), 200*time.Millisecond); err == nil {
-		t.Fatalf("no store: %v, want an error", got)
-	}
-}
 
 func autoGuard(t *testing.T, m mode, upstream string) *harness {
 	return startOn(t, m, upstream, func(c *config.Config) { c.Generation = "auto"; c.Timeouts.UpstreamDial = 10 * time.Second })
@@ -129,7 +58,7 @@ func testAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T, m mode) {
 	if _, ok := h.srv.Store(); ok {
 		t.Fatal("a generation was known with no store")
 	}
-	sim(t, addr, protocol.G1, protocol.BackendLegacy)
+	storesim.StartT(t, addr, protocol.G1, protocol.BackendLegacy)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	want := []byte("\x02\x00\x00\x00\x00\x00\x00\x00ab\x02\x00\x00\x00\x00\x00\x00\x00ab")
 	got := make([]byte, len(want))
@@ -168,7 +97,7 @@ func testAutoRefusesBytesTheStoreWouldMisread(t *testing.T, m mode) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := sim(t, "127.0.0.1:0", tc.store, tc.b)
+			s := storesim.StartT(t, "127.0.0.1:0", tc.store, tc.b)
 			h := autoGuard(t, m, s.Addr())
 			waitStore(t, h, tc.store)
 			before := s.NumConns()
@@ -213,12 +142,12 @@ func TestAutoLearnsAgainAfterTheStoreRestarts(t *testing.T) {
 
 func testAutoLearnsAgainAfterTheStoreRestarts(t *testing.T, m mode) {
 	addr := reservedAddr(t)
-	s := sim(t, addr, protocol.G1, protocol.BackendLegacy)
+	s := storesim.StartT(t, addr, protocol.G1, protocol.BackendLegacy)
 	h := autoGuard(t, m, addr)
 	waitStore(t, h, protocol.G1)
 	s.Close()
 	eventually(t, "the store forgotten", func() bool { _, ok := h.srv.Store(); return !ok })
-	sim(t, addr, protocol.G6, protocol.BackendLibuv)
+	storesim.StartT(t, addr, protocol.G6, protocol.BackendLibuv)
 	waitStore(t, h, protocol.G6)
 	c := h.dial()
 	hs := protocol.AppendHandshake(nil, protocol.G6, 7)
@@ -261,7 +190,7 @@ func testAutoValueLimitFollowsTheBackend(t *testing.T, m mode) {
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%s-%s-%d", tc.g, tc.b, tc.declared), func(t *testing.T) {
-			s := sim(t, "127.0.0.1:0", tc.g, tc.b)
+			s := storesim.StartT(t, "127.0.0.1:0", tc.g, tc.b)
 			h := autoGuard(t, m, s.Addr())
 			waitStore(t, h, tc.g)
 			checkValueLimit(t, h, s, tc.g, tc.declared, tc.limit)
@@ -314,7 +243,7 @@ func checkValueLimit(t *testing.T, h *harness, s *storesim.Store, g protocol.Gen
 func TestReloadValueLimit(t *testing.T) { run(t, testReloadValueLimit) }
 
 func testReloadValueLimit(t *testing.T, m mode) {
-	s := sim(t, "127.0.0.1:0", protocol.G6, protocol.BackendLegacy)
+	s := storesim.StartT(t, "127.0.0.1:0", protocol.G6, protocol.BackendLegacy)
 	h := autoGuard(t, m, s.Addr())
 	waitStore(t, h, protocol.G6)
 	reload := func(value config.ByteLimit) {
@@ -347,7 +276,7 @@ func (h *harness) assertNoEvents() {
 func TestReloadToAutoLearnsTheStore(t *testing.T) { run(t, testReloadToAutoLearnsTheStore) }
 
 func testReloadToAutoLearnsTheStore(t *testing.T, m mode) {
-	s := sim(t, "127.0.0.1:0", protocol.G6, protocol.BackendLibuv)
+	s := storesim.StartT(t, "127.0.0.1:0", protocol.G6, protocol.BackendLibuv)
 	h := startOn(t, m, s.Addr(), func(c *config.Config) { c.Generation = "1.13" })
 	if _, ok := h.srv.Store(); ok {
 		t.Fatal("a generation learned with one configured")
@@ -391,34 +320,5 @@ func testDrainEndsConnectionsWaitingForTheStore(t *testing.T, m mode) {
 	closedByPeer(t, c)
 	if d := time.Since(t0); d > 3*time.Second {
 		t.Errorf("Serve returned %v after cancel", d)
-	}
-}
-
-// TestProbeBytesHarmNoLegacyStore: the probes are the bytes docs/protocol.md shows, and every one
-// that a G0/G1 store reads as a SET declares a key length of 2^63 or more, which it refuses before
-// allocating.
-func TestProbeBytesHarmNoLegacyStore(t *testing.T) {
-	key := hex.EncodeToString(probeKey)
-	klen := "1b00000000000000"
-	want := map[string]string{
-		"A": "00cef7853c 07 0dffffffff",
-		"B": "06 0b",
-		"F": "0c",
-		"C": "00cef7853c 0dffffffff 11",
-		"D": "00cef7853c 0dffffffff 12" + klen + key + "0100000000000000 08" + klen + key,
-		"E": "00cef7853c 0dffffffff 10" + klen + key,
-	}
-	hello := func(b []byte) []byte { return append(probeHello[:len(probeHello):len(probeHello)], b...) }
-	got := map[string][]byte{"A": probeG2Steps.a, "B": probeLegacy, "F": probeG2Steps.cancelWait,
-		"C": hello(probeG2Steps.list), "D": hello(probeG2Steps.barrier), "E": hello(probeG2Steps.queueLen)}
-	for name, w := range want {
-		if g := hex.EncodeToString(got[name]); g != strings.ReplaceAll(w, " ", "") {
-			t.Errorf("probe %s: %s, want %s", name, g, w)
-		}
-		if b := got[name]; b[0] == 0 {
-			if keyLen := binary.LittleEndian.Uint64(b[1:9]); keyLen < 1<<63 {
-				t.Errorf("probe %s: a G0/G1 store reads a key length of %#x", name, keyLen)
-			}
-		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/storeinfo"
 )
 
 // Upgrade in place. The serving process (old) and the one taking over (new) talk over a
@@ -56,7 +57,7 @@ type serverState struct {
 	MetricsListen string // the metrics listener's, if any (the second)
 	NextID        uint64
 	StoreKnown    bool
-	Store         StoreInfo
+	Store         storeinfo.Info
 	Sources       []admission.SourceState
 	Handovers     uint64 // hand-overs before this one
 	Conns         int
@@ -206,7 +207,7 @@ func (s *Server) sendAll(h *fdpass.Conn, conns []*conn, frozen time.Time) error 
 	st := serverState{PID: os.Getpid(), Version: version.String(), Listen: s.ln.Addr().String(),
 		NextID: s.nextID.Load(), Sources: s.gate.State(), Handovers: s.handovers.Load(), Conns: len(conns),
 		Frozen: frozen}
-	st.Store, st.StoreKnown, _ = s.store.Load().get()
+	st.Store, st.StoreKnown = s.store.Get()
 	fds := []int{s.lnFd}
 	if s.metricsFd >= 0 {
 		st.MetricsListen = s.metricsLn.Addr().String()
@@ -315,7 +316,7 @@ func (s *Server) TakeOver(peer *os.File) error {
 	s.nextID.Store(st.NextID)
 	s.gate.Restore(st.Sources)
 	if st.StoreKnown {
-		s.store.Load().set(st.Store)
+		s.store.Adopt(st.Store)
 	}
 	s.handovers.Store(st.Handovers)
 	for {

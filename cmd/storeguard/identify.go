@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/storeguard/storeguard/proxy"
+	"github.com/storeguard/storeguard/storeinfo"
 )
 
 // newIdentifyCommand asks a store which generation and backend it speaks, with the probes serve
-// uses in auto mode (proxy.LearnStore): safe against any release, legacy stores included.
+// uses in auto mode (storeinfo.Learn): safe against any release, legacy stores included.
 func newIdentifyCommand() *cobra.Command {
 	var target string
 	var timeout time.Duration
@@ -23,7 +23,7 @@ func newIdentifyCommand() *cobra.Command {
 			if target == "" {
 				return fmt.Errorf("--target: required")
 			}
-			info, err := proxy.LearnStore(context.Background(), target, timeout)
+			info, err := storeinfo.Learn(context.Background(), target, timeout)
 			if err != nil {
 				return fmt.Errorf("%s: %w", target, err)
 			}

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/storeguard/storeguard/protocol"
@@ -62,6 +63,18 @@ func Start(addr string, gen protocol.Generation, backend protocol.Backend) (*Sto
 		backend = protocol.BackendLegacy
 	}
 	return start(addr, &Store{Gen: gen, Backend: backend})
+}
+
+// StartT starts a simulated store for test t, which closes it when t ends; a store that cannot
+// start fails t.
+func StartT(t testing.TB, addr string, gen protocol.Generation, backend protocol.Backend) *Store {
+	t.Helper()
+	s, err := Start(addr, gen, backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
 }
 
 // StartRecorder listens on addr and records what each connection sends: it closes a connection

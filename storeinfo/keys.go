@@ -1,4 +1,4 @@
-package proxy
+package storeinfo
 
 import (
 	"encoding/binary"
@@ -23,7 +23,7 @@ const keyLookupTimeout = 250 * time.Millisecond
 // (a torch store accepts about 10 connections a second), opened lazily and again after any error,
 // and asks one question at a time.
 type keyOracle struct {
-	s    *Server
+	l    *Learner
 	mu   sync.Mutex
 	conn net.Conn
 	gen  protocol.Generation
@@ -36,7 +36,16 @@ type keyOracle struct {
 
 var errStoreUnknown = errors.New("the store's generation is not known yet")
 
-// exists asks the store whether key, as the wire has it, exists.
+// Exists asks the store whether key, as the wire has it, exists (policy.Lookup).
+func (l *Learner) Exists(key []byte) (bool, error) { return l.keys.exists(key) }
+
+// Count asks the store how many keys it holds, or answers as it did less than a second ago
+// (policy.Store.Count).
+func (l *Learner) Count() (int64, error) { return l.keys.count() }
+
+// CloseKeys closes the connection kept to ask the store about keys (a later question opens another).
+func (l *Learner) CloseKeys() { l.keys.close() }
+
 func (o *keyOracle) exists(key []byte) (bool, error) {
 	var reply [1]byte // CheckResponseType: READY 0, NOT_READY 1
 	err := o.ask(protocol.Request{Op: protocol.OpCheck, Keys: [][]byte{key}}, reply[:])
@@ -49,14 +58,14 @@ func (o *keyOracle) exists(key []byte) (bool, error) {
 	case reply[0] != 1:
 		result, err = "error", fmt.Errorf("CHECK answered %#x", reply[0])
 	}
-	o.s.m.keyLookups.WithLabelValues(result).Inc()
+	o.l.obs.KeyLookup(result)
 	return result == "exists", err
 }
 
 // count asks the store how many keys it holds, or answers as it did less than a second ago.
 func (o *keyOracle) count() (int64, error) {
 	o.mu.Lock()
-	if now := o.s.now(); !o.numKeysAt.IsZero() && now.Sub(o.numKeysAt) < time.Second && now.After(o.numKeysAt) {
+	if now := o.l.now(); !o.numKeysAt.IsZero() && now.Sub(o.numKeysAt) < time.Second && now.After(o.numKeysAt) {
 		defer o.mu.Unlock()
 		return o.numKeys, nil
 	}
@@ -67,7 +76,7 @@ func (o *keyOracle) count() (int64, error) {
 	}
 	n := int64(binary.LittleEndian.Uint64(reply[:]))
 	o.mu.Lock()
-	o.numKeys, o.numKeysAt = n, o.s.now()
+	o.numKeys, o.numKeysAt = n, o.l.now()
 	o.mu.Unlock()
 	return n, nil
 }
@@ -90,23 +99,23 @@ func (o *keyOracle) ask(r protocol.Request, reply []byte) error {
 }
 
 func (o *keyOracle) exchange(r protocol.Request, reply []byte) error {
-	st := o.s.set.Load()
-	gen := st.dec.Gen.Gen
-	if st.dec.Gen.Auto {
-		info, known, _ := o.s.store.Load().get()
+	t := o.l.target()
+	gen := t.Gen
+	if t.Auto {
+		info, known := o.l.Get()
 		if !known {
 			return errStoreUnknown
 		}
 		gen = info.Gen
 	}
 	deadline := time.Now().Add(keyLookupTimeout)
-	if o.conn == nil || o.gen != gen || o.addr != st.cfg.Upstream {
+	if o.conn == nil || o.gen != gen || o.addr != t.Addr {
 		o.drop()
-		c, err := net.DialTimeout("tcp", st.cfg.Upstream, keyLookupTimeout)
+		c, err := net.DialTimeout("tcp", t.Addr, keyLookupTimeout)
 		if err != nil {
 			return err
 		}
-		o.conn, o.gen, o.addr = c, gen, st.cfg.Upstream
+		o.conn, o.gen, o.addr = c, gen, t.Addr
 		c.SetDeadline(deadline)
 		if _, err := c.Write(protocol.AppendHandshake(nil, gen, 1)); err != nil {
 			return err

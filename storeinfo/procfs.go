@@ -1,4 +1,4 @@
-package proxy
+package storeinfo
 
 import (
 	"bufio"
@@ -13,8 +13,8 @@ import (
 )
 
 // What Linux's /proc says of the sockets listening in this network namespace and of the process
-// that holds one: for the exposure warning (warnExposure) and for caps.max-store-connections: auto
-// (storelimit.go). Elsewhere than Linux the files are missing and every lookup fails.
+// that holds one: for the exposure warning (WarnExposure) and for caps.max-store-connections: auto
+// (limit.go). Elsewhere than Linux the files are missing and every lookup fails.
 
 // procRoot is where proc is mounted; tests point it at a fixture.
 var procRoot = "/proc"

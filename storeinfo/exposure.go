@@ -1,15 +1,16 @@
-package proxy
+package storeinfo
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 )
 
-// warnExposure warns when the upstream store's port is bound to a non-loopback address, which
+// WarnExposure warns when the upstream store's port is bound to a non-loopback address, which
 // torch always does: then anyone who can reach that address bypasses the guard unless a firewall
 // drops them (configs/ has the rules).
-func (s *Server) warnExposure(upstream string) {
+func WarnExposure(log *slog.Logger, upstream string) {
 	_, portStr, err := net.SplitHostPort(upstream)
 	if err != nil {
 		return
@@ -19,7 +20,7 @@ func (s *Server) warnExposure(upstream string) {
 		return
 	}
 	for _, addr := range listeningOn(port) {
-		s.log.Warn(fmt.Sprintf("the upstream store listens on %s, not only on loopback: clients that reach it "+
+		log.Warn(fmt.Sprintf("the upstream store listens on %s, not only on loopback: clients that reach it "+
 			"there bypass storeguard unless a firewall drops them (see configs/)", addr), "upstream", upstream)
 	}
 }

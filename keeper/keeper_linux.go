@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -43,27 +42,6 @@ import (
 //	keeper → worker  H  hand over to the worker started for an upgrade, through this socket
 //	                 N  the upgrade asked for could not start (why): the worker records it
 //	                 S, C, E  the answer to Q
-
-// Listeners is the L and S packets' body.
-type Listeners struct {
-	Listen        string
-	MetricsListen string // "" when there is no metrics listener (one descriptor)
-	NextID        uint64 // S only: the next connection id to use
-}
-
-// Change is one entry of an M packet, which carries many O, U and D at once (their descriptors in
-// order: one for each O and U): a storm of connections costs the worker one packet per batch.
-type Change struct {
-	Kind byte `json:"k"`
-	Conn Conn `json:"c"`
-}
-
-// Conn is the O and C packets' body.
-type Conn struct {
-	ID       uint64
-	Src, Dst netip.AddrPort
-	HasUp    bool // C only: a second descriptor, the store's, follows the client's
-}
 
 type held struct {
 	meta     Conn

@@ -9,6 +9,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/upgrade"
 )
 
 // Flow records (audit.Flow): every connection is accounted for at its end, and a long one every
@@ -75,17 +76,9 @@ func (c *conn) decided(v audit.Verdict, reason string) {
 	c.flow.mu.Unlock()
 }
 
-// flowCarry is a flow's account as an upgrade carries it to the new process.
-type flowCarry struct {
-	FromClient, ToStore, FromStore, Replied uint64
-	First                                   []byte
-	Verdict                                 audit.Verdict
-	Reason                                  string
-	Interim                                 time.Time
-}
-
-func (c *conn) flowCarry() flowCarry {
-	fc := flowCarry{FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load()}
+// flowCarry is the flow's account as an upgrade carries it to the new process.
+func (c *conn) flowCarry() upgrade.Flow {
+	fc := upgrade.Flow{FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load()}
 	c.rep.mu.Lock()
 	fc.FromStore, fc.Replied = c.rep.fromStore, c.rep.replied
 	c.rep.mu.Unlock()
@@ -97,7 +90,7 @@ func (c *conn) flowCarry() flowCarry {
 }
 
 // restoreFlow takes up the account a previous process kept (upgrade_linux.go).
-func (c *conn) restoreFlow(fc *flowCarry) {
+func (c *conn) restoreFlow(fc *upgrade.Flow) {
 	c.flow.fromClient.Store(fc.FromClient)
 	c.flow.toStore.Store(fc.ToStore)
 	c.rep.fromStore, c.rep.replied = fc.FromStore, fc.Replied

@@ -157,31 +157,22 @@ func notify(ch chan struct{}) {
 }
 
 // Sync returns once the keeper has read every packet posted before, or false after timeout.
-func (l *Link) Sync(timeout time.Duration) bool {
-	select { // a stale answer
-	case <-l.flushed:
-	default:
-	}
-	l.post('F', nil)
-	select {
-	case <-l.flushed:
-		return true
-	case <-time.After(timeout):
-		return false
-	}
-}
+func (l *Link) Sync(timeout time.Duration) bool { return l.ask('F', l.flushed, timeout) }
 
 // StopNext asks the keeper to kill the worker it started for an upgrade (the hand-over failed
 // after that worker may have taken connections) and waits until it is gone, or false after
 // timeout.
-func (l *Link) StopNext(timeout time.Duration) bool {
+func (l *Link) StopNext(timeout time.Duration) bool { return l.ask('K', l.killed, timeout) }
+
+// ask posts kind and waits for its answer, or false after timeout.
+func (l *Link) ask(kind byte, answer chan struct{}, timeout time.Duration) bool {
 	select { // a stale answer
-	case <-l.killed:
+	case <-answer:
 	default:
 	}
-	l.post('K', nil)
+	l.post(kind, nil)
 	select {
-	case <-l.killed:
+	case <-answer:
 		return true
 	case <-time.After(timeout):
 		return false

@@ -38,8 +38,8 @@ type Ready struct {
 	Version string
 }
 
-// ServerState is the S packet: what the whole server carries over. PID, Version and the
-// descriptors are filled in by Old.Send.
+// ServerState is the S packet: what the whole server carries over, with the listening sockets
+// (Fds). Old.Send fills in PID and Version.
 type ServerState struct {
 	PID           int
 	Version       string

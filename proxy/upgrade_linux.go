@@ -49,7 +49,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		s.log.Warn("upgrade: thawed", "held", time.Since(start).String())
 		return 0, err
 	}
-	err = o.Send(s.serverState(len(conns), start), func(i int) (upgrade.Conn, error) { return conns[i].state() },
+	err = o.Send(s.serverState(len(conns), start), func(i int) (upgrade.Conn, error) { return conns[i].frozenState() },
 		func() { s.thaw(conns) })
 	if err != nil {
 		s.m.handovers.WithLabelValues("failed").Inc()
@@ -81,8 +81,8 @@ func (s *Server) serverState(conns int, frozen time.Time) upgrade.ServerState {
 	return st
 }
 
-// state is a frozen connection as plain data: its state, sockets and bytes.
-func (c *conn) state() (upgrade.Conn, error) {
+// frozenState is a frozen connection as plain data: its state, sockets and bytes.
+func (c *conn) frozenState() (upgrade.Conn, error) {
 	gs, err := c.g.State()
 	if err != nil {
 		return upgrade.Conn{ID: c.id}, err

@@ -4,7 +4,8 @@
 // crash, then costs no connection: the clients and the store never see a close.
 //
 // The keeper reads nothing from the network and decodes nothing: it keeps descriptors, which the
-// worker sends it as it accepts, connects and closes (its Link), and starts workers.
+// worker sends it as it accepts, connects and closes, and starts workers. Link is the worker's end
+// of that link (link_linux.go).
 // It also runs upgrades in place (SIGUSR2, to it or to the worker): it starts the new worker with
 // a hand-over socket to the old one, which hands everything over with its full state, as without a
 // keeper.

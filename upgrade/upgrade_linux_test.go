@@ -46,21 +46,21 @@ func TestWireFieldNames(t *testing.T) {
 	}
 }
 
+// pair is two files from open, closed when the test ends.
+func pair(t *testing.T, open func() (*os.File, *os.File, error)) (*os.File, *os.File) {
+	a, b, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
 // TestHandOver: what Old sends, Next receives: the server's state, each connection's state, its
 // sockets and its three byte strings (one longer than a packet), then go.
 func TestHandOver(t *testing.T) {
-	mine, theirs, err := fdpass.Pair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mine.Close()
-	defer theirs.Close()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
+	mine, theirs := pair(t, fdpass.Pair)
+	r, w := pair(t, os.Pipe) // descriptors to pass
 	big := bytes.Repeat([]byte("b"), 200<<10)
 	sent := []Conn{
 		{ID: 7, Src: netip.MustParseAddrPort("10.0.0.1:4000"), ReadEnded: true, Held: 42, Flow: Flow{FromClient: 9, First: []byte{1}},
@@ -133,13 +133,11 @@ func TestHandOver(t *testing.T) {
 
 // TestRefused: a new process that refuses (X) fails the old one's Send, which thaws.
 func TestRefused(t *testing.T) {
-	mine, theirs, err := fdpass.Pair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mine.Close()
+	mine, theirs := pair(t, fdpass.Pair)
+	joined := make(chan struct{})
+	defer func() { <-joined }()
 	go func() {
-		defer theirs.Close()
+		defer close(joined)
 		if n, err := Join(theirs); err == nil {
 			n.Refuse(os.ErrPermission)
 			n.Close()

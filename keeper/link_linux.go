@@ -17,7 +17,7 @@ import (
 // store goes to the keeper as a duplicate, and every end is said, so that the keeper holds what a
 // crash would otherwise close. The link never makes forwarding wait: packets queue here and one
 // goroutine sends them. A keeper that stops reading costs memory for the queue, not forwarding.
-// A nil Link is no keeper: its methods do nothing.
+// Opened, Connected and Ended do nothing on a nil Link (no keeper): the data path calls them as is.
 type Link struct {
 	log     *slog.Logger
 	c       *fdpass.Conn

@@ -4,7 +4,8 @@
 // crash, then costs no connection: the clients and the store never see a close.
 //
 // The keeper reads nothing from the network and decodes nothing: it keeps descriptors, which the
-// worker sends it as it accepts, connects and closes (proxy's keeper link), and starts workers.
+// worker sends it as it accepts, connects and closes, and starts workers. Link is the worker's end
+// of that link (link_linux.go).
 // It also runs upgrades in place (SIGUSR2, to it or to the worker): it starts the new worker with
 // a hand-over socket to the old one, which hands everything over with its full state, as without a
 // keeper.
@@ -16,7 +17,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -43,27 +43,6 @@ import (
 //	keeper → worker  H  hand over to the worker started for an upgrade, through this socket
 //	                 N  the upgrade asked for could not start (why): the worker records it
 //	                 S, C, E  the answer to Q
-
-// Listeners is the L and S packets' body.
-type Listeners struct {
-	Listen        string
-	MetricsListen string // "" when there is no metrics listener (one descriptor)
-	NextID        uint64 // S only: the next connection id to use
-}
-
-// Change is one entry of an M packet, which carries many O, U and D at once (their descriptors in
-// order: one for each O and U): a storm of connections costs the worker one packet per batch.
-type Change struct {
-	Kind byte `json:"k"`
-	Conn Conn `json:"c"`
-}
-
-// Conn is the O and C packets' body.
-type Conn struct {
-	ID       uint64
-	Src, Dst netip.AddrPort
-	HasUp    bool // C only: a second descriptor, the store's, follows the client's
-}
 
 type held struct {
 	meta     Conn

@@ -63,15 +63,15 @@ func flush(t *testing.T, wc *fdpass.Conn) {
 	}
 }
 
-// packet is one packet a worker sends, with the test's sockets (indexes) as its descriptors.
-type packet struct {
+// sent is one packet a worker sends, with the test's sockets (indexes) as its descriptors.
+type sent struct {
 	kind  byte
 	v     any
 	socks []int
 }
 
 // send sends p, its descriptors those of pass it names.
-func (p packet) send(t *testing.T, wc *fdpass.Conn, pass []*os.File) {
+func (p sent) send(t *testing.T, wc *fdpass.Conn, pass []*os.File) {
 	t.Helper()
 	var fds []int
 	for _, i := range p.socks {
@@ -89,8 +89,8 @@ func change(kind byte, id uint64) Change { return Change{Kind: kind, Conn: Conn{
 type kept struct{ client, store int }
 
 // storm is an M packet of n connections accepted at once, IDs 1 to n, socket i-1 for ID i.
-func storm(n int) packet {
-	p := packet{kind: 'M'}
+func storm(n int) sent {
+	p := sent{kind: 'M'}
 	var batch []Change
 	for i := range n {
 		batch = append(batch, change('O', uint64(i+1)))
@@ -107,67 +107,67 @@ func TestKeeperHoldsWhatTheWorkerSends(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		packets []packet
+		packets []sent
 		want    map[uint64]kept
 		wantLn  []int // sockets held as the listeners
 	}{
-		{"a connection and its store connection", []packet{
+		{"a connection and its store connection", []sent{
 			{'O', Conn{ID: 1}, []int{0}}, {'U', Conn{ID: 1}, []int{1}},
 		}, map[uint64]kept{1: {0, 1}}, nil},
-		{"an end forgets both", []packet{
+		{"an end forgets both", []sent{
 			{'O', Conn{ID: 1}, []int{0}}, {'U', Conn{ID: 1}, []int{1}}, {'O', Conn{ID: 2}, []int{2}},
 			{'D', Conn{ID: 1}, nil},
 		}, map[uint64]kept{2: {2, -1}}, nil},
-		{"an ID opened again replaces the first", []packet{
+		{"an ID opened again replaces the first", []sent{
 			{'O', Conn{ID: 1}, []int{0}}, {'U', Conn{ID: 1}, []int{1}}, {'O', Conn{ID: 1}, []int{2}},
 		}, map[uint64]kept{1: {2, -1}}, nil},
-		{"a batch, its descriptors in order (D has none)", []packet{
+		{"a batch, its descriptors in order (D has none)", []sent{
 			{'M', []Change{change('O', 1), change('O', 2), change('U', 1), change('D', 2), change('O', 3)}, []int{0, 1, 2, 3}},
 		}, map[uint64]kept{1: {0, 2}, 3: {3, -1}}, nil},
-		{"a full batch (200)", []packet{storm(200)}, stormKept, nil},
-		{"listeners, then new ones in their place", []packet{
+		{"a full batch (200)", []sent{storm(200)}, stormKept, nil},
+		{"listeners, then new ones in their place", []sent{
 			{'L', Listeners{Listen: "127.0.0.1:1", MetricsListen: "127.0.0.1:2"}, []int{0, 1}},
 			{'L', Listeners{Listen: "127.0.0.1:3"}, []int{2}},
 		}, map[uint64]kept{}, []int{2}},
 
 		// Rejected: the keeper closes the descriptors it does not keep.
-		{"a connection without its descriptor", []packet{
+		{"a connection without its descriptor", []sent{
 			{'O', Conn{ID: 1}, nil},
 		}, map[uint64]kept{}, nil},
-		{"a connection with two", []packet{
+		{"a connection with two", []sent{
 			{'O', Conn{ID: 1}, []int{0, 1}},
 		}, map[uint64]kept{}, nil},
-		{"a store connection of an unknown connection", []packet{
+		{"a store connection of an unknown connection", []sent{
 			{'U', Conn{ID: 9}, []int{0}},
 		}, map[uint64]kept{}, nil},
-		{"a second store connection", []packet{
+		{"a second store connection", []sent{
 			{'O', Conn{ID: 1}, []int{0}}, {'U', Conn{ID: 1}, []int{1}}, {'U', Conn{ID: 1}, []int{2}},
 		}, map[uint64]kept{1: {0, 1}}, nil},
-		{"an end with a descriptor", []packet{
+		{"an end with a descriptor", []sent{
 			{'O', Conn{ID: 1}, []int{0}}, {'D', Conn{ID: 1}, []int{1}},
 		}, map[uint64]kept{}, nil},
-		{"a batch with more descriptors than its changes", []packet{
+		{"a batch with more descriptors than its changes", []sent{
 			{'M', []Change{change('O', 1)}, []int{0, 1, 2}},
 		}, map[uint64]kept{1: {0, -1}}, nil},
-		{"a batch with fewer", []packet{
+		{"a batch with fewer", []sent{
 			{'M', []Change{change('O', 1), change('O', 2)}, []int{0}},
 		}, map[uint64]kept{1: {0, -1}}, nil},
-		{"a batch with an unknown change", []packet{
+		{"a batch with an unknown change", []sent{
 			{'M', []Change{change('X', 1), change('O', 2)}, []int{0, 1}},
 		}, map[uint64]kept{2: {1, -1}}, nil},
-		{"a batch that is not JSON", []packet{
+		{"a batch that is not JSON", []sent{
 			{'M', "not a batch", []int{0}},
 		}, map[uint64]kept{}, nil},
-		{"a connection that is not JSON", []packet{
+		{"a connection that is not JSON", []sent{
 			{'O', "not a connection", []int{0}},
 		}, map[uint64]kept{}, nil},
-		{"listeners that are not JSON", []packet{
+		{"listeners that are not JSON", []sent{
 			{'L', 7, []int{0}},
 		}, map[uint64]kept{}, nil},
-		{"an unknown packet", []packet{
+		{"an unknown packet", []sent{
 			{'Z', nil, []int{0}},
 		}, map[uint64]kept{}, nil},
-		{"a packet that carries none (T, P)", []packet{
+		{"a packet that carries none (T, P)", []sent{
 			{'T', nil, []int{0}}, {'P', nil, []int{1}},
 		}, map[uint64]kept{}, nil},
 	} {
@@ -227,7 +227,7 @@ func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 	_, wc := link(t, k)
 	ln := Listeners{Listen: "127.0.0.1:29500", MetricsListen: "127.0.0.1:9100"}
 	src, dst := netip.MustParseAddrPort("10.0.0.7:40001"), netip.MustParseAddrPort("127.0.0.1:29500")
-	for _, p := range []packet{
+	for _, p := range []sent{
 		{'L', ln, []int{0, 1}},
 		{'M', []Change{
 			{Kind: 'O', Conn: Conn{ID: 4, Src: src, Dst: dst}}, change('U', 4), change('O', 9),

@@ -380,7 +380,7 @@ func (c *conn) end() {
 		c.storeSlot()
 	}
 	c.s.track(c, false)
-	c.s.kp.ended(c)
+	c.s.cont.kp.Ended(c.id)
 	c.s.m.active.Dec()
 	c.release()
 	c.s.handlers.Done()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/upgrade"
 	"github.com/storeguard/storeguard/verdict"
 )
 
@@ -87,17 +88,9 @@ func (s *Server) recordOutcome(c *conn, v *protocol.Violation, first []byte, kno
 	return o
 }
 
-// flowCarry is a flow's account as an upgrade carries it to the new process.
-type flowCarry struct {
-	FromClient, ToStore, FromStore, Replied uint64
-	First                                   []byte
-	Verdict                                 audit.Verdict
-	Reason                                  string
-	Interim                                 time.Time
-}
-
-func (c *conn) flowCarry() flowCarry {
-	fc := flowCarry{FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load()}
+// flowCarry is the flow's account as an upgrade carries it to the new process.
+func (c *conn) flowCarry() upgrade.Flow {
+	fc := upgrade.Flow{FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load()}
 	c.rep.mu.Lock()
 	fc.FromStore, fc.Replied = c.rep.fromStore, c.rep.replied
 	c.rep.mu.Unlock()
@@ -109,7 +102,7 @@ func (c *conn) flowCarry() flowCarry {
 }
 
 // restoreFlow takes up the account a previous process kept (upgrade_linux.go).
-func (c *conn) restoreFlow(fc *flowCarry) {
+func (c *conn) restoreFlow(fc *upgrade.Flow) {
 	c.flow.fromClient.Store(fc.FromClient)
 	c.flow.toStore.Store(fc.ToStore)
 	c.rep.fromStore, c.rep.replied = fc.FromStore, fc.Replied

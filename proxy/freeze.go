@@ -65,7 +65,7 @@ func (f *freezer) thawedCh() <-chan struct{} {
 // park holds the calling goroutine, one of c's (*at marks it parked), until the freeze ends. It
 // returns at once if none is on.
 func (c *conn) park(at *bool) {
-	f := &c.s.frz
+	f := &c.s.cont.frz
 	if !f.on.Load() {
 		return
 	}
@@ -80,7 +80,7 @@ func (c *conn) park(at *bool) {
 }
 
 // frozen reports whether a freeze is on.
-func (s *Server) frozen() bool { return s.frz.on.Load() }
+func (s *Server) frozen() bool { return s.cont.frz.on.Load() }
 
 // past is a deadline long gone: set on a socket, it wakes the goroutine that waits on it.
 var past = time.Unix(1, 0)
@@ -135,14 +135,14 @@ var errPeerGone = errors.New("the new process exited (or closed the hand-over so
 // that does not read when quiet sets its deadline (send). On an error the caller thaws (the
 // connections returned are those that parked).
 func (s *Server) freeze(timeout time.Duration, gone func() bool) ([]*conn, error) {
-	s.frz.begin()
+	s.cont.frz.begin()
 	s.pauseAccept()
 	s.stopLoops() // their connections go to goroutines, which park
 	deadline := time.Now().Add(timeout)
 	for {
 		conns, waiting := s.quietConns()
 		switch {
-		case waiting == 0 && s.accepting.Load() == 0:
+		case waiting == 0 && s.cont.accepting.Load() == 0:
 			return conns, nil
 		case gone():
 			return conns, errPeerGone
@@ -191,7 +191,7 @@ func (s *Server) thaw(conns []*conn) {
 		c.mu.Unlock()
 	}
 	s.mu.Unlock()
-	s.frz.end()
+	s.cont.frz.end()
 	for _, c := range conns {
 		c.rep.mu.Lock()
 		start := len(c.rep.queue) > 0 && !c.rep.writing && !c.rep.failed

@@ -13,6 +13,7 @@ import (
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/upgrade"
 )
 
 // waiters is a server with a connection of each kind that waits: for buffer budget (its source's
@@ -31,7 +32,7 @@ func startWaiters(t *testing.T, m mode) *waiters {
 		c.Caps.PerSourceStoreConnections = 1
 		c.Timeouts.Message = time.Minute
 	})
-	h.srv.freezeTimeout = 2 * time.Second // a connection that cannot park fails the hand-over soon
+	h.srv.cont.freezeTimeout = 2 * time.Second // a connection that cannot park fails the hand-over soon
 	set := func(key string, n int) []byte {
 		b := protocol.AppendBytes([]byte{0x00}, []byte(key))
 		return append(binary.LittleEndian.AppendUint64(b, uint64(n)), bytes.Repeat([]byte{'v'}, n)...)
@@ -139,7 +140,7 @@ func TestFreezeEndsWhenTheNewProcessExits(t *testing.T) {
 	h := startOn(t, goroutineMode, reservedAddr(t), func(c *config.Config) {
 		c.Generation, c.Timeouts.UpstreamDial = "auto", time.Hour
 	})
-	h.srv.freezeTimeout = time.Hour
+	h.srv.cont.freezeTimeout = time.Hour
 	h.dial()
 	eventually(t, "a connection waiting for the store", func() bool { return h.metric("storeguard_connections_active") == "1" })
 
@@ -155,7 +156,7 @@ func TestFreezeEndsWhenTheNewProcessExits(t *testing.T) {
 			return
 		}
 		defer p.Close()
-		p.Send('R', ready{})
+		p.Send('R', upgrade.Ready{})
 		for !h.srv.frozen() {
 			time.Sleep(time.Millisecond)
 		}
@@ -164,7 +165,7 @@ func TestFreezeEndsWhenTheNewProcessExits(t *testing.T) {
 	go func() { _, err := h.srv.HandOver(mine, nil); done <- err }()
 	select {
 	case err := <-done:
-		Thaw(err)
+		upgrade.Thaw(err)
 		if !errors.Is(err, errPeerGone) {
 			t.Fatalf("HandOver: %v, want %v", err, errPeerGone)
 		}

@@ -136,7 +136,7 @@ func (s *Server) waitFor(d time.Duration) (context.Context, context.CancelFunc) 
 	if d > 0 {
 		ctx, cancel = context.WithTimeout(base, d)
 	}
-	freezing := s.frz.startedCh() // closed already when a freeze is on
+	freezing := s.cont.frz.startedCh() // closed already when a freeze is on
 	go func() {
 		select {
 		case <-s.drainEnd:
@@ -160,14 +160,16 @@ func (s *Server) handle(tc *net.TCPConn) {
 	release, reason := s.admit(src.Addr())
 	if reason != "" {
 		s.refuseConn(tc, src, dst, reason)
-		s.accepting.Add(-1)
+		s.cont.accepting.Add(-1)
 		s.handlers.Done()
 		return
 	}
 	c := s.accepted(tc, src, dst, release)
-	s.kp.opened(c, -1, tc)
+	if s.cont.kp != nil {
+		sockFd(tc, func(fd int) { s.cont.kp.Opened(c.id, c.src, c.dst, fd) })
+	}
 	s.track(c, true)
-	s.accepting.Add(-1)
+	s.cont.accepting.Add(-1)
 	c.serve(false)
 }
 
@@ -309,7 +311,9 @@ func (c *conn) dialStore() (deferred bool) {
 		return false
 	}
 	c.gr.up = up.(*net.TCPConn)
-	s.kp.connected(c, -1, c.gr.up)
+	if s.cont.kp != nil {
+		sockFd(c.gr.up, func(fd int) { s.cont.kp.Connected(c.id, fd) })
+	}
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
 		c.gr.kick = true // the reading goroutine offers the connection to a loop before its next read
 		c.mu.Unlock()

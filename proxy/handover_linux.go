@@ -44,7 +44,7 @@ func (c *conn) connectStore(l *loop) bool {
 		unix.Close(int(fd))
 		return false
 	}
-	c.s.kp.connected(c, int(fd), nil)
+	c.s.cont.kp.Connected(c.id, int(fd))
 	c.mu.Lock()
 	c.lt.ufd, c.dial.done = fd, true
 	c.mu.Unlock()

@@ -443,7 +443,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	}
 	s.loops.clientOptionsOf(fd)
 	c := s.accepted(nil, src, dst, release)
-	s.kp.opened(c, fd, nil)
+	s.cont.kp.Opened(c.id, c.src, c.dst, fd)
 	if c.loopable() {
 		// Connections are spread over the loops in turn: EPOLLEXCLUSIVE wakes the same loop for
 		// every connection while it waits.
@@ -466,7 +466,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	if err != nil {
 		s.log.Warn("could not give an accepted connection to Go's poller; closing it", "err", err)
 		c.release()
-		s.kp.ended(c)
+		s.cont.kp.Ended(c.id)
 		s.m.active.Dec()
 		s.handlers.Done()
 		return

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+
+	"github.com/storeguard/storeguard/upgrade"
 )
 
 // Event loops (epoll) and the transparent redirect's original destination (SO_ORIGINAL_DST) need
@@ -55,27 +57,12 @@ func (c *conn) fromLoop() bool { return false }
 
 func originalDstFd(_ int, local netip.AddrPort) netip.AddrPort { return local }
 
-// Upgrade in place passes descriptors between processes: Linux only.
+// Upgrade in place (package upgrade) and a keeper (package keeper) pass descriptors between
+// processes: Linux only.
 
-func (s *Server) TakeOver(*os.File) error { return errNoUpgrade }
-
-func (s *Server) HandOver(*os.File, <-chan struct{}) (int, error) { return 0, errNoUpgrade }
-
-func Thaw(error) {}
-
-var errNoUpgrade = errors.New("upgrade in place needs Linux")
-
-// ErrUpgrading: an upgrade was asked for while one is under way (Linux only).
-var ErrUpgrading = errors.New("an upgrade is under way already")
-
-// A keeper (package keeper) holds descriptors across processes: Linux only.
-type keeperLink struct{}
-
-func (*keeperLink) opened(*conn, int, *net.TCPConn)    {}
-func (*keeperLink) connected(*conn, int, *net.TCPConn) {}
-func (*keeperLink) ended(*conn)                        {}
-
-func (s *Server) UseKeeper(*os.File) error { return errNoUpgrade }
-func (s *Server) KeeperListeners(bool)     {}
-func (s *Server) AskUpgrade() bool         { return false }
-func (s *Server) RestoreFromKeeper() error { return errNoUpgrade }
+func (s *Server) TakeOver(*os.File) error                         { return upgrade.ErrNeedsLinux }
+func (s *Server) HandOver(*os.File, <-chan struct{}) (int, error) { return 0, upgrade.ErrNeedsLinux }
+func (s *Server) UseKeeper(*os.File) error                        { return upgrade.ErrNeedsLinux }
+func (s *Server) KeeperListeners(bool)                            {}
+func (s *Server) AskUpgrade() bool                                { return false }
+func (s *Server) RestoreFromKeeper() error                        { return upgrade.ErrNeedsLinux }

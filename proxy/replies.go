@@ -99,7 +99,7 @@ func (c *conn) awaitReply() (ok, froze bool) {
 	defer t.Stop()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	started := c.s.frz.startedCh()
+	started := c.s.cont.frz.startedCh()
 	for c.g.Stalled() {
 		select {
 		case <-started:

@@ -24,7 +24,6 @@ import (
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/internal/version"
-	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/storeinfo"
@@ -71,10 +70,6 @@ const writtenKeys = 1 << 16
 var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.BanThrottled,
 	admission.MaxConnections, admission.PrefixConnections, admission.SourceConnections, admission.SourceRate,
 	admission.SourceTable, refuseDraining}
-
-// HandoverEnv names the descriptor of the hand-over socket in a process started to take over
-// (upgrade in place, Linux only).
-const HandoverEnv = keeper.HandoverEnv
 
 // refuseDraining: a connection accepted while the server shuts down.
 const refuseDraining admission.Reason = "draining"
@@ -148,20 +143,8 @@ type Server struct {
 	loops     *loops        // nil: connections are forwarded by their goroutines only
 	loopsAcc  bool          // the loops accept (loopsAccept), not acceptLoop
 
-	// Upgrade in place (upgrade_linux.go): the listening sockets' own descriptors, kept to hand
-	// over, the freeze, accepts not yet tracked, and handedOver, closed once the next process took
-	// everything (Serve then returns without a drain).
-	lnFd, metricsFd int
-	frz             freezer
-	freezeTimeout   time.Duration // for every connection to park; a test shortens it
-	accepting       atomic.Int64
-	handedOver      chan struct{}
-	serving         chan struct{} // closed once Serve accepts: loops and loopsAcc are set
-	handOnce        sync.Once
-	upgradeMu       sync.Mutex // one upgrade at a time
-	adopted         *adoption  // what a previous process handed over, until Serve starts it
-	handovers       atomic.Uint64
-	kp              *keeperLink // nil: no keeper
+	serving chan struct{} // closed once Serve accepts: loops and loopsAcc are set
+	cont    continuity    // upgrade in place and keeper
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -238,11 +221,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		},
 	})
 	s.drainEnd = make(chan struct{})
-	s.handedOver = make(chan struct{})
 	s.serving = make(chan struct{})
-	s.lnFd, s.metricsFd = -1, -1
-	s.frz.init()
-	s.freezeTimeout = 5 * time.Second
+	s.cont.init()
 	return s, nil
 }
 
@@ -318,7 +298,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.loopsAcc {
 		select {
 		case <-ctx.Done():
-		case <-s.handedOver:
+		case <-s.cont.handedOver:
 		}
 		s.loops.stopAccepting()
 	} else {
@@ -379,8 +359,8 @@ func (s *Server) acceptLoop(ctx context.Context) {
 				if errors.As(err, &ne) && ne.Timeout() {
 					if s.frozen() { // pauseAccept: wait for the thaw, or leave the socket to the next process
 						select {
-						case <-s.frz.thawedCh():
-						case <-s.handedOver:
+						case <-s.cont.frz.thawedCh():
+						case <-s.cont.handedOver:
 							return
 						case <-ctx.Done():
 							return
@@ -395,7 +375,7 @@ func (s *Server) acceptLoop(ctx context.Context) {
 			return
 		}
 		s.handlers.Add(1)
-		s.accepting.Add(1)
+		s.cont.accepting.Add(1)
 		go s.handle(c.(*net.TCPConn))
 	}
 }
@@ -416,7 +396,7 @@ func (s *Server) resumeAccept() {
 		s.ln.(*net.TCPListener).SetDeadline(time.Time{})
 		return
 	}
-	ln, err := listenerFromFd(s.lnFd)
+	ln, err := listenerFromFd(s.cont.lnFd)
 	if err == nil {
 		err = s.loops.acceptFrom(ln)
 	}
@@ -444,7 +424,7 @@ func (s *Server) startLoops() {
 
 func (s *Server) isHandedOver() bool {
 	select {
-	case <-s.handedOver:
+	case <-s.cont.handedOver:
 		return true
 	default:
 		return false

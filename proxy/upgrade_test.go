@@ -15,6 +15,7 @@ import (
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/upgrade"
 )
 
 // takeOver starts a second server with h's configuration (changed by mutate) that takes
@@ -47,7 +48,7 @@ func (h *harness) takeOver(t *testing.T, mutate func(*config.Config)) (*harness,
 	_, herr := h.srv.HandOver(mine, nil)
 	terr := <-took
 	if herr != nil {
-		Thaw(herr)
+		upgrade.Thaw(herr)
 		return nil, herr
 	}
 	if terr != nil {
@@ -382,7 +383,7 @@ func TestUpgradeWhileAStoreDoesNotRead(t *testing.T) {
 
 func testUpgradeWhileAStoreDoesNotRead(t *testing.T, m mode, fail bool) {
 	h := start(t, m, func(c *config.Config) { c.Generation = "1.13" })
-	h.srv.freezeTimeout = 2 * time.Second // a connection that cannot park fails the hand-over soon
+	h.srv.cont.freezeTimeout = 2 * time.Second // a connection that cannot park fails the hand-over soon
 	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
 	set := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: make([]byte, 1<<20)})
 	idle, busy := h.dial(), h.dial()

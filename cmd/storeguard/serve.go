@@ -19,6 +19,7 @@ import (
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/proxy"
+	"github.com/storeguard/storeguard/upgrade"
 )
 
 func newServeCommand() *cobra.Command {
@@ -56,7 +57,7 @@ const (
 )
 
 func serve(ctx context.Context, cfg config.Config, load func() (config.Config, error), path, pidFile string) error {
-	peer, err := inheritedFile(proxy.HandoverEnv) // started by an upgrade: take over instead of listening
+	peer, err := inheritedFile(keeper.HandoverEnv) // started by an upgrade: take over instead of listening
 	if err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 			}
 			if err := up.upgrade(srv); err != nil {
 				log.Error("upgrade failed; this process goes on serving", "err", err)
-				if !errors.Is(err, proxy.ErrUpgrading) { // that one's outcome is the one to record
+				if !errors.Is(err, upgrade.ErrUnderWay) { // that one's outcome is the one to record
 					failed(err)
 				}
 			}

@@ -12,11 +12,12 @@ import (
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/proxy"
+	"github.com/storeguard/storeguard/upgrade"
 )
 
 // An upgrade in place (SIGUSR2): the binary at the path storeguard was started from is started
 // with the same arguments and a hand-over socket, takes the listening sockets and every
-// connection over (proxy.HandOver), and this process then exits. A failure at any step leaves
+// connection over (proxy.HandOver, package upgrade), and this process then exits. A failure at any step leaves
 // this process serving, and says why.
 
 // upgrader starts the next process.
@@ -42,7 +43,7 @@ func (u *upgrader) upgrade(srv *proxy.Server) error {
 	}
 	defer mine.Close()
 	cmd := exec.Command(u.exe, u.args...)
-	cmd.Env = append(keeper.ChildEnv(), proxy.HandoverEnv+"=3")
+	cmd.Env = append(keeper.ChildEnv(), keeper.HandoverEnv+"=3")
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 	u.log.Info("upgrade: starting the new process", "path", u.exe)
@@ -66,10 +67,10 @@ func (u *upgrader) upgrade(srv *proxy.Server) error {
 		cmd.Process.Kill() // it may hold connections: gone before this process goes on with them
 		<-exited
 	}
-	proxy.Thaw(err)
+	upgrade.Thaw(err)
 	return err
 }
 
 // exitGrace is how long a new process that failed has to exit by itself, which says how it
-// failed, before it is killed: traffic may be frozen meanwhile (proxy.Thaw waits for its end).
+// failed, before it is killed: traffic may be frozen meanwhile (upgrade.Thaw waits for its end).
 const exitGrace = 250 * time.Millisecond

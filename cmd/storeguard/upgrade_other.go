@@ -3,14 +3,14 @@
 package main
 
 import (
-	"errors"
 	"log/slog"
 
 	"github.com/storeguard/storeguard/proxy"
+	"github.com/storeguard/storeguard/upgrade"
 )
 
 type upgrader struct{}
 
 func newUpgrader(*slog.Logger) *upgrader { return &upgrader{} }
 
-func (*upgrader) upgrade(*proxy.Server) error { return errors.New("upgrade in place needs Linux") }
+func (*upgrader) upgrade(*proxy.Server) error { return upgrade.ErrNeedsLinux }

@@ -1,0 +1,140 @@
+// Package upgrade is the wire protocol of an upgrade in place: the serving process (Old) hands its
+// listening sockets, its state and every connection to the process taking over (Next) over a
+// SOCK_SEQPACKET socket pair (internal/fdpass), descriptors with SCM_RIGHTS. In order:
+//
+//	new → old  R  ready: the new process loaded its configuration (WaitReady, Join)
+//	old        freezes every connection; on failure it thaws and says X (Old.Refuse)
+//	old → new  S  the server's state, with the listening sockets (ServerState)
+//	old → new  C  one connection's state, with its client's and (if connected) store's socket,
+//	           then B packets carrying its bytes: the message in progress and what was not judged
+//	           yet (refed to the new guard), for the store, for the client (Conn)
+//	old → new  E  the end, with the count
+//	new → old  A  acknowledged: everything was taken
+//	old → new  G  go: the old process forwards nothing more and exits (Old.Go)
+//
+// The new process forwards nothing before G: until then the old one may still thaw. If the new
+// process fails before A (or the old one waits for A in vain: it then kills the new one first),
+// the old one thaws and goes on serving. Once it has sent G it exits.
+//
+// The package moves plain data: the caller freezes its connections and turns each into a Conn, and
+// on the other side turns each Conn back into a connection. Linux only; elsewhere WaitReady and
+// Join fail with ErrNeedsLinux.
+package upgrade
+
+import (
+	"errors"
+	"net/netip"
+	"time"
+
+	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// Ready is the new process's R.
+type Ready struct {
+	PID     int
+	Version string
+}
+
+// ServerState is the S packet: what the whole server carries over, with the listening sockets
+// (Fds). Old.Send fills in PID and Version.
+type ServerState struct {
+	PID           int
+	Version       string
+	Listen        string // the listening socket's address (the first descriptor)
+	MetricsListen string // the metrics listener's, if any (the second)
+	NextID        uint64
+	StoreKnown    bool
+	Store         Store
+	Sources       []admission.SourceState
+	Handovers     uint64 // hand-overs before this one
+	Conns         int
+	Frozen        time.Time // when the old process stopped forwarding (handover_frozen_seconds)
+	// Fds are the listening socket's descriptor, then the metrics listener's when MetricsListen is
+	// set. Next's are its own to close.
+	Fds []int `json:"-"`
+}
+
+// Store is the store's generation, as the old process learned it.
+type Store struct {
+	Gen     protocol.Generation
+	Backend protocol.Backend
+}
+
+// Conn is one frozen connection: the C packet's body, its sockets and its bytes.
+type Conn struct {
+	ID         uint64
+	Src, Dst   netip.AddrPort
+	Start      time.Time
+	Guard      guard.StreamState
+	Replies    protocol.RepliesState
+	ReadEnded  bool // the client's end of stream was passed on; the store's last replies are awaited
+	UpDeadline time.Time
+	// Held is the budget the message in progress held (its carry's capacity), taken again at
+	// once by the new process: a connection that had its budget keeps it, and one that waited
+	// for budget waits again, behind it.
+	Held int64
+	Flow Flow
+	// ClientFd and StoreFd are its sockets (-1: none; the store's when it is not connected), the
+	// sender's to close, the receiver's to own.
+	ClientFd, StoreFd int `json:"-"`
+	// Refeed is the message in progress and unjudged bytes: fed to the guard again. ToStore is
+	// judged, for the store; ToClient the store's replies the client has not taken.
+	Refeed, ToStore, ToClient []byte `json:"-"`
+}
+
+// Flow is a flow's account as an upgrade carries it to the new process.
+type Flow struct {
+	FromClient, ToStore, FromStore, Replied uint64
+	First                                   []byte
+	Verdict                                 audit.Verdict
+	Reason                                  string
+	Interim                                 time.Time
+}
+
+// connPacket is a C packet: the lengths of the bytes that follow stand for them.
+type connPacket struct {
+	Conn
+	HasUp                     bool
+	Refeed, ToStore, ToClient int
+}
+
+const (
+	readyTimeout = 60 * time.Second // for the new process to load its configuration and say R
+	ackTimeout   = 60 * time.Second
+)
+
+// ErrUnderWay: an upgrade was asked for while one is under way; that one's outcome stands.
+var ErrUnderWay = errors.New("an upgrade is under way already")
+
+// ErrNeedsLinux: upgrade in place passes descriptors between processes.
+var ErrNeedsLinux = errors.New("upgrade in place needs Linux")
+
+// peerError is a hand-over that failed after the new process may have taken connections: the
+// caller stops that process before the old one thaws (Thaw), so that no connection is forwarded by
+// both.
+type peerError struct {
+	err  error
+	thaw func()
+}
+
+func (e *peerError) Error() string { return e.err.Error() }
+func (e *peerError) Unwrap() error { return e.err }
+
+// Thaw goes on serving after a failed hand-over, once the new process is gone. Errors that are not
+// from Old.Send were thawed already.
+func Thaw(err error) {
+	var pe *peerError
+	if errors.As(err, &pe) {
+		pe.thaw()
+	}
+}
+
+// MayHaveTaken reports whether err, from a hand-over, came after the new process may have taken
+// connections: it must be gone before Thaw.
+func MayHaveTaken(err error) bool {
+	var pe *peerError
+	return errors.As(err, &pe)
+}

@@ -78,7 +78,7 @@ type conn struct {
 	awaitStore bool
 	untalk     func()
 	release    func()     // gives back the admission (admission.Gate.Admit)
-	silent     silentLink // its place among its source's silent connections (silent.go); under s.mu
+	silent     silentLink // its place among its source's silent connections (silent.go); under s.reg.mu
 	// storeSlot gives back the store connection's slot (storelimit.go), taken before the store is
 	// dialled by whoever owns the connection then; end gives it back.
 	storeSlot func()
@@ -139,7 +139,7 @@ func (c *conn) noteSeen() {
 
 // admit decides on a new connection from src: a release func, or why it is refused.
 func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason) {
-	if s.draining.Load() {
+	if s.draining.on.Load() {
 		return nil, refuseDraining
 	}
 	serving := s.sources.Serving(src)
@@ -458,17 +458,17 @@ func (e *everySecond) allow(now time.Time) bool {
 // track adds c to the server's connections (on) or takes it out; one that has sent nothing is
 // indexed as silent.
 func (s *Server) track(c *conn, on bool) {
-	s.mu.Lock()
+	s.reg.mu.Lock()
 	if on {
-		s.conns[c] = struct{}{}
+		s.reg.conns[c] = struct{}{}
 		if c.flow.fromClient.Load() == 0 {
 			s.addSilentLocked(c)
 		}
 	} else {
-		delete(s.conns, c)
+		delete(s.reg.conns, c)
 		s.dropSilentLocked(c)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -535,7 +535,7 @@ func (s *Server) writeAudit(e audit.Event) {
 	if s.audit == nil {
 		return
 	}
-	if err := s.audit.Write(e); err != nil && s.auditLog.allow(s.now()) {
+	if err := s.audit.Write(e); err != nil && s.every.audit.allow(s.now()) {
 		s.log.Error("audit event lost (logged at most once a second; counted in audit_write_errors_total)",
 			"err", err)
 	}

@@ -22,6 +22,7 @@ type continuity struct {
 	adopted         *adoption  // what a previous process handed over, until Serve starts it
 	handovers       atomic.Uint64
 	kp              *keeper.Link // nil: no keeper
+	failed          func(error)  // Options.UpgradeFailed
 }
 
 // sockFd runs f with tc's descriptor, valid for the call (-1 when it has none).

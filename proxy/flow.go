@@ -172,9 +172,9 @@ func (s *Server) interimFlows() {
 		return
 	}
 	now := s.now()
-	s.mu.Lock()
+	s.reg.mu.Lock()
 	var due []*conn
-	for c := range s.conns {
+	for c := range s.reg.conns {
 		c.flow.mu.Lock()
 		if c.flow.interim.IsZero() {
 			c.flow.interim = c.start
@@ -185,7 +185,7 @@ func (s *Server) interimFlows() {
 		}
 		c.flow.mu.Unlock()
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, c := range due {
 		f := c.flowRecord(now, true)
 		s.writeFlow(&f)

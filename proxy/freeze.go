@@ -156,12 +156,12 @@ func (s *Server) freeze(timeout time.Duration, gone func() bool) ([]*conn, error
 
 // quietConns returns the connections that are parked, and how many others are not closed yet.
 func (s *Server) quietConns() (conns []*conn, waiting int) {
-	s.mu.Lock()
-	all := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
+	s.reg.mu.Lock()
+	all := make([]*conn, 0, len(s.reg.conns))
+	for c := range s.reg.conns {
 		all = append(all, c)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, c := range all {
 		switch {
 		case c.quiet():
@@ -179,8 +179,8 @@ func (s *Server) thaw(conns []*conn) {
 	// Every connection, parked or not, may have the freeze's deadline in the past on a socket: the
 	// write deadline goes (the reply writer sets its own per write); a read that times out because
 	// of it is taken for what it is (spuriousTimeout).
-	s.mu.Lock()
-	for c := range s.conns {
+	s.reg.mu.Lock()
+	for c := range s.reg.conns {
 		c.mu.Lock()
 		if c.gr.client != nil {
 			c.gr.client.SetWriteDeadline(time.Time{})
@@ -190,7 +190,7 @@ func (s *Server) thaw(conns []*conn) {
 		}
 		c.mu.Unlock()
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	s.cont.frz.end()
 	for _, c := range conns {
 		c.rep.mu.Lock()

@@ -101,7 +101,7 @@ func (*goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 		return false, true
 	}
 	c.s.m.budgetTimeouts.Inc()
-	if c.s.budgetLog.allow(c.s.now()) {
+	if c.s.every.budget.allow(c.s.now()) {
 		c.s.log.Warn("closing a connection that waited timeouts.message for buffer budget (not a violation; "+
 			"logged at most once a second)", "conn", c.id, "source", c.src.String(), "bytes", n)
 	}
@@ -139,7 +139,7 @@ func (s *Server) waitFor(d time.Duration) (context.Context, context.CancelFunc) 
 	freezing := s.cont.frz.startedCh() // closed already when a freeze is on
 	go func() {
 		select {
-		case <-s.drainEnd:
+		case <-s.draining.end:
 			stop(nil)
 		case <-freezing:
 			stop(errFreezing)
@@ -191,7 +191,7 @@ func originalDst(c *net.TCPConn) netip.AddrPort {
 // mode) until it is: nothing is read from the client or sent to the store meanwhile. It reports
 // false, having counted it, when timeouts.upstream-dial passed first (or drain ended).
 func (c *conn) awaitGeneration() bool {
-	info, ok := c.s.store.Await(c.st.cfg.Timeouts.UpstreamDial, c.s.drainEnd)
+	info, ok := c.s.store.Await(c.st.cfg.Timeouts.UpstreamDial, c.s.draining.end)
 	if !ok && c.isClosed() {
 		return false // drain closed it
 	}
@@ -297,7 +297,7 @@ func (c *conn) dialStore() (deferred bool) {
 			return true
 		}
 		s.m.dialFailures.Inc()
-		if s.dialLog.allow(s.now()) {
+		if s.every.dial.allow(s.now()) {
 			s.log.Warn("upstream dial failed; closing client (logged at most once a second)", "conn", c.id,
 				"upstream", st.cfg.Upstream, "err", err)
 		}

@@ -35,14 +35,14 @@ func (s *Server) KeeperListeners(tookOver bool) {
 	if tookOver {
 		k.TookOver()
 	}
-	ln := keeper.Listeners{Listen: s.ln.Addr().String()}
+	ln := keeper.Listeners{Listen: s.listeners.clients.Addr().String()}
 	fds := []int{s.cont.lnFd}
 	if s.cont.metricsFd >= 0 {
-		ln.MetricsListen = s.metricsLn.Addr().String()
+		ln.MetricsListen = s.listeners.metrics.Addr().String()
 		fds = append(fds, s.cont.metricsFd)
 	}
 	k.Listen(ln, fds...)
-	go k.Serve(s.handOverForKeeper, s.failed)
+	go k.Serve(s.handOverForKeeper, s.cont.failed)
 }
 
 // AskUpgrade asks the keeper for an upgrade in place; false when there is no keeper.
@@ -68,7 +68,7 @@ func (s *Server) handOverForKeeper(peer *os.File) {
 	upgrade.Thaw(err)
 	s.log.Error("upgrade failed; this process goes on serving", "err", err)
 	if !errors.Is(err, upgrade.ErrUnderWay) {
-		s.failed(err)
+		s.cont.failed(err)
 	}
 }
 
@@ -101,7 +101,7 @@ func (s *Server) rebuild(ac *adoptedConn) bool {
 	c := ac.c
 	dc := c.st.dec
 	if dc.Gen.Auto {
-		info, ok := s.store.Await(c.st.cfg.Timeouts.UpstreamDial, s.drainEnd)
+		info, ok := s.store.Await(c.st.cfg.Timeouts.UpstreamDial, s.draining.end)
 		if !ok {
 			return false
 		}

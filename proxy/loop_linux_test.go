@@ -434,9 +434,9 @@ func TestClientOptionsOfAcceptedSockets(t *testing.T) {
 			h.dial()
 			var fd int32 = -1
 			eventually(t, "a loop forwarding the connection", func() bool {
-				h.srv.mu.Lock()
-				defer h.srv.mu.Unlock()
-				for c := range h.srv.conns { // cfd is set before track, and later only under c.mu
+				h.srv.reg.mu.Lock()
+				defer h.srv.reg.mu.Unlock()
+				for c := range h.srv.reg.conns { // cfd is set before track, and later only under c.mu
 					c.mu.Lock()
 					fd = c.lt.cfd
 					c.mu.Unlock()

@@ -55,7 +55,7 @@ func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reas
 // banned source's (throttled too), with ban.peek set. nil: close it at once.
 func (s *Server) peekable(reason admission.Reason) *settings {
 	st := s.set.Load()
-	if !verdict.Peeked(reason, st.cfg.Ban.Peek) || s.draining.Load() {
+	if !verdict.Peeked(reason, st.cfg.Ban.Peek) || s.draining.on.Load() {
 		return nil
 	}
 	if !s.peeks.Take() {

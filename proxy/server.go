@@ -107,7 +107,6 @@ type Options struct {
 // Server is the guard proxy.
 type Server struct {
 	holdHeap bool
-	failed   func(error) // Options.UpgradeFailed
 	log      *slog.Logger
 	audit    AuditSink
 	now      func() time.Time
@@ -123,44 +122,60 @@ type Server struct {
 	storeCaps *storeinfo.Limiter
 
 	// store learns, in auto mode, the generation the store speaks, and asks it about keys.
-	store *storeinfo.Learner
-	// What the policy learns of the store, kept across reloads, forgotten when the store goes away
-	// (storeGone): the write-once keys written through the guard, and the quota's account.
-	written *policy.Written
-	quota   *policy.Quota
+	store   *storeinfo.Learner
+	learned policyState // what the policy learns of the store
 
-	dialLog   everySecond
-	acceptLog everySecond
-	auditLog  everySecond
-	budgetLog everySecond
-	evictLog  everySecond
-	ln        net.Listener
-	metricsLn net.Listener
+	every     rateLogs
+	listeners listeners
 	nextID    atomic.Uint64
 	handlers  sync.WaitGroup
-	draining  atomic.Bool
-	drainEnd  chan struct{} // closed when drain closes what is left: held connections stop waiting
-	loops     *loops        // nil: connections are forwarded by their goroutines only
-	loopsAcc  bool          // the loops accept (loopsAccept), not acceptLoop
+	draining  drainState
+	loops     *loops // nil: connections are forwarded by their goroutines only
+	loopsAcc  bool   // the loops accept (loopsAccept), not acceptLoop
 
 	serving chan struct{} // closed once Serve accepts: loops and loopsAcc are set
 	cont    continuity    // upgrade in place and keeper
 
-	mu      sync.Mutex
-	conns   map[*conn]struct{}
-	sources *verdict.Sources // the connections that completed a message, by source; it takes mu
-	// silent indexes the connections that have sent nothing by source; over holds the sources
-	// with more of them than caps.per-source-silent beyond their working ones (silent.go).
+	reg     registry
+	sources *verdict.Sources // the connections that completed a message, by source; it takes reg.mu
+}
+
+// policyState is what the policy learns of the store, kept across reloads, forgotten when the
+// store goes away (storeGone): the write-once keys written through the guard, and the quota's
+// account.
+type policyState struct {
+	written *policy.Written
+	quota   *policy.Quota
+}
+
+// rateLogs are the log lines a flood could otherwise fill: each at most once a second.
+type rateLogs struct{ dial, accept, audit, budget, evict everySecond }
+
+// listeners are the server's listening sockets: the clients', and the metrics endpoint's (nil: none).
+type listeners struct{ clients, metrics net.Listener }
+
+// drainState is a shutdown's drain: on once it began; end is closed when it closes what is left,
+// and held connections stop waiting.
+type drainState struct {
+	on  atomic.Bool
+	end chan struct{}
+}
+
+// registry is the live connections, under mu: every one, and those that have sent nothing, by
+// source (silent: over holds the sources with more of them than caps.per-source-silent beyond
+// their working ones; silent.go).
+type registry struct {
+	mu     sync.Mutex
+	conns  map[*conn]struct{}
 	silent map[netip.Addr]*silentSource
 	over   map[netip.Addr]*silentSource
 }
 
 // New validates cfg and builds a server; Listen and Serve start it.
 func New(cfg config.Config, opts Options) (*Server, error) {
-	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock,
-		conns: make(map[*conn]struct{}), silent: make(map[netip.Addr]*silentSource),
-		over: make(map[netip.Addr]*silentSource)}
-	s.sources = verdict.NewSources(&s.mu, s.weighSilentLocked) // silent.go weighs the sources they change
+	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock, reg: registry{conns: make(map[*conn]struct{}),
+		silent: make(map[netip.Addr]*silentSource), over: make(map[netip.Addr]*silentSource)}}
+	s.sources = verdict.NewSources(&s.reg.mu, s.weighSilentLocked) // silent.go weighs the sources they change
 	s.flows = verdict.NewFlows(s.writeAudit, maxScanSources)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -169,7 +184,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		s.now = time.Now
 	}
 	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
-	s.written, s.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
+	s.learned.written, s.learned.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
 	st, err := newSettings(cfg, s.countMessage, s.policyStore())
 	if err != nil {
 		return nil, err
@@ -184,9 +199,9 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.slots.SetDialRate(cfg.DialRate())
 	s.storeCaps = storeinfo.NewLimiter(s.slots, func() config.Config { return s.set.Load().cfg }, s.log)
 	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
-	s.failed = opts.UpgradeFailed
-	if s.failed == nil {
-		s.failed = func(error) {}
+	s.cont.failed = opts.UpgradeFailed
+	if s.cont.failed == nil {
+		s.cont.failed = func(error) {}
 	}
 	s.limitHeap(cfg)
 	s.m = newMetrics(readings{
@@ -207,8 +222,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		storeConns:   func() float64 { return float64(s.slots.InUse()) },
 		storeLimit:   s.storeLimitGauge,
 		storeWaiting: func() float64 { return float64(s.slots.Waiting()) },
-		quotaBytes:   func() float64 { return float64(s.quota.Stats().Bytes) },
-		quotaKeys:    func() float64 { return float64(s.quota.Stats().Keys) },
+		quotaBytes:   func() float64 { return float64(s.learned.quota.Stats().Bytes) },
+		quotaKeys:    func() float64 { return float64(s.learned.quota.Stats().Keys) },
 		auditRotations: func(log string) float64 {
 			if opts.AuditRotations == nil {
 				return 0
@@ -220,7 +235,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 			return float64(events)
 		},
 	})
-	s.drainEnd = make(chan struct{})
+	s.draining.end = make(chan struct{})
 	s.serving = make(chan struct{})
 	s.cont.init()
 	return s, nil
@@ -233,43 +248,43 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	s.ln = ln
+	s.listeners.clients = ln
 	if c.MetricsListen != "" {
 		mln, err := net.Listen("tcp", c.MetricsListen)
 		if err != nil {
 			ln.Close()
 			return fmt.Errorf("metrics-listen: %w", err)
 		}
-		s.metricsLn = mln
+		s.listeners.metrics = mln
 	}
 	return s.keepListenerFds()
 }
 
 // Addr is the proxy listener's address, after Listen.
-func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+func (s *Server) Addr() net.Addr { return s.listeners.clients.Addr() }
 
 // MetricsAddr is the metrics listener's address, or nil.
 func (s *Server) MetricsAddr() net.Addr {
-	if s.metricsLn == nil {
+	if s.listeners.metrics == nil {
 		return nil
 	}
-	return s.metricsLn.Addr()
+	return s.listeners.metrics.Addr()
 }
 
 // Serve accepts connections until ctx ends; then it stops accepting, lets live connections run
 // for timeouts.drain, closes what is left and returns.
 func (s *Server) Serve(ctx context.Context) error {
 	st := s.set.Load()
-	s.log.Info("storeguard serving", "listen", s.ln.Addr().String(), "upstream", st.cfg.Upstream,
+	s.log.Info("storeguard serving", "listen", s.listeners.clients.Addr().String(), "upstream", st.cfg.Upstream,
 		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", version.String())
 	storeinfo.WarnExposure(s.log, st.cfg.Upstream)
 	defer s.store.CloseKeys()
 	s.store.Start(ctx)
 	go s.storeCaps.Run(ctx)
 	var httpSrv *http.Server
-	if s.metricsLn != nil {
+	if s.listeners.metrics != nil {
 		httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
-		go httpSrv.Serve(s.metricsLn)
+		go httpSrv.Serve(s.listeners.metrics)
 	}
 	go s.sweepLoop(ctx)
 	if n := st.cfg.EventLoops; n >= 0 {
@@ -305,14 +320,14 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.acceptLoop(ctx)
 	}
 	if s.isHandedOver() {
-		s.ln.Close() // its own descriptor: the next process has another
+		s.listeners.clients.Close() // its own descriptor: the next process has another
 		if httpSrv != nil {
 			httpSrv.Close() // the next process serves the metrics listener
 		}
 		return nil // the connections are the next process's now: nothing to drain
 	}
 	s.closeKeptFds() // the listening sockets close now: a client that comes is refused, not left waiting
-	s.draining.Store(true)
+	s.draining.on.Store(true)
 	s.drain(s.set.Load().cfg.Timeouts.Drain)
 	if httpSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -325,7 +340,7 @@ func (s *Server) Serve(ctx context.Context) error {
 // loopsAccept hands the listening socket to the event loops, which then accept themselves; it
 // reports false, leaving accepting to acceptLoop, when there are no loops or they cannot take it.
 func (s *Server) loopsAccept() bool {
-	tl, ok := s.ln.(*net.TCPListener)
+	tl, ok := s.listeners.clients.(*net.TCPListener)
 	if s.loops == nil || !ok {
 		return false
 	}
@@ -342,17 +357,17 @@ const acceptPause = 50 * time.Millisecond
 
 // acceptFailed logs an accept error, at most once a second.
 func (s *Server) acceptFailed(err error) {
-	if s.acceptLog.allow(s.now()) {
+	if s.every.accept.allow(s.now()) {
 		s.log.Error("accept failed (logged at most once a second)", "err", err)
 	}
 }
 
 // acceptLoop accepts connections until ctx ends, each handled on a goroutine of its own.
 func (s *Server) acceptLoop(ctx context.Context) {
-	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	stop := context.AfterFunc(ctx, func() { s.listeners.clients.Close() })
 	defer stop()
 	for {
-		c, err := s.ln.Accept()
+		c, err := s.listeners.clients.Accept()
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 				var ne net.Error
@@ -387,13 +402,13 @@ func (s *Server) pauseAccept() {
 		s.loops.stopAccepting()
 		return
 	}
-	s.ln.(*net.TCPListener).SetDeadline(past)
+	s.listeners.clients.(*net.TCPListener).SetDeadline(past)
 }
 
 // resumeAccept accepts again after pauseAccept.
 func (s *Server) resumeAccept() {
 	if !s.loopsAcc {
-		s.ln.(*net.TCPListener).SetDeadline(time.Time{})
+		s.listeners.clients.(*net.TCPListener).SetDeadline(time.Time{})
 		return
 	}
 	ln, err := listenerFromFd(s.cont.lnFd)
@@ -403,7 +418,7 @@ func (s *Server) resumeAccept() {
 	if err != nil { // the loops stay without a listener: accept on a goroutine instead
 		s.log.Error("event loops cannot accept again after a failed upgrade; accepting on a goroutine", "err", err)
 		if ln != nil {
-			s.ln, s.loopsAcc = ln, false
+			s.listeners.clients, s.loopsAcc = ln, false
 			go s.acceptLoop(s.store.Context())
 		}
 	}
@@ -435,21 +450,21 @@ func (s *Server) isHandedOver() bool {
 func (s *Server) drain(timeout time.Duration) {
 	done := make(chan struct{})
 	go func() { s.handlers.Wait(); close(done) }()
-	s.mu.Lock()
-	n := len(s.conns)
-	s.mu.Unlock()
+	s.reg.mu.Lock()
+	n := len(s.reg.conns)
+	s.reg.mu.Unlock()
 	s.log.Info("draining", "connections", n, "timeout", timeout.String())
 	select {
 	case <-done:
 		return
 	case <-time.After(timeout):
 	}
-	s.mu.Lock()
-	for c := range s.conns {
+	s.reg.mu.Lock()
+	for c := range s.reg.conns {
 		c.closeBoth()
 	}
-	s.mu.Unlock()
-	close(s.drainEnd)
+	s.reg.mu.Unlock()
+	close(s.draining.end)
 	<-done
 }
 
@@ -476,7 +491,7 @@ func (s *Server) reload(cfg config.Config) error {
 		return err
 	}
 	old := s.set.Load().cfg
-	if !sameAddr(cfg.Listen, old.Listen, s.ln) || !sameAddr(cfg.MetricsListen, old.MetricsListen, s.metricsLn) {
+	if !sameAddr(cfg.Listen, old.Listen, s.listeners.clients) || !sameAddr(cfg.MetricsListen, old.MetricsListen, s.listeners.metrics) {
 		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")
 	}
 	s.gate.Update(cfg.Admission())
@@ -499,14 +514,14 @@ func (s *Server) reload(cfg config.Config) error {
 
 // policyStore is what the policy of every configuration shares about the store.
 func (s *Server) policyStore() policy.Store {
-	return policy.Store{Written: s.written, Lookup: s.store.Exists, Quota: s.quota, Count: s.store.Count}
+	return policy.Store{Written: s.learned.written, Lookup: s.store.Exists, Quota: s.learned.quota, Count: s.store.Count}
 }
 
 // storeGone forgets what the guard knew of the store's keys: the store went away (a restarted
 // store holds none), or the upstream changed.
 func (s *Server) storeGone() {
-	s.written.Reset()
-	s.quota.Reset()
+	s.learned.written.Reset()
+	s.learned.quota.Reset()
 }
 
 // sweepLoop lets the gate forget idle sources and ended bans every 5 s until ctx ends.
@@ -531,7 +546,7 @@ func (s *Server) httpHandler() http.Handler {
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		st := s.set.Load()
-		if s.draining.Load() {
+		if s.draining.on.Load() {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 			return
 		}

@@ -22,7 +22,7 @@ import (
 // reasonSilentEvicted is the flow record's reason for a silent connection closed to admit another.
 const reasonSilentEvicted = "silent_evicted"
 
-// silentLink is a connection's place in its source's silent list while on (under s.mu).
+// silentLink is a connection's place in its source's silent list while on (under s.reg.mu).
 type silentLink struct {
 	prev, next *conn
 	on         bool
@@ -37,10 +37,10 @@ type silentSource struct {
 // addSilentLocked indexes c, which has sent nothing, as its source's newest silent connection.
 func (s *Server) addSilentLocked(c *conn) {
 	src := c.src.Addr()
-	ss := s.silent[src]
+	ss := s.reg.silent[src]
 	if ss == nil {
 		ss = &silentSource{}
-		s.silent[src] = ss
+		s.reg.silent[src] = ss
 	}
 	c.silent.prev, c.silent.next, c.silent.on = ss.newest, nil, true
 	if ss.newest != nil {
@@ -58,7 +58,7 @@ func (s *Server) dropSilentLocked(c *conn) {
 		return
 	}
 	src := c.src.Addr()
-	ss := s.silent[src]
+	ss := s.reg.silent[src]
 	if c.silent.prev != nil {
 		c.silent.prev.silent.next = c.silent.next
 	}
@@ -69,7 +69,7 @@ func (s *Server) dropSilentLocked(c *conn) {
 	}
 	c.silent.prev, c.silent.next, c.silent.on = nil, nil, false
 	if ss.n--; ss.n == 0 {
-		delete(s.silent, src)
+		delete(s.reg.silent, src)
 	}
 	s.weighSilentLocked(src)
 }
@@ -77,41 +77,41 @@ func (s *Server) dropSilentLocked(c *conn) {
 // weighSilentLocked files src among the sources a new connection may evict from, or takes it out,
 // after its silent or its working connections changed.
 func (s *Server) weighSilentLocked(src netip.Addr) {
-	ss := s.silent[src]
+	ss := s.reg.silent[src]
 	if ss != nil && ss.n > s.sources.Count(src)+s.set.Load().cfg.Caps.PerSourceSilent {
-		s.over[src] = ss
+		s.reg.over[src] = ss
 		return
 	}
-	delete(s.over, src)
+	delete(s.reg.over, src)
 }
 
 // spoke takes c out of the silent index at its first bytes.
 func (s *Server) spoke(c *conn) {
-	s.mu.Lock()
+	s.reg.mu.Lock()
 	s.dropSilentLocked(c)
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 }
 
 // silentOver reports whether a source is over its allowance, so that a connection may be evicted.
 func (s *Server) silentOver() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.over) > 0
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	return len(s.reg.over) > 0
 }
 
 // evictSilent closes the newest silent connection of a source over its allowance, for a connection
 // admitted in its place (admission.Gate.AdmitInPlace); it reports false when no source is over.
 func (s *Server) evictSilent() bool {
-	s.mu.Lock()
+	s.reg.mu.Lock()
 	var v *conn
-	for _, ss := range s.over {
+	for _, ss := range s.reg.over {
 		v = ss.newest
 		break
 	}
 	if v != nil {
 		s.dropSilentLocked(v)
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	if v == nil {
 		return false
 	}
@@ -119,7 +119,7 @@ func (s *Server) evictSilent() bool {
 	v.decided(audit.VerdictRefused, reasonSilentEvicted)
 	v.ended(endedByGuard)
 	v.closeBoth()
-	if s.evictLog.allow(s.now()) {
+	if s.every.evict.allow(s.now()) {
 		s.log.Warn("caps.max-connections reached: closed a silent connection of a source over caps.per-source-silent "+
 			"to admit a new one (not a violation; logged at most once a second)", "conn", v.id, "source", v.src.String())
 	}

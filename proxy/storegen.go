@@ -18,7 +18,7 @@ type storeNews struct{ s *Server }
 func (n storeNews) Failed(addr string, err error, live bool) {
 	s := n.s
 	s.m.storeProbes.WithLabelValues("failed").Inc()
-	if live && s.dialLog.allow(s.now()) {
+	if live && s.every.dial.allow(s.now()) {
 		s.log.Info("auto: the store's generation is not known yet; new connections wait for it", "upstream", addr, "err", err)
 	}
 }

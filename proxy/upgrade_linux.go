@@ -71,12 +71,12 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 
 // serverState is what the whole server carries over, with conns connections frozen since frozen.
 func (s *Server) serverState(conns int, frozen time.Time) upgrade.ServerState {
-	st := upgrade.ServerState{Listen: s.ln.Addr().String(), NextID: s.nextID.Load(), Sources: s.gate.State(),
+	st := upgrade.ServerState{Listen: s.listeners.clients.Addr().String(), NextID: s.nextID.Load(), Sources: s.gate.State(),
 		Handovers: s.cont.handovers.Load(), Conns: conns, Frozen: frozen, Fds: []int{s.cont.lnFd}}
 	info, known := s.store.Get()
 	st.Store, st.StoreKnown = upgrade.Store(info), known
 	if s.cont.metricsFd >= 0 {
-		st.MetricsListen = s.metricsLn.Addr().String()
+		st.MetricsListen = s.listeners.metrics.Addr().String()
 		st.Fds = append(st.Fds, s.cont.metricsFd)
 	}
 	return st
@@ -183,9 +183,9 @@ func (s *Server) takeListeners(st upgrade.ServerState, fds []int, a *adoption) e
 		return fmt.Errorf("handover: listening socket: %w", err)
 	}
 	if listensAt(c.Listen, old) {
-		s.ln = old
+		s.listeners.clients = old
 	} else {
-		if s.ln, err = net.Listen("tcp", c.Listen); err != nil {
+		if s.listeners.clients, err = net.Listen("tcp", c.Listen); err != nil {
 			old.Close()
 			fdpass.CloseFds(fds[1:])
 			return fmt.Errorf("listen: %w", err)
@@ -201,13 +201,13 @@ func (s *Server) takeListeners(st upgrade.ServerState, fds []int, a *adoption) e
 		case c.MetricsListen == "":
 			mln.Close()
 		case listensAt(c.MetricsListen, mln):
-			s.metricsLn = mln
+			s.listeners.metrics = mln
 		default:
 			mln.Close()
 		}
 	}
-	if s.metricsLn == nil && c.MetricsListen != "" {
-		if s.metricsLn, err = net.Listen("tcp", c.MetricsListen); err != nil {
+	if s.listeners.metrics == nil && c.MetricsListen != "" {
+		if s.listeners.metrics, err = net.Listen("tcp", c.MetricsListen); err != nil {
 			return fmt.Errorf("metrics-listen: %w", err)
 		}
 	}
@@ -287,7 +287,7 @@ func (s *Server) startAdopted() {
 	moved := uint64(len(a.conns))
 	e := audit.Event{Timestamp: s.now(), Action: audit.ActionHandover, Reason: a.reason,
 		Connections: &moved, Mode: audit.Mode(s.set.Load().cfg.Mode)}
-	if ap, err := netip.ParseAddrPort(s.ln.Addr().String()); err == nil {
+	if ap, err := netip.ParseAddrPort(s.listeners.clients.Addr().String()); err == nil {
 		e.DestIP, e.DestPort = ap.Addr().Unmap(), ap.Port()
 	}
 	s.writeAudit(e)
@@ -353,13 +353,13 @@ func (s *Server) acceptBacklog(ln net.Listener) {
 // keepListenerFds keeps a descriptor of each listening socket for an upgrade to hand over (the
 // event loops close the listener they accept from).
 func (s *Server) keepListenerFds() error {
-	fd, err := dupFd(s.ln.(*net.TCPListener))
+	fd, err := dupFd(s.listeners.clients.(*net.TCPListener))
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	s.cont.lnFd = int(fd)
-	if s.metricsLn != nil {
-		if fd, err = dupFd(s.metricsLn.(*net.TCPListener)); err != nil {
+	if s.listeners.metrics != nil {
+		if fd, err = dupFd(s.listeners.metrics.(*net.TCPListener)); err != nil {
 			return fmt.Errorf("metrics-listen: %w", err)
 		}
 		s.cont.metricsFd = int(fd)

@@ -192,9 +192,9 @@ func TestUpgradeCarriesRepliesAndBans(t *testing.T) {
 	c := h.dial()
 	c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys}))
 	eventually(t, "replies queued in the guard", func() bool {
-		h.srv.mu.Lock()
-		defer h.srv.mu.Unlock()
-		for cc := range h.srv.conns {
+		h.srv.reg.mu.Lock()
+		defer h.srv.reg.mu.Unlock()
+		for cc := range h.srv.reg.conns {
 			cc.rep.mu.Lock()
 			q := cc.rep.queued
 			cc.rep.mu.Unlock()

@@ -19,7 +19,7 @@ import (
 // event loop (loop_linux.go) that forwards many connections from one thread. Both carry out the
 // decisions of one guard.Stream through conn.act, and write to the store through a transport: no
 // code outside the transport's own file asks which one runs it. Who owns the sockets at each
-// moment is c.own; its transitions (handover_linux.go) and lock rules are drawn in docs/design.md.
+// moment is c.own; its transitions (owner_linux.go) and lock rules are drawn in docs/design.md.
 
 // transport is how a connection's bytes reach the store and how it waits for budget.
 type transport interface {
@@ -161,7 +161,7 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 
 // newConn is the one constructor of a connection, however it starts (accepted here, taken over
 // from a previous process, restored from a keeper): its identity, forwarded by goroutines until
-// an owner change (handover_linux.go) says otherwise. The caller readies its guard.
+// an owner change (owner_linux.go) says otherwise. The caller readies its guard.
 func (s *Server) newConn(id uint64, src, dst netip.AddrPort, start time.Time) *conn {
 	c := &conn{s: s, st: s.set.Load(), id: id, src: src, dst: dst, start: start,
 		dial: dialState{ready: make(chan struct{})}}

@@ -583,7 +583,6 @@ def test_a_keeper_holds_every_connection_of_a_storm_through_a_worker_kill(procs,
     assert p.returncode == 0 and lines, f"the clients failed ({p.returncode}): {out[-2000:]} {errs.read_text()[-3000:]}"
     result = json.loads(lines[-1])
     assert result["failed"] == 0, f"{result['failed']} of 300 clients lost their connection: {result['samples']}"
-    assert read_counter(NEWEST, "libuv", guard.port, "held_counter") == 0  # the store still answers
     print(f"connected in {json.loads(line)['connect_seconds']} s; new worker in {t1 - t0:.1f} s; "
           f"every client's GET and SET, and its exit, in {t2 - t1:.1f} s")
 

@@ -2,11 +2,11 @@
 # Runs every storeguard test, installing what the tests need first:
 #   unit and end-to-end Go tests with -race, each fuzz target for a bounded time, the deployment
 #   kit's checks, and the real-torch interop suite. Ends with pytest's summary line.
-# Env: FUZZTIME (default 15s per target), SKIP_INSTALL=1, SKIP_INTEROP=1 (for quick local runs),
+# Env: FUZZTIME (default 10s per target), SKIP_INSTALL=1, SKIP_INTEROP=1 (for quick local runs),
 #      SEARCH_LIVE=1 (also index every kind of audit event into a real OpenSearch on loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FUZZTIME=${FUZZTIME:-15s}
+FUZZTIME=${FUZZTIME:-10s}
 step() { printf '\n== %s\n' "$*"; }
 
 if [ "${SKIP_INSTALL:-}" != 1 ]; then
@@ -48,5 +48,5 @@ STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh
 
 if [ "${SKIP_INTEROP:-}" != 1 ]; then
   step "interop with real torch"
-  STOREGUARD_BIN="$BIN" python3 -m pytest -q interop
+  STOREGUARD_BIN="$BIN" python3 -m pytest -q --durations=25 interop
 fi

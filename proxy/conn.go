@@ -32,6 +32,8 @@ type transport interface {
 	// stalled: the client's next message, starting rest, waits for a reply. judge: rest may be
 	// judged now; else alive says whether the connection lives on (the transport keeps rest).
 	stalled(c *conn, rest []byte) (judge, alive bool)
+	// leftover is what the transport has left to finish.
+	leftover() *leftover
 }
 
 // owner is who has a connection's sockets. Only c.mu's holder changes it.
@@ -61,7 +63,8 @@ const replyGrace = 30 * time.Second
 const keepCarry = 4 << 10
 
 // conn is one proxied client connection: what it is whoever forwards it, and each transport's
-// own state (gr, lt). What one owner leaves the next to finish is left (leftover).
+// own state (gr, lt), each with what it has left to finish (leftover), handed to the next owner
+// by the call that moves the connection (owner_linux.go).
 type conn struct {
 	s        *Server
 	st       *settings
@@ -88,14 +91,20 @@ type conn struct {
 	closed bool // the connection is to end: its owner closes the sockets
 	dial   dialState
 
-	gr   goroutines    // the goroutine transport's state (goroutines.go)
-	lt   loopTransport // the event loop's (loop_linux.go)
-	left leftover      // what the last owner left to finish (resume)
+	gr goroutines    // the goroutine transport's state (goroutines.go)
+	lt loopTransport // the event loop's (loop_linux.go)
 
 	flow flowStats // its flow record's account (flow.go)
 	rep  replies   // the store-to-client half (replies.go)
 	seen seen      // what the stream has shown, for the reply half's goroutines
 }
+
+// pendingUp reports whether bytes judged for the store wait: a loop could not write them, or a
+// freeze began before the store was connected.
+func (l *leftover) pendingUp() bool { return len(l.up)+len(l.upTail) > 0 }
+
+// unfinished reports whether the goroutines have something to finish (resume).
+func (l *leftover) unfinished() bool { return l.pendingUp() || l.tail != nil || l.rest != nil }
 
 // empty reports whether nothing is left to finish.
 func (l *leftover) empty() bool {
@@ -117,7 +126,8 @@ type seen struct {
 
 // leftover is what one owner of a connection leaves to the next to finish, in order (resume): a
 // loop that would have to wait, a freeze, a previous process (upgrade) or a keeper restore. It is
-// handed over with the connection, never shared: the giver does not touch it again.
+// a value handed over by the call that moves the connection (leaveLoop, startAdopted), never
+// shared: the giver does not touch it again.
 type leftover struct {
 	up      []byte // judged for the store and not written: the rest of carry (upCarry) or of a read
 	upTail  []byte // then this, a copy of the rest of a read
@@ -283,11 +293,11 @@ func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 // sendHeld writes carry (the start of a message) and then p.
 func (c *conn) sendHeld(p []byte) bool {
 	ok := c.out.send(c, c.carry, p)
-	switch {
-	case c.left.upCarry:
+	switch left := c.out.leftover(); {
+	case left.upCarry:
 		// The transport left its rest to write: the buffer and its budget go with it, and the
 		// next message starts a carry of its own.
-		c.carry, c.left.upHeld, c.held = nil, c.held, 0
+		c.carry, left.upHeld, c.held = nil, c.held, 0
 	case cap(c.carry) > keepCarry:
 		c.releaseCarry()
 	default:
@@ -296,42 +306,35 @@ func (c *conn) sendHeld(p []byte) bool {
 	return ok
 }
 
-// pendingUp reports whether bytes judged for the store wait: a loop could not write them, or a
-// freeze began before the store was connected.
-func (c *conn) pendingUp() bool { return len(c.left.up)+len(c.left.upTail) > 0 }
-
-// unfinished reports whether the goroutines have what a loop or a freeze left to finish (resume).
-func (c *conn) unfinished() bool { return c.pendingUp() || c.left.tail != nil || c.left.rest != nil }
-
 // resume finishes, in order, what a loop left to the goroutines or a freeze interrupted: the bytes
 // judged for the store, the start of a message the budget could not hold at once, and bytes not
 // judged yet (after a stall at max-pending-replies). It reports whether the connection lives on.
 // A freeze that begins meanwhile ends it early, the rest left as it was (unfinished): the reader
 // parks, and resumes after the thaw; or the next process gets it all.
 func (c *conn) resume() bool {
-	if c.pendingUp() {
-		a, b := c.left.up, c.left.upTail
-		c.left.up, c.left.upTail = nil, nil
+	if c.gr.left.pendingUp() {
+		a, b := c.gr.left.up, c.gr.left.upTail
+		c.gr.left.up, c.gr.left.upTail = nil, nil
 		ok := c.out.send(c, a, b)
-		if c.left.upCarry && len(c.left.up) == 0 { // the carry's buffer is written: its budget goes back now
-			c.s.buf.release(c.src.Addr(), c.left.upHeld)
-			c.left.upCarry, c.left.upHeld = false, 0
+		if c.gr.left.upCarry && len(c.gr.left.up) == 0 { // the carry's buffer is written: its budget goes back now
+			c.s.buf.release(c.src.Addr(), c.gr.left.upHeld)
+			c.gr.left.upCarry, c.gr.left.upHeld = false, 0
 		}
-		if !ok || c.pendingUp() {
+		if !ok || c.gr.left.pendingUp() {
 			return ok // a freeze came first: the rest is kept for after it
 		}
 	}
-	if t := c.left.tail; t != nil {
-		c.left.tail = nil
+	if t := c.gr.left.tail; t != nil {
+		c.gr.left.tail = nil
 		if !c.keep(t) {
 			return false
 		}
-		if c.left.tail != nil {
+		if c.gr.left.tail != nil {
 			return true // the freeze came first: kept for after it
 		}
 	}
-	if r := c.left.rest; r != nil {
-		c.left.rest = nil
+	if r := c.gr.left.rest; r != nil {
+		c.gr.left.rest = nil
 		return c.process(r)
 	}
 	return true
@@ -392,8 +395,8 @@ func (c *conn) finish() {
 		<-c.gr.s2cDone
 	}
 	c.releaseCarry()
-	c.s.buf.release(c.src.Addr(), c.left.upHeld)
-	c.left.upHeld = 0
+	c.s.buf.release(c.src.Addr(), c.gr.left.upHeld) // a loop's is handed to the goroutines first (leaveLoop)
+	c.gr.left.upHeld = 0
 	if c.untalk != nil {
 		c.untalk()
 	}

@@ -33,7 +33,12 @@ type goroutines struct {
 	// reader is done, the client's end of stream passed on. upDeadline: the read deadline set on up.
 	parkC2S, parkS2C, readEnded bool
 	upDeadline                  time.Time
+	// left: what a freeze interrupted, or a loop or a previous process handed over, to finish
+	// before reading on (resume).
+	left leftover
 }
+
+func (g *goroutines) leftover() *leftover { return &g.left }
 
 // send writes a, then b, to the store, dialling it for the first message. A freeze that begins
 // meanwhile (a wait for a store slot or the store, or a write the store does not take: the freeze
@@ -78,8 +83,8 @@ func (*goroutines) send(c *conn, a, b []byte) bool {
 // leavePending keeps what a freeze stopped send from writing, n bytes of a and b written: the rest
 // of a, the carry, in its own buffer and budget (pendCarry), and a copy of the rest of b.
 func (c *conn) leavePending(a, b []byte, n int) {
-	c.left.up, c.left.upCarry = a[min(n, len(a)):], c.left.upCarry || n < len(a)
-	c.left.upTail = append([]byte(nil), b[max(0, n-len(a)):]...)
+	c.gr.left.up, c.gr.left.upCarry = a[min(n, len(a)):], c.gr.left.upCarry || n < len(a)
+	c.gr.left.upTail = append([]byte(nil), b[max(0, n-len(a)):]...)
 }
 
 // reserve waits for the budget, at most timeouts.message (or until a drain ends). The wait is not
@@ -97,7 +102,7 @@ func (*goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 	case err == nil:
 		return true, true
 	case frozeFirst(ctx):
-		c.left.tail = append([]byte(nil), tail...)
+		c.gr.left.tail = append([]byte(nil), tail...)
 		return false, true
 	}
 	c.s.m.budgetTimeouts.Inc()
@@ -112,13 +117,13 @@ func (*goroutines) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 // stalled waits for the reply, not reading the client meanwhile; behind requests a freeze kept
 // from the store (send), there is none to wait for: rest waits for them (resume).
 func (*goroutines) stalled(c *conn, rest []byte) (judge, alive bool) {
-	if c.pendingUp() {
-		c.left.rest = append([]byte(nil), rest...)
+	if c.gr.left.pendingUp() {
+		c.gr.left.rest = append([]byte(nil), rest...)
 		return false, true
 	}
 	ok, froze := c.awaitReply()
 	if froze { // the rest is judged once the reader goes on (pipeClientToStore), here or in the next process
-		c.left.rest = append([]byte(nil), rest...)
+		c.gr.left.rest = append([]byte(nil), rest...)
 		return false, true
 	}
 	return ok, ok
@@ -170,7 +175,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 	}
 	s.track(c, true)
 	s.cont.accepting.Add(-1)
-	c.serve(false)
+	c.serve(nil)
 }
 
 // originalDst is the address the client dialled: after an nftables/iptables REDIRECT (the
@@ -209,8 +214,8 @@ func (c *conn) awaitGeneration() bool {
 
 // serve forwards the connection with goroutines until it ends, then ends it, unless a loop takes
 // it (the loop then ends it). A new connection goes straight to a loop when connectNow can
-// connect it; fromLoop: a loop handed the connection back.
-func (c *conn) serve(fromLoop bool) {
+// connect it; from: a loop or a previous process handed the connection over, with what it left.
+func (c *conn) serve(from *leftover) {
 	took := false
 	defer func() {
 		if !took {
@@ -224,8 +229,8 @@ func (c *conn) serve(fromLoop bool) {
 		return
 	}
 	switch {
-	case fromLoop:
-		if !c.fromLoop() {
+	case from != nil:
+		if !c.fromLoop(*from) {
 			return
 		}
 	case c.loopable():
@@ -361,7 +366,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 			c.gr.deadline = unsetDeadline // the freeze set its own
 			continue
 		}
-		if c.unfinished() {
+		if c.gr.left.unfinished() {
 			if !c.resume() {
 				return false
 			}
@@ -514,12 +519,12 @@ func (c *conn) pipeStoreToClient() {
 	defer c.closeBoth()
 	defer c.awaitWritten() // the store's last replies reach the client before the close
 	defer c.s.recoverConn(c)
-	if b := c.left.replies; b != nil { // followed already, by the process that read them
-		c.left.replies = nil
+	if b := c.gr.left.replies; b != nil { // followed already, by the process that read them
+		c.gr.left.replies = nil
 		c.queueHeld(b)
 	}
-	if p := c.left.client; p.buf != nil { // followed already, by the loop that read it
-		c.left.client = chunk{}
+	if p := c.gr.left.client; p.buf != nil { // followed already, by the loop that read it
+		c.gr.left.client = chunk{}
 		if !c.toClient(p.buf, p.to) {
 			return
 		}

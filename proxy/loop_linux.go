@@ -60,7 +60,11 @@ type loopTransport struct {
 	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
 	timerAt     time.Time
 	cfd, ufd    int32 // the client's and the store's sockets while a loop has them, or detached
+	// left: what the loop could not finish, for the goroutines it hands the connection to.
+	left leftover
 }
+
+func (l *loopTransport) leftover() *leftover { return &l.left }
 
 // send writes a, carry (the held start of a message) or empty, and b, the loop's read buffer. What the store does
 // not take is left for the goroutines: the rest of a as it is, in the carry's own buffer and
@@ -70,8 +74,8 @@ func (*loopTransport) send(c *conn, a, b []byte) bool {
 	if len(a)+len(b) == 0 {
 		return true
 	}
-	if c.pendingUp() { // one judgement sends once: not expected, but bytes must keep their order
-		c.left.upTail = append(append(c.left.upTail, a...), b...)
+	if c.lt.left.pendingUp() { // one judgement sends once: not expected, but bytes must keep their order
+		c.lt.left.upTail = append(append(c.lt.left.upTail, a...), b...)
 		return true
 	}
 	n := 0
@@ -89,13 +93,13 @@ func (*loopTransport) send(c *conn, a, b []byte) bool {
 		}
 	} // else for goroutines to dial and write (handbackDial)
 	if n < len(a) {
-		c.left.up, c.left.upCarry = a[n:], len(a) > 0
+		c.lt.left.up, c.lt.left.upCarry = a[n:], len(a) > 0
 		n = 0
 	} else {
 		n -= len(a)
 	}
 	if n < len(b) {
-		c.left.upTail = append([]byte(nil), b[n:]...)
+		c.lt.left.upTail = append([]byte(nil), b[n:]...)
 	}
 	return true
 }
@@ -104,13 +108,13 @@ func (*loopTransport) reserve(c *conn, n int64, tail []byte) (ok, alive bool) {
 	if c.s.buf.tryAcquire(c.src.Addr(), n, c.held) {
 		return true, true
 	}
-	c.left.tail = append([]byte(nil), tail...)
+	c.lt.left.tail = append([]byte(nil), tail...)
 	return false, true
 }
 
 // stalled keeps rest for the goroutines the loop hands the connection to (settle): they wait.
 func (*loopTransport) stalled(c *conn, rest []byte) (judge, alive bool) {
-	c.left.rest = append([]byte(nil), rest...)
+	c.lt.left.rest = append([]byte(nil), rest...)
 	return false, true
 }
 
@@ -473,7 +477,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	}
 	c.gr.client = tc
 	s.track(c, true)
-	go c.serve(false)
+	go c.serve(nil)
 }
 
 func (l *loop) releaseAll() {
@@ -607,7 +611,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	case w == n:
 	case errno == 0 || errno == unix.EAGAIN:
 		bp := readBufs.Get().(*[]byte)
-		c.left.client = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
+		c.lt.left.client = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
 		l.release(c, handbackBackpressure)
 	default:
 		c.closeBoth()
@@ -622,13 +626,13 @@ func (l *loop) settle(c *conn, alive bool) {
 	switch {
 	case !alive:
 		l.release(c, handbackNone)
-	case c.pendingUp() && c.lt.ufd < 0:
+	case c.lt.left.pendingUp() && c.lt.ufd < 0:
 		l.release(c, handbackDial)
-	case c.pendingUp():
+	case c.lt.left.pendingUp():
 		l.release(c, handbackBackpressure)
-	case c.left.tail != nil:
+	case c.lt.left.tail != nil:
 		l.release(c, handbackPartial)
-	case c.left.rest != nil:
+	case c.lt.left.rest != nil:
 		l.release(c, handbackAwaiting)
 	default:
 		l.watchDeadline(c)

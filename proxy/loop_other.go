@@ -38,4 +38,4 @@ func (c *conn) toLoop() (took, live bool) {
 	return false, true
 }
 
-func (c *conn) fromLoop() bool { return false }
+func (c *conn) fromLoop(leftover) bool { return false }

@@ -126,7 +126,7 @@ func (c *conn) toLoop() (took, live bool) {
 	c.mu.Lock() // the loop ended: stay on goroutines
 	c.own, c.lt.lp = ownDetached, nil
 	c.mu.Unlock()
-	return false, c.fromLoop()
+	return false, c.fromLoop(leftover{}) // the loop never had it: nothing is left
 }
 
 // startAdopted starts a connection a previous process or a keeper handed over, with its sockets
@@ -151,20 +151,21 @@ func (c *conn) startAdopted(cfd, ufd int, left leftover) {
 	c.mu.Lock()
 	c.own, c.lt.lp = ownDetached, nil
 	c.mu.Unlock()
-	c.left = left
 	go func() {
 		if c.gr.readEnded {
 			c.mu.Lock()
 			c.gr.readEnded = false // the reader sees the end of stream again and passes it on
 			c.mu.Unlock()
 		}
-		c.serve(true)
+		c.serve(&left)
 	}()
 }
 
 // leaveLoop is called by the loop that lets c go, after it stopped watching c's sockets: a closed
-// connection ends there, a live one goes on with goroutines.
+// connection ends there, a live one goes on with goroutines, with what the loop could not finish.
 func (c *conn) leaveLoop() {
+	left := c.lt.left
+	c.lt.left = leftover{}
 	c.mu.Lock()
 	c.own, c.lt.lp = ownDetached, nil
 	closed := c.closed
@@ -173,15 +174,17 @@ func (c *conn) leaveLoop() {
 	}
 	c.mu.Unlock()
 	if closed {
+		c.gr.left = left // for end to give back the budget it holds
 		c.end()
 		return
 	}
-	go c.serve(true)
+	go c.serve(&left)
 }
 
-// fromLoop gives the connection's sockets back to Go's poller after a loop and writes what the
-// loop left unwritten; it reports whether the connection lives on.
-func (c *conn) fromLoop() bool {
+// fromLoop gives the connection's sockets back to Go's poller after a loop (or a previous
+// process) and finishes what it left; it reports whether the connection lives on.
+func (c *conn) fromLoop(left leftover) bool {
+	c.gr.left = left
 	c.out = &c.gr
 	if !c.reattach() {
 		return false

@@ -91,16 +91,16 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	c.rep.mu.Lock()
 	rs := c.rep.track.State()
 	var toClient []byte
-	if p := c.left.client; p.buf != nil {
+	if p := c.gr.left.client; p.buf != nil {
 		toClient = append(toClient, (*p.buf)[p.from:p.to]...)
 	}
 	for _, ch := range c.rep.queue {
 		toClient = append(toClient, (*ch.buf)[ch.from:ch.to]...)
 	}
 	c.rep.mu.Unlock()
-	refeed := append(append([]byte(nil), c.carry...), c.left.tail...)
-	refeed = append(refeed, c.left.rest...)
-	toStore := append(append([]byte(nil), c.left.up...), c.left.upTail...)
+	refeed := append(append([]byte(nil), c.carry...), c.gr.left.tail...)
+	refeed = append(refeed, c.gr.left.rest...)
+	toStore := append(append([]byte(nil), c.gr.left.up...), c.gr.left.upTail...)
 	c.mu.Lock()
 	cs := upgrade.Conn{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs,
 		ReadEnded: c.gr.readEnded, UpDeadline: c.gr.upDeadline, Held: c.held, Flow: c.flowCarry(),

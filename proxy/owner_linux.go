@@ -12,9 +12,12 @@ import (
 // Every change of a connection's owner (c.own) is in this file, under c.mu:
 //
 //	accept ──► goroutines ──toLoop──► loop ──leaveLoop──► detached ──fromLoop──► goroutines
-//	  │                                ▲
-//	  └──loopable (take)───────────────┘
+//	  │                                ▲                        ▲
+//	  └──loopable (take)───────────────┤                        │
+//	upgrade, keeper restore ──startAdopted (nothing left)───────┴── (else)
 //
+// What the owner leaves the next (leftover) is handed over by the call: leaveLoop and startAdopted
+// give it to serve, which gives it to fromLoop.
 // closeBoth can come at any point: it sets closed and the owner at that moment closes the sockets
 // (goroutines: at once; a loop: when it serves the request; detached: fromLoop, or leaveLoop). A
 // connection goes to a loop only between messages, with the store connected and no deadline to

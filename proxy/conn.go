@@ -96,7 +96,22 @@ type conn struct {
 
 	flow flowStats // its flow record's account (flow.go)
 	rep  replies   // the store-to-client half (replies.go)
-	seen seen      // what the stream has shown, for the reply half's goroutines
+	seen seenState // what the stream has shown, for the reply half's goroutines
+}
+
+// leftover is what one owner of a connection leaves to the next to finish, in order (resume): a
+// loop that would have to wait, a freeze, a previous process (upgrade) or a keeper restore. It is
+// a value handed over by the call that moves the connection (leaveLoop, startAdopted), never
+// shared: the giver does not touch it again.
+type leftover struct {
+	up      []byte // judged for the store and not written: the rest of carry (upCarry) or of a read
+	upTail  []byte // then this, a copy of the rest of a read
+	upCarry bool   // up is in a carry's buffer, whose budget (upHeld) it keeps until written
+	upHeld  int64
+	tail    []byte // the start of a message the budget could not hold at once, fed to keep again
+	rest    []byte // the client's bytes not judged yet (after a stall at max-pending-replies, or refed)
+	client  chunk  // a pooled buffer: the store's bytes a loop read and the client did not take
+	replies []byte // replies a previous process held for the client, written before any other
 }
 
 // pendingUp reports whether bytes judged for the store wait: a loop could not write them, or a
@@ -117,26 +132,11 @@ type dialState struct {
 	ready chan struct{} // closed once the dial is done; gr.up or lt.ufd is then set, or the dial failed
 }
 
-// seen is what the stream has shown, for the reply half's goroutines: bytes judged, and 1 + the
-// generation once known (0 before).
-type seen struct {
+// seenState is what the stream has shown, for the reply half's goroutines: bytes judged, and 1 +
+// the generation once known (0 before).
+type seenState struct {
 	bytes atomic.Uint64
 	gen   atomic.Uint32
-}
-
-// leftover is what one owner of a connection leaves to the next to finish, in order (resume): a
-// loop that would have to wait, a freeze, a previous process (upgrade) or a keeper restore. It is
-// a value handed over by the call that moves the connection (leaveLoop, startAdopted), never
-// shared: the giver does not touch it again.
-type leftover struct {
-	up      []byte // judged for the store and not written: the rest of carry (upCarry) or of a read
-	upTail  []byte // then this, a copy of the rest of a read
-	upCarry bool   // up is in a carry's buffer, whose budget (upHeld) it keeps until written
-	upHeld  int64
-	tail    []byte // the start of a message the budget could not hold at once, fed to keep again
-	rest    []byte // the client's bytes not judged yet (after a stall at max-pending-replies, or refed)
-	client  chunk  // a pooled buffer: the store's bytes a loop read and the client did not take
-	replies []byte // replies a previous process held for the client, written before any other
 }
 
 // noteSeen publishes what the guard has judged of the stream (seenBytes, seenGen).

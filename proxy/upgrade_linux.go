@@ -13,7 +13,6 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/keeper"
-	"github.com/storeguard/storeguard/storeinfo"
 	"github.com/storeguard/storeguard/upgrade"
 )
 
@@ -74,7 +73,7 @@ func (s *Server) serverState(conns int, frozen time.Time) upgrade.ServerState {
 	st := upgrade.ServerState{Listen: s.listeners.clients.Addr().String(), NextID: s.nextID.Load(), Sources: s.gate.State(),
 		Handovers: s.cont.handovers.Load(), Conns: conns, Frozen: frozen, Fds: []int{s.cont.lnFd}}
 	info, known := s.store.Get()
-	st.Store, st.StoreKnown = upgrade.Store(info), known
+	st.Store, st.StoreKnown = info, known
 	if s.cont.metricsFd >= 0 {
 		st.MetricsListen = s.listeners.metrics.Addr().String()
 		st.Fds = append(st.Fds, s.cont.metricsFd)
@@ -157,7 +156,7 @@ func (s *Server) TakeOver(peer *os.File) error {
 	s.nextID.Store(st.NextID)
 	s.gate.Restore(st.Sources)
 	if st.StoreKnown {
-		s.store.Adopt(storeinfo.Info(st.Store))
+		s.store.Adopt(st.Store)
 	}
 	s.cont.handovers.Store(st.Handovers)
 	if err := n.Receive(func(cs upgrade.Conn) { a.conns = append(a.conns, s.takeConn(cs)) }); err != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/storeinfo"
 )
 
 // Ready is the new process's R.
@@ -47,7 +48,7 @@ type ServerState struct {
 	MetricsListen string // the metrics listener's, if any (the second)
 	NextID        uint64
 	StoreKnown    bool
-	Store         Store
+	Store         storeinfo.Info
 	Sources       []admission.SourceState
 	Handovers     uint64 // hand-overs before this one
 	Conns         int
@@ -55,12 +56,6 @@ type ServerState struct {
 	// Fds are the listening socket's descriptor, then the metrics listener's when MetricsListen is
 	// set. Next's are its own to close.
 	Fds []int `json:"-"`
-}
-
-// Store is the store's generation, as the old process learned it.
-type Store struct {
-	Gen     protocol.Generation
-	Backend protocol.Backend
 }
 
 // Conn is one frozen connection: the C packet's body, its sockets and its bytes.

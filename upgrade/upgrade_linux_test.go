@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/internal/fdpass"
+	"github.com/storeguard/storeguard/storeinfo"
 )
 
 // TestWireFieldNames: the S and C packets' JSON keys are those of the builds before this package
@@ -24,7 +25,7 @@ func TestWireFieldNames(t *testing.T) {
 			"PID", "Sources", "Store", "StoreKnown", "Version"}},
 		{"C", connPacket{Conn: Conn{ClientFd: 3, Refeed: []byte("x")}}, []string{"Dst", "Flow", "Guard", "HasUp", "Held",
 			"ID", "ReadEnded", "Refeed", "Replies", "Src", "Start", "ToClient", "ToStore", "UpDeadline"}},
-		{"Store", Store{}, []string{"Backend", "Gen"}},
+		{"Store", storeinfo.Info{}, []string{"Backend", "Gen"}},
 		{"Flow", Flow{}, []string{"First", "FromClient", "FromStore", "Interim", "Reason", "Replied", "ToStore", "Verdict"}},
 	} {
 		b, err := json.Marshal(tc.v)

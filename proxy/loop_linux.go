@@ -50,9 +50,9 @@ type loop struct {
 	ended    bool // run returned and closed the descriptors: requests are dropped
 }
 
-// viaLoop writes to the store without waiting: what the store cannot take yet is kept for the
-// goroutines the loop then hands the connection to (settle), as is the start of a message the
-// budget cannot hold at once.
+// loopTransport writes to the store without waiting: what the store cannot take yet is kept in
+// left for the goroutines the loop then hands the connection to (settle), as is the start of a
+// message the budget cannot hold at once.
 type loopTransport struct {
 	lp          *loop       // the loop that owns the sockets while c.own is ownLoop; under c.mu
 	clientEnded bool        // the client's end of stream reached the loop, which passed it on

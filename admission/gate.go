@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/storeguard/storeguard/idpattern"
 )
 
 // Reason says why a connection was refused; "" means admitted. It is a
@@ -48,13 +50,21 @@ type Config struct {
 	// serves a job (Admit's serving), up to ServingBurst at once; 0 = none.
 	ServingRate  float64
 	ServingBurst int
+
+	// Identities (AdmitIdentity, ViolationBy): a connection whose TLS handshake proved an identity
+	// matching DenyIdentities is refused; at most PerIdentityConnections of one identity are open
+	// at once (0 = unlimited); BanViolations of an identity's within BanWindow ban it for
+	// BanDuration, whatever hosts they came from.
+	DenyIdentities         idpattern.Set
+	PerIdentityConnections int
 }
 
 // Stats is a snapshot for the connections_active and bans_active gauges.
 type Stats struct {
 	Active     int // admitted connections not yet released
 	Sources    int // sources with per-source state
-	ActiveBans int // sources banned right now
+	Identities int // identities with state (AdmitIdentity, ViolationBy)
+	ActiveBans int // sources, IPv6 networks and identities banned right now
 }
 
 const (
@@ -84,9 +94,15 @@ type Gate struct {
 	banned     map[netip.Addr]*sourceState // sources whose ban has not been seen to expire
 	nets       map[netip.Prefix]*netState
 	bannedNets map[netip.Prefix]*netState // IPv6 networks whose ban has not been seen to expire
-	maxSources int                        // bounds sources, and nets apart
+	maxSources int                        // bounds sources, and nets and identities apart
 	lastFull   time.Duration              // when a full table last triggered a sweep
 	sweptFull  bool                       // lastFull is set
+
+	identities       map[string]*identityState
+	bannedIdentities map[string]*identityState // identities whose ban has not been seen to expire
+	// anyIdentityState: identities is not empty, or was not at the last sweep; read unlocked,
+	// so that AdmitIdentity takes no lock while no identity has anything to remember.
+	anyIdentityState atomic.Bool
 }
 
 // sourceState is what the gate remembers about one source address.
@@ -134,6 +150,9 @@ func New(cfg Config, now func() time.Time) *Gate {
 		nets:       make(map[netip.Prefix]*netState),
 		bannedNets: make(map[netip.Prefix]*netState),
 		maxSources: defaultMaxSources,
+
+		identities:       make(map[string]*identityState),
+		bannedIdentities: make(map[string]*identityState),
 	}
 	g.Update(cfg)
 	return g
@@ -392,13 +411,19 @@ func banEnd(cfg *Config, now time.Duration) time.Duration {
 
 // violation logs a violation at now and reports whether the log holds BanViolations of them.
 func (st *sourceState) violation(cfg *Config, now time.Duration) bool {
+	return violationLog(&st.violations, cfg, now)
+}
+
+// violationLog adds a violation at now to a log of violation times, oldest first, after dropping
+// those that slid out of the window, and reports whether it holds BanViolations of them.
+func violationLog(log *[]time.Duration, cfg *Config, now time.Duration) bool {
 	k := cfg.BanViolations
-	st.pruneViolations(cfg, now)
-	if len(st.violations) >= k { // k shrank in an Update
-		st.violations = append(st.violations[:0], st.violations[len(st.violations)-k+1:]...)
+	pruneViolations(log, cfg, now)
+	if len(*log) >= k { // k shrank in an Update
+		*log = append((*log)[:0], (*log)[len(*log)-k+1:]...)
 	}
-	st.violations = append(st.violations, now)
-	return len(st.violations) >= k
+	*log = append(*log, now)
+	return len(*log) >= k
 }
 
 // violation logs src's violation at now and reports whether the log holds BanViolations of them,
@@ -430,7 +455,7 @@ func (g *Gate) Stats() Stats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.since()
-	s := Stats{Active: g.active, Sources: len(g.sources)}
+	s := Stats{Active: g.active, Sources: len(g.sources), Identities: len(g.identities)}
 	for _, st := range g.banned {
 		if now < st.bannedUntil {
 			s.ActiveBans++
@@ -438,6 +463,11 @@ func (g *Gate) Stats() Stats {
 	}
 	for _, nt := range g.bannedNets {
 		if now < nt.bannedUntil {
+			s.ActiveBans++
+		}
+	}
+	for _, is := range g.bannedIdentities {
+		if now < is.bannedUntil {
 			s.ActiveBans++
 		}
 	}
@@ -467,6 +497,13 @@ func (g *Gate) sweepLocked(cfg *Config, now time.Duration) {
 			delete(g.nets, prefix)
 		}
 	}
+	for id, is := range g.identities {
+		g.identityBannedLocked(id, is, now)
+		if is.idle(cfg, now) {
+			delete(g.identities, id)
+		}
+	}
+	g.anyIdentityState.Store(len(g.identities) > 0)
 }
 
 // newSourceLocked adds state for src, sweeping first if the table is full.
@@ -568,16 +605,16 @@ func (st *sourceState) refillServing(cfg *Config, ban, now time.Duration) {
 }
 
 // pruneViolations drops violations that have slid out of the window.
-func (st *sourceState) pruneViolations(cfg *Config, now time.Duration) {
+func pruneViolations(log *[]time.Duration, cfg *Config, now time.Duration) {
 	i := 0
-	for i < len(st.violations) && now-st.violations[i] >= cfg.BanWindow {
+	for i < len(*log) && now-(*log)[i] >= cfg.BanWindow {
 		i++
 	}
-	if i == len(st.violations) {
-		st.violations = nil // let go of the backing array
+	if i == len(*log) {
+		*log = nil // let go of the backing array
 		return
 	}
-	st.violations = st.violations[i:]
+	*log = (*log)[i:]
 }
 
 func (nt *netState) idle(cfg *Config, now time.Duration) bool {

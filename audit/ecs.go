@@ -60,6 +60,15 @@ var classes = map[Action]class{
 
 var flowInterim = []string{"connection", "info"}
 
+// A refused handshake is a failed authentication as well as a refused connection: ECS's
+// authentication category with type start and outcome failure is what a SIEM's failed-logon
+// rules look for (a Windows 4625, an sshd "Failed password" are mapped so). Its outcome is the
+// authentication's, not storeguard's refusal's.
+var (
+	catNetworkAuth  = []string{"network", "authentication"}
+	typeRefusedAuth = []string{"connection", "denied", "start"}
+)
+
 // flowClass is the outcome and severity of a flow by its verdict: failure only when the client's
 // stream broke off mid-message or never got past the handshake (half_open: the attempt failed,
 // whoever reset it); open is unknown, the connection not being over.
@@ -100,6 +109,8 @@ func Classify(e *Event, o *Observer) {
 			}
 		case e.Reason == string(protocol.RuleTruncatedMessage):
 			e.Severity = SeverityLow
+		case e.Action == ActionDenied && IsTLSReason(e.Reason):
+			e.Category, e.Type, e.Outcome = catNetworkAuth, typeRefusedAuth, "failure"
 		}
 	}
 	// An incomplete flow's reason is what the capture lacks, not a rule.
@@ -119,11 +130,14 @@ func Classify(e *Event, o *Observer) {
 	}
 }
 
-// ruleCategory: protocol for the decoder's rules, admission for a refusal's reason, scan.
+// ruleCategory: protocol for the decoder's rules, tls for a refused handshake's reason, admission
+// for another refusal's, scan.
 func ruleCategory(a Action, reason string) string {
 	switch {
 	case a == ActionScan:
 		return "scan"
+	case IsTLSReason(reason):
+		return "tls"
 	case a == ActionDenied, a == ActionFlow && !protocol.IsRule(reason):
 		return "admission"
 	case strings.HasPrefix(reason, "validate_") || protocol.IsRule(reason):

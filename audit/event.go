@@ -98,6 +98,10 @@ type Event struct {
 	NetBytes    *uint64    `json:"network.bytes,omitempty"`
 	CommunityID string     `json:"network.community_id,omitempty"`
 
+	// *TLS writes its tls.* fields and storeguard.identity here; nil (TLS off, a plaintext
+	// connection) writes none.
+	*TLS
+
 	ObserverHostname string `json:"observer.hostname,omitempty"`
 	ObserverType     string `json:"observer.type,omitempty"`
 	ObserverProduct  string `json:"observer.product,omitempty"`
@@ -140,6 +144,30 @@ type Event struct {
 	ScanPorts       []uint16          `json:"storeguard.scan.ports,omitempty"` // distinct destination ports
 	ScanProbes      []string          `json:"storeguard.scan.probes,omitempty"`
 	ScanVerdicts    map[string]uint64 `json:"storeguard.scan.verdicts,omitempty"`
+}
+
+// TLS is what a connection's mutual TLS tells of its client, in ECS's tls.* names: a session's
+// (Established), or a refused handshake's, with what was seen of the client's certificate.
+// Every event and flow record of a connection points at the same one; nil (TLS off, a plaintext
+// connection) writes nothing, and costs an event a nil pointer and no allocation.
+//
+// Identity is the one field the report groups sources by (storeguard.identity): the peer's
+// identity as the identity package names it ("spiffe://td/ns/x", "dns:host", "cn:name"). It is
+// set only when the certificate chains to a configured CA, so that it names a peer vouched for;
+// the names a certificate of another CA claims are in AltNames only (HandshakeEvent clears it).
+type TLS struct {
+	Version         string    `json:"tls.version,omitempty"`          // "1.3"
+	VersionProtocol string    `json:"tls.version_protocol,omitempty"` // "tls"
+	Cipher          string    `json:"tls.cipher,omitempty"`           // "TLS_AES_128_GCM_SHA256"
+	Established     bool      `json:"tls.established"`                // false: a refused handshake
+	Subject         string    `json:"tls.client.x509.subject.distinguished_name,omitempty"`
+	Issuer          string    `json:"tls.client.x509.issuer.distinguished_name,omitempty"`
+	AltNames        []string  `json:"tls.client.x509.alternative_names,omitempty"` // at most MaxAltNames
+	Serial          string    `json:"tls.client.x509.serial_number,omitempty"`     // upper-case hex, as ECS has it
+	NotBefore       time.Time `json:"tls.client.x509.not_before,omitzero"`
+	NotAfter        time.Time `json:"tls.client.x509.not_after,omitzero"`
+	SHA256          string    `json:"tls.client.hash.sha256,omitempty"` // of the DER certificate, upper-case hex
+	Identity        string    `json:"storeguard.identity,omitempty"`
 }
 
 // BigUint is a uint64 written as a decimal string, so that no consumer rounds it (JSON numbers

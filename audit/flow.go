@@ -51,6 +51,8 @@ type Flow struct {
 	// First: the stream's first bytes (at most MaxFirstBytes), recorded unless the flow passed:
 	// a job's traffic carries its keys and values, a probe's is evidence.
 	First []byte
+	// TLS: the connection's mutual TLS (NewTLS), shared with its events; nil without.
+	TLS *TLS
 }
 
 // Closed-by values.
@@ -70,6 +72,7 @@ func (f *Flow) Event() Event {
 		Start: f.Start, Duration: new(int64(f.End.Sub(f.Start))),
 		SourceBytes: new(f.FromClient), DestBytes: new(f.FromStore), NetBytes: new(f.FromClient + f.FromStore),
 		StoreBytes: new(f.ToStore), Messages: new(f.Messages), Replies: new(f.Replies),
+		TLS: f.TLS,
 	}
 	if f.Verdict != VerdictOpen {
 		e.End = f.End

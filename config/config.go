@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/idpattern"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -104,9 +105,12 @@ type Timeouts struct {
 
 // Access lists source prefixes (access.*). Prefixes are masked and never
 // IPv4-mapped IPv6, so compare them with netip.Addr.Unmap()ed addresses.
+// DenyIdentities are idpattern patterns: a connection whose TLS handshake proved a matching
+// identity is refused (admission.IdentityDenied).
 type Access struct {
-	Allow []netip.Prefix `mapstructure:"allow"` // empty = everyone
-	Deny  []netip.Prefix `mapstructure:"deny"`
+	Allow          []netip.Prefix `mapstructure:"allow"` // empty = everyone
+	Deny           []netip.Prefix `mapstructure:"deny"`
+	DenyIdentities []string       `mapstructure:"deny-identities"`
 }
 
 // Caps limit connection admission and the connections the guard makes to the store (caps.*).
@@ -115,6 +119,9 @@ type Caps struct {
 	PerSourceConnections int     `mapstructure:"per-source-connections"` // 0 = unlimited
 	PerSourceRate        float64 `mapstructure:"per-source-rate"`        // new connections/s; 0 = unlimited
 	PerSourceBurst       int     `mapstructure:"per-source-burst"`
+	// PerIdentityConnections caps the connections open at once of one identity a TLS handshake
+	// proved (admission.IdentityConnections). 0 = unlimited.
+	PerIdentityConnections int `mapstructure:"per-identity-connections"`
 	// PerSourceSilent is how many connections that have sent nothing a source keeps, beyond one
 	// per connection of its that completed a valid message, once MaxConnections is reached: past
 	// that, a new connection takes the place of one of them.
@@ -259,6 +266,7 @@ func Default() Config {
 	// Slices are shared with defaultConfig; copy so callers may append.
 	c.Access.Allow = append([]netip.Prefix(nil), c.Access.Allow...)
 	c.Access.Deny = append([]netip.Prefix(nil), c.Access.Deny...)
+	c.Access.DenyIdentities = append([]string(nil), c.Access.DenyIdentities...)
 	c.Ban.Exempt = append([]netip.Prefix(nil), c.Ban.Exempt...)
 	c.Replay.Ports = append([]uint16(nil), c.Replay.Ports...)
 	c.Policy.DenyGlobals = append([]string(nil), c.Policy.DenyGlobals...)
@@ -346,9 +354,12 @@ func (c Config) Deadlines() protocol.Deadlines {
 }
 
 // Admission returns the admission policy of c (access.*, caps.*, ban.*), as serve and replay
-// give it to admission.Gate.
+// give it to admission.Gate. c is valid (Load): an access.deny-identities pattern that does not
+// parse would have been an error there.
 func (c Config) Admission() admission.Config {
+	denyIDs, _ := idpattern.ParseSet(c.Access.DenyIdentities)
 	return admission.Config{
+		DenyIdentities: denyIDs, PerIdentityConnections: c.Caps.PerIdentityConnections,
 		Allow: c.Access.Allow, Deny: c.Access.Deny,
 		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
 		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,

@@ -67,7 +67,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 512, 200, 512, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, 100, 512, 10, 32}},
+		{"caps", got.Caps, Caps{20000, 512, 200, 512, 0, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, 100, 512, 10, 32}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second, 1, 16}},
 		{"scan", got.Scan, Scan{8, time.Minute}},
@@ -337,6 +337,11 @@ func TestValidationErrors(t *testing.T) {
 		{"not auto or a count", "caps:\n  max-store-connections: lots\n", nil, "caps.max-store-connections", `"lots" is not auto or an integer`},
 		{"not a CIDR", "access:\n  allow: [10.0.0.0/8, 10.0.0/8]\n", nil, "access.allow[1]", `"10.0.0/8" is not a CIDR`},
 		{"not a port", "replay:\n  ports: [29500, 70000]\n", nil, "replay.ports[1]", `"70000" is not a port`},
+		{"not an identity pattern", "access:\n  deny-identities: [\"spiffe://td/x\", worker-1]\n", nil, "access.deny-identities[1]",
+			`"worker-1": not spiffe://, uri:, dns: or cn: followed by a name`},
+		{"identity pattern from env", "", []string{"STOREGUARD_ACCESS_DENY_IDENTITIES=dns:*.x, spiffe://"}, "access.deny-identities[1]",
+			"no trust domain after spiffe://"},
+		{"negative identity cap", "caps:\n  per-identity-connections: -1\n", nil, "caps.per-identity-connections", "must be between 0 and"},
 		// addresses
 		{"listen not host:port", "listen: \"29500\"\n", nil, "listen", `did you mean ":29500"?`},
 		{"upstream port 0", "upstream: \"127.0.0.1:0\"\n", nil, "upstream", "port must be a number between 1 and 65535"},
@@ -521,7 +526,8 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Timeouts = Timeouts{1500 * time.Millisecond, 90 * time.Minute, 10 * time.Second, 36 * time.Hour, 3 * time.Second, 0}
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
-	custom.Caps = Caps{10, 0, 0.25, 1, 3, 4, 16, 48, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, 2.5, 3, 0, 1}
+	custom.Access.DenyIdentities = []string{"spiffe://job.example/ns/old/**", "dns:*.lab.example"}
+	custom.Caps = Caps{10, 0, 0.25, 1, 6, 3, 4, 16, 48, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, 2.5, 3, 0, 1}
 	custom.Ban = Ban{ServingRate: 0.5, ServingBurst: 2}
 	custom.Audit = Audit{1, 0, 2, 3, 0, 1, time.Second, 0}
 	custom.Scan = Scan{3, time.Second}
@@ -708,5 +714,28 @@ func TestPolicyErrorsAllAtOnce(t *testing.T) {
 	_, err := Load(Options{File: cfgFile, Env: []string{}})
 	if err == nil || !strings.Contains(err.Error(), "policy.write-once") || !strings.Contains(err.Error(), `policy.file: `+bad+`: rules[0] (x): action: "nope"`) {
 		t.Fatalf("%v", err)
+	}
+}
+
+// TestAdmissionIdentities: access.deny-identities and caps.per-identity-connections reach the
+// gate's config as the patterns and the cap.
+func TestAdmissionIdentities(t *testing.T) {
+	c, err := load(t, "access:\n  deny-identities: [\"spiffe://job.example/ns/old/**\", \"dns:*.lab.example\"]\n"+
+		"caps:\n  per-identity-connections: 64\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Admission()
+	if a.PerIdentityConnections != 64 || len(a.DenyIdentities) != 2 {
+		t.Fatalf("admission config: cap %d, %d patterns", a.PerIdentityConnections, len(a.DenyIdentities))
+	}
+	for id, want := range map[string]bool{"spiffe://job.example/ns/old/sa/w": true, "dns:w.lab.example": true,
+		"spiffe://job.example/ns/new/sa/w": false} {
+		if a.DenyIdentities.Match(id) != want {
+			t.Errorf("deny-identities match %s: %v, want %v", id, !want, want)
+		}
+	}
+	if d := Default().Admission(); d.PerIdentityConnections != 0 || len(d.DenyIdentities) != 0 {
+		t.Errorf("default admission identities: %+v", d)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/storeguard/storeguard/idpattern"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -92,11 +93,17 @@ func (c Config) validate() []error {
 	v.prefixes("access.allow", c.Access.Allow)
 	v.prefixes("access.deny", c.Access.Deny)
 	v.prefixes("ban.exempt", c.Ban.Exempt)
+	for i, s := range c.Access.DenyIdentities {
+		if _, err := idpattern.Parse(s); err != nil {
+			v.add(fmt.Sprintf("access.deny-identities[%d]", i), "%v", err)
+		}
+	}
 
 	cp := c.Caps
 	v.between("caps.max-connections", int64(cp.MaxConnections), 1, maxConnections)
 	v.between("caps.per-source-connections", int64(cp.PerSourceConnections), 0, maxConnections)
 	v.rate("caps.per-source-rate", "caps.per-source-burst", cp.PerSourceRate, cp.PerSourceBurst)
+	v.between("caps.per-identity-connections", int64(cp.PerIdentityConnections), 0, maxConnections)
 	v.between("caps.per-source-silent", int64(cp.PerSourceSilent), 0, maxConnections)
 	v.between("caps.per-prefix-connections", int64(cp.PerPrefixConnections), 0, maxConnections)
 	v.between("caps.ipv4-prefix", int64(cp.IPv4Prefix), 1, 32)

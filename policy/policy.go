@@ -174,6 +174,10 @@ type Message struct {
 	Msg   *protocol.Message
 	Bytes protocol.Split // the message's bytes, its opcode byte first
 	Src   netip.Addr
+	// Identity is what the connection's TLS handshake proved (identity.Peer.ID), "" for a
+	// plaintext connection. Rules may name it (Rule.Identities); the store quota and write-once
+	// marks stay keyed by Src.
+	Identity string
 }
 
 // Finding is a rule a message broke.

@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/storeguard/storeguard/idpattern"
 	"github.com/storeguard/storeguard/pickle"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -25,17 +26,21 @@ type File struct {
 }
 
 // Rule is one rule of a policy file. A message's op on a key matches it when the key matches one
-// of Keys, the op is one of Ops and the source is in one of Sources (an empty list matches all).
+// of Keys, the op is one of Ops, the source is in one of Sources and the identity its connection's
+// TLS handshake proved matches one of Identities (an empty list matches all; a message of a
+// plaintext connection, with no identity, matches no Identities).
 // Rules are checked in order: the first that matches decides for that key (allow, deny, or the
 // value's kind); the default rules apply after it all the same.
 type Rule struct {
-	Name    string     `yaml:"name"`
-	Keys    []string   `yaml:"keys,omitempty"`    // globs: * any bytes (/ too), ? one byte; the leading / of the wire key optional
-	Ops     []string   `yaml:"ops,omitempty"`     // op names (set, get, ...), or read, write
-	Sources []string   `yaml:"sources,omitempty"` // CIDRs or addresses
-	Action  string     `yaml:"action"`            // allow, deny, value, write-once
-	Value   *ValueRule `yaml:"value,omitempty"`   // with action value
-	Mode    string     `yaml:"mode,omitempty"`    // enforce (the default) or monitor
+	Name    string   `yaml:"name"`
+	Keys    []string `yaml:"keys,omitempty"`    // globs: * any bytes (/ too), ? one byte; the leading / of the wire key optional
+	Ops     []string `yaml:"ops,omitempty"`     // op names (set, get, ...), or read, write
+	Sources []string `yaml:"sources,omitempty"` // CIDRs or addresses
+	// Identities are idpattern patterns: spiffe://td/ns/*/sa/worker, dns:*.job.example, uri:, cn:.
+	Identities []string   `yaml:"identities,omitempty"`
+	Action     string     `yaml:"action"`          // allow, deny, value, write-once
+	Value      *ValueRule `yaml:"value,omitempty"` // with action value
+	Mode       string     `yaml:"mode,omitempty"`  // enforce (the default) or monitor
 }
 
 // ValueRule is what a value written to a matching key must be.
@@ -105,6 +110,7 @@ type compiled struct {
 	ops     [32]bool // by protocol.Op; all false: every op
 	anyOp   bool
 	sources []netip.Prefix
+	ids     idpattern.Set
 	act     action
 	value   ValueRule
 	allow   globalAllow
@@ -152,6 +158,13 @@ func compile(r Rule) (compiled, error) {
 		}
 		c.sources = append(c.sources, p.Masked())
 	}
+	for _, s := range r.Identities {
+		p, err := idpattern.Parse(s)
+		if err != nil {
+			return c, fmt.Errorf("identities: %w", err)
+		}
+		c.ids = append(c.ids, p)
+	}
 	switch r.Action {
 	case "allow":
 		c.act = actAllow
@@ -181,8 +194,8 @@ func compile(r Rule) (compiled, error) {
 		if len(c.keys) == 0 {
 			return c, errors.New("keys: required with action write-once")
 		}
-		if len(r.Ops) > 0 || len(r.Sources) > 0 {
-			return c, errors.New("ops, sources: a write-once rule applies to every write and delete, from anywhere")
+		if len(r.Ops) > 0 || len(r.Sources) > 0 || len(r.Identities) > 0 {
+			return c, errors.New("ops, sources, identities: a write-once rule applies to every write and delete, from anyone")
 		}
 	case "":
 		return c, errors.New("action: required (allow, deny, value or write-once)")
@@ -205,7 +218,7 @@ func compile(r Rule) (compiled, error) {
 // check applies c to v. hit: v breaks c (f says how); decided: c matched v and ends the rules of
 // the file for it.
 func (c *compiled) check(m *Message, v *fieldView) (f Finding, hit, decided bool) {
-	if !c.matches(m.Src, v) {
+	if !c.matches(m, v) {
 		return Finding{}, false, false
 	}
 	fail := func(rule protocol.Rule, field protocol.Field, detail string) (Finding, bool, bool) {
@@ -229,12 +242,15 @@ func (c *compiled) check(m *Message, v *fieldView) (f Finding, hit, decided bool
 	return Finding{}, false, true
 }
 
-func (c *compiled) matches(src netip.Addr, v *fieldView) bool {
+func (c *compiled) matches(m *Message, v *fieldView) bool {
 	if !c.anyOp && (int(v.op) >= len(c.ops) || !c.ops[v.op]) {
 		return false
 	}
+	if len(c.ids) > 0 && !c.ids.Match(m.Identity) {
+		return false
+	}
 	if len(c.sources) > 0 {
-		src = src.Unmap()
+		src := m.Src.Unmap()
 		in := false
 		for _, p := range c.sources {
 			if p.Contains(src) {

@@ -72,6 +72,14 @@ func big(n *audit.BigUint) string {
 	return u(uint64(*n))
 }
 
+func ipStrings(ips []netip.Addr) []string {
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		out[i] = formatIP(ip)
+	}
+	return out
+}
+
 func ipKey(ip netip.Addr) string {
 	if !ip.IsValid() {
 		return ""
@@ -88,7 +96,7 @@ func (s Summary) writeCSV(w io.Writer) error {
 		reached: s.Reached.Verdict})
 	put(csvRow{section: "malformed", events: strconv.Itoa(s.Malformed)})
 	for _, f := range s.Reached.Findings {
-		put(csvRow{section: "finding", key: ipKey(f.IP), connections: u(f.Connections), storeBytes: u(f.StoreBytes),
+		put(csvRow{section: "finding", key: cmpOr(f.Identity, ipKey(f.IP)), connections: u(f.Connections), storeBytes: u(f.StoreBytes),
 			reached: f.Verdict, detail: f.Text})
 	}
 	for _, c := range s.ByAction {
@@ -127,6 +135,11 @@ func (s Summary) writeCSV(w io.Writer) error {
 		put(csvRow{section: "denial", key: d.Key, events: u(d.Events), suppressed: u(d.Suppressed),
 			estimated: u(d.Events + d.Suppressed), connections: u(d.Connections), detail: "sources " + strconv.Itoa(d.Sources)})
 	}
+	for _, h := range s.Handshakes {
+		put(csvRow{section: "handshake", key: h.Key, events: u(h.Events), suppressed: u(h.Suppressed),
+			estimated: u(h.Events + h.Suppressed), connections: u(h.Connections), sources: strconv.Itoa(h.Sources),
+			ips: strings.Join(ipStrings(h.IPs), " ")})
+	}
 	for _, b := range s.Bans {
 		put(csvRow{section: "ban", key: b.Key, events: u(b.Events), detail: "sources " + strconv.Itoa(b.Sources)})
 	}
@@ -150,10 +163,14 @@ func (s Summary) writeCSV(w io.Writer) error {
 		put(csvRow{section: "hour", key: h.Hour.Format(time.RFC3339), events: u(h.Events)})
 	}
 	for _, src := range s.Sources {
-		put(csvRow{section: "source", key: ipKey(src.IP), events: u(src.Exact), suppressed: u(src.Suppressed),
+		r := csvRow{section: "source", key: ipKey(src.IP), events: u(src.Exact), suppressed: u(src.Suppressed),
 			estimated: u(src.Estimated), first: src.FirstSeen, last: src.LastSeen,
 			connections: u(src.Connections + src.ConnectionsSuppressed), storeBytes: u(src.StoreBytes),
-			role: src.Role, reached: src.Reached, probe: strings.Join(src.Probes, " "), detail: verdictsText(src.ByVerdict)})
+			role: src.Role, reached: src.Reached, probe: strings.Join(src.Probes, " "), detail: verdictsText(src.ByVerdict)}
+		if src.Identity != "" { // an identity's row: its addresses in ips
+			r.key, r.sources, r.ips = src.Identity, strconv.Itoa(src.IPCount), strings.Join(ipStrings(src.IPs), " ")
+		}
+		put(r)
 	}
 	cw.Flush()
 	return cw.Error()

@@ -2,6 +2,7 @@ package report
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -184,4 +185,29 @@ func verdictsText(m map[string]uint64) string {
 		parts = append(parts, group(kc.N)+" "+kc.Key)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// key is the source's key in the summarizer's tables.
+func (st *SourceStats) key() sourceKey {
+	if st.Identity != "" {
+		return sourceKey{id: st.Identity}
+	}
+	return sourceKey{ip: st.IP}
+}
+
+// label names a source to a reader: its identity, or its address.
+func (st *SourceStats) label() string {
+	if st.Identity != "" {
+		return printable(st.Identity)
+	}
+	return formatIP(st.IP)
+}
+
+// addressesText lists an identity's addresses: "10.0.0.1, 10.0.0.2 and 3 more".
+func (st *SourceStats) addressesText() string {
+	s := ipsText(st.IPs)
+	if more := st.IPCount - len(st.IPs); more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
 }

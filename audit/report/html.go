@@ -34,7 +34,17 @@ var reportHTML = template.Must(template.New("report").Funcs(template.FuncMap{
 	"lineError": func(e audit.LineError) string { return printable(e.Error()) },
 	"printable": printable,
 	"ips":       ipsText,
+	"src":       sourceFigureKey,
+	"minus":     func(a, b int) int { return a - b },
 }).Parse(reportTemplate))
+
+// sourceFigureKey is a source's KEY in data-figure: its identity, or its address.
+func sourceFigureKey(st SourceStats) any {
+	if st.Identity != "" {
+		return st.Identity
+	}
+	return st.IP
+}
 
 // WriteHTML renders s as one self-contained page: inline CSS, charts drawn here as inline SVG, no
 // script and no external resource, so that it shows the same offline, in a mail or in a ticket.
@@ -46,7 +56,9 @@ var reportHTML = template.Must(template.New("report").Funcs(template.FuncMap{
 //	reached:FIELD                    reached_store's: reached:store_bytes
 //	finding:I:FIELD                  reached_store.findings[I]: finding:0:text
 //	source:IP:FIELD                  the source of sources with that ip: source:10.0.0.5:connections,
-//	                                 source:10.0.0.5:by_verdict.empty (0 when absent)
+//	                                 source:10.0.0.5:by_verdict.empty (0 when absent); a source that
+//	                                 is an identity by its identity (source:spiffe://td/w:ips)
+//	handshake:KEY:FIELD              handshakes' entry of that reason: handshake:tls_unknown_ca:ips
 //	rule:KEY:FIELD, probe:KEY:FIELD  by_rule's and probes' entry of that key; first.time, first.first_bytes
 //	denial:KEY:FIELD, ban:KEY:FIELD  denials' and bans' entries
 //	op:KEY:events, hostile_op:KEY:events, field:KEY:events
@@ -54,7 +66,7 @@ var reportHTML = template.Must(template.New("report").Funcs(template.FuncMap{
 //	policy::FIELD                    policy's: policy::would_block
 //	policy:I:FIELD                   policy.entries[I]: policy:0:key, policy:0:ips (joined by ", ")
 //	timeline:all:events.I            timeline.events[I] (also connections.I), and timeline:IP:events.I
-//	                                 of timeline.sources' row of that ip; timeline::bucket_seconds
+//	                                 of timeline.sources' row of that ip (or identity); timeline::bucket_seconds
 //
 // KEY may hold colons (an IPv6 address): it is what lies between the first colon and the last.
 // The element's text is the figure as shown: numbers with thousands separators, bytes with " B",
@@ -184,12 +196,17 @@ func newHTMLView(s Summary) htmlView {
 	v := htmlView{S: s}
 	tl := s.Timeline
 	v.All = newChart("all", "", tl.Events, tl.Connections)
-	roles := make(map[netip.Addr]string, len(s.Sources))
+	roles := make(map[sourceKey]string, len(s.Sources))
 	for _, src := range s.Sources {
-		roles[src.IP] = src.Role
+		roles[src.key()] = src.Role
 	}
 	for _, row := range tl.Sources {
-		v.Charts = append(v.Charts, newChart(formatIP(row.IP), roles[row.IP], row.Events, row.Connections))
+		st := SourceStats{IP: row.IP, Identity: row.Identity}
+		label := formatIP(row.IP)
+		if row.Identity != "" {
+			label = printable(row.Identity)
+		}
+		v.Charts = append(v.Charts, newChart(label, roles[st.key()], row.Events, row.Connections))
 	}
 	return v
 }

@@ -35,8 +35,17 @@ func knownNames(e audit.Event) audit.Event {
 	e.ScanVerdicts = knownCounts(e.ScanVerdicts, knownVerdict)
 	e.SuppressedBy = knownCounts(e.SuppressedBy, knownKind)
 	e.ScanProbes = knownList(e.ScanProbes, knownProbe)
+	if id := e.PeerIdentity(); len(id) > maxIdentityBytes {
+		t := *e.TLS // shared with whoever holds the event
+		t.Identity = OtherName
+		e.TLS = &t
+	}
 	return e
 }
+
+// maxIdentityBytes is the longest storeguard.identity the report groups by: a SPIFFE ID's limit.
+// A log may come from anywhere; a longer one is counted as OtherName.
+const maxIdentityBytes = 2048
 
 // known is name if ok, or OtherName; "" (no name) stays.
 func known(name string, ok bool) string {

@@ -488,7 +488,7 @@ func TestPolicyGolden(t *testing.T) {
 	}
 	t.Chdir(t.TempDir())
 	writePolicyLog(t, "audit.log", hijack()...)
-	for _, format := range []string{"table", "json", "csv"} {
+	for _, format := range []string{"table", "json", "csv", "html"} {
 		t.Run(format, func(t *testing.T) {
 			got := summaryOutput(t, format, "audit.log")
 			path := filepath.Join(testdata, "policy."+format+".golden")

@@ -3,6 +3,7 @@ package report
 import (
 	"cmp"
 	"maps"
+	"net/netip"
 	"slices"
 
 	"github.com/storeguard/storeguard/audit"
@@ -38,6 +39,7 @@ func (z *Summarizer) Summary() Summary {
 		return cmp.Or(cmp.Compare(b.Estimated, a.Estimated), cmp.Compare(b.Events, a.Events), cmp.Compare(a.Key, b.Key))
 	})
 	s.Denials, s.Bans = reasonStats(z.denials), reasonStats(z.bans)
+	s.Handshakes = handshakeStats(z.handshakes)
 	s.Policy = z.policy.summary()
 	s.Probes = make([]ProbeStats, 0, len(z.probes))
 	for _, p := range z.probes {
@@ -61,6 +63,11 @@ func (z *Summarizer) Summary() Summary {
 		st.ByVerdict, st.Ops, st.Rules = maps.Clone(st.ByVerdict), maps.Clone(st.Ops), maps.Clone(st.Rules)
 		st.WouldBlockRules = maps.Clone(st.WouldBlockRules)
 		st.Probes = slices.Clone(st.Probes)
+		if len(src.ips) > 0 {
+			st.IPs = slices.Clone(src.ips)
+			slices.SortFunc(st.IPs, netip.Addr.Compare)
+			st.IPs = st.IPs[:min(len(st.IPs), MaxIdentityIPs)]
+		}
 		st.Estimated = st.Exact + st.Suppressed
 		st.FirstSeen, st.LastSeen = st.FirstSeen.UTC(), st.LastSeen.UTC()
 		st.Role = src.role()
@@ -79,7 +86,7 @@ func (z *Summarizer) Summary() Summary {
 	}
 	slices.SortFunc(s.Sources, func(a, b SourceStats) int {
 		return cmp.Or(cmp.Compare(roleRank(a.Role), roleRank(b.Role)), cmp.Compare(b.activity(), a.activity()),
-			cmp.Compare(b.Exact, a.Exact), a.IP.Compare(b.IP))
+			cmp.Compare(b.Exact, a.Exact), a.IP.Compare(b.IP), cmp.Compare(a.Identity, b.Identity))
 	})
 	s.TotalSources = len(s.Sources)
 	s.Timeline = z.tl.summary(s.Sources[:min(len(s.Sources), MaxTimelineSources)])
@@ -129,6 +136,21 @@ func reasonStats(m map[string]*reasonAcc) []ReasonStats {
 	return out
 }
 
+func handshakeStats(m map[string]*reasonAcc) []HandshakeStats {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make([]HandshakeStats, 0, len(m))
+	for _, r := range m {
+		out = append(out, HandshakeStats{Key: r.stats.Key, Events: r.stats.Events, Suppressed: r.stats.Suppressed,
+			Connections: r.stats.Connections, Sources: len(r.sources), IPs: slices.Clone(r.ips)})
+	}
+	slices.SortFunc(out, func(a, b HandshakeStats) int {
+		return cmp.Or(cmp.Compare(b.Refusals(), a.Refusals()), cmp.Compare(a.Key, b.Key))
+	})
+	return out
+}
+
 func sortedCounts(m map[string]uint64) []Count {
 	out := make([]Count, 0, len(m))
 	for k, n := range m {
@@ -153,7 +175,7 @@ func (s Summary) Top(n int) Summary {
 		s.Sources = s.Sources[:n:n]
 		kept := s.Timeline.Sources[:0:0]
 		for _, st := range s.Timeline.Sources {
-			if slices.ContainsFunc(s.Sources, func(src SourceStats) bool { return src.IP == st.IP }) {
+			if slices.ContainsFunc(s.Sources, func(src SourceStats) bool { return src.IP == st.IP && src.Identity == st.Identity }) {
 				kept = append(kept, st)
 			}
 		}

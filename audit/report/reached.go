@@ -33,6 +33,7 @@ type Reached struct {
 type Finding struct {
 	Verdict     string     `json:"verdict"`
 	IP          netip.Addr `json:"ip,omitzero"`
+	Identity    string     `json:"identity,omitempty"` // a source that is an identity (SourceStats.Identity)
 	Sources     int        `json:"sources"`
 	Connections uint64     `json:"connections"`
 	StoreBytes  uint64     `json:"store_bytes"`
@@ -61,7 +62,7 @@ func hostileConnections(st *SourceStats) uint64 {
 }
 
 func findingOf(st *SourceStats) Finding {
-	return Finding{Verdict: st.Reached, IP: st.IP, Sources: 1, Connections: hostileConnections(st),
+	return Finding{Verdict: st.Reached, IP: st.IP, Identity: st.Identity, Sources: 1, Connections: hostileConnections(st),
 		StoreBytes: st.StoreBytes, Messages: st.Messages, WouldBlock: st.WouldBlock}
 }
 
@@ -165,7 +166,10 @@ var headlinePrefix = map[string]string{
 
 // sourceSentence words what became of one hostile source's traffic.
 func sourceSentence(st *SourceStats) string {
-	ip := formatIP(st.IP)
+	ip := st.label()
+	if st.Identity != "" {
+		ip += " (" + st.addressesText() + ")"
+	}
 	conns := hostileConnections(st)
 	var b strings.Builder
 	switch st.Reached {

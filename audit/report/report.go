@@ -25,6 +25,7 @@ const (
 	tableScans        = 2
 	tableJobIPs       = 4
 	tableRuleDetail   = 46 // runes of a policy rule's detail: the widest declared size
+	tableIdentity     = 40 // runes of an identity in the sources and timeline
 )
 
 // Write renders s as "table" (or ""), "json" or "csv".
@@ -119,6 +120,7 @@ func estimated(n, suppressed uint64) string {
 
 func (s Summary) writeSources(w io.Writer, c clock) {
 	rows := [][]string{{"SOURCE", "ROLE", "SEEN", "EVENTS", "TO STORE", "CONNECTIONS"}}
+	var froms []string // the addresses of the identities listed
 	for _, src := range s.Sources {
 		if src.Role == RoleJob {
 			continue
@@ -135,12 +137,18 @@ func (s Summary) writeSources(w io.Writer, c clock) {
 		if v := verdictsText(src.ByVerdict); v != "" {
 			conns += ": " + v
 		}
-		rows = append(rows, []string{formatIP(src.IP), src.Role, c.short(src.FirstSeen) + "-" + c.short(src.LastSeen),
+		if src.Identity != "" {
+			froms = append(froms, clip(src.label(), tableIdentity)+" from "+src.addressesText())
+		}
+		rows = append(rows, []string{clip(src.label(), tableIdentity), src.Role, c.short(src.FirstSeen) + "-" + c.short(src.LastSeen),
 			estimated(src.Estimated, src.Suppressed), toStore, conns})
 	}
 	if len(rows) > 1 {
 		fmt.Fprintln(w)
 		writeCells(w, rows)
+	}
+	for _, f := range froms {
+		writeWrapped(w, "  ", f)
 	}
 	if hidden := s.TotalSources - len(s.Sources); hidden > 0 {
 		fmt.Fprintf(w, "  (%d more sources: --top 0 lists all)\n", hidden)
@@ -156,7 +164,11 @@ func (s Summary) writeSources(w io.Writer, c clock) {
 			if src.Role == RoleJob {
 				passed += src.ByVerdict[string(audit.VerdictPassed)]
 				if len(jobs) < tableJobIPs {
-					jobs = append(jobs, formatIP(src.IP))
+					name := src.label()
+					if src.Identity != "" {
+						name += " (" + src.addressesText() + ")"
+					}
+					jobs = append(jobs, name)
 				}
 			}
 		}
@@ -277,7 +289,11 @@ func (s Summary) writeTimeline(w io.Writer, c clock) {
 	}
 	rows := []row{{"all", addSeries(tl.Events, tl.Connections)}}
 	for _, st := range tl.Sources[:min(len(tl.Sources), tableTimelineRows)] {
-		rows = append(rows, row{formatIP(st.IP), addSeries(st.Events, st.Connections)})
+		label := formatIP(st.IP)
+		if st.Identity != "" {
+			label = clip(printable(st.Identity), tableIdentity)
+		}
+		rows = append(rows, row{label, addSeries(st.Events, st.Connections)})
 	}
 	width := 0
 	for _, r := range rows {
@@ -383,12 +399,25 @@ func (s Summary) writeRefusals(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w)
-	if len(s.Denials) > 0 {
-		parts := make([]string, len(s.Denials))
-		for i, d := range s.Denials {
-			parts[i] = fmt.Sprintf("%s %s (%s)", d.Key, group(d.Refusals()), plural(uint64(d.Sources), "source"))
+	var parts []string
+	for _, d := range s.Denials {
+		if !audit.IsTLSReason(d.Key) { // listed below, by address
+			parts = append(parts, fmt.Sprintf("%s %s (%s)", printable(d.Key), group(d.Refusals()), plural(uint64(d.Sources), "source")))
 		}
+	}
+	if len(parts) > 0 {
 		writeWrapped(w, "", "REFUSED (admission, not rules): "+strings.Join(parts, ", "))
+	}
+	if len(s.Handshakes) > 0 {
+		parts := make([]string, len(s.Handshakes))
+		for i, h := range s.Handshakes {
+			from := ipsText(h.IPs)
+			if more := h.Sources - len(h.IPs); more > 0 {
+				from += fmt.Sprintf(" and %d more", more)
+			}
+			parts[i] = fmt.Sprintf("%s %s (%s: %s)", printable(h.Key), group(h.Refusals()), addresses(h.Sources), from)
+		}
+		writeWrapped(w, "", "REFUSED HANDSHAKES: "+strings.Join(parts, ", "))
 	}
 	if len(s.Bans) > 0 {
 		parts := make([]string, len(s.Bans))
@@ -426,6 +455,14 @@ func scanText(sc ScanNotice, c clock) string {
 		fmt.Fprintf(&b, ", probes %s", strings.Join(sc.Probes, ", "))
 	}
 	return b.String()
+}
+
+// addresses is "1 address", "2 addresses".
+func addresses(n int) string {
+	if n == 1 {
+		return "1 address"
+	}
+	return group(uint64(n)) + " addresses"
 }
 
 // errWriter keeps the first write error, so that a report is written without checking each line.

@@ -48,38 +48,57 @@ type Summarizer struct {
 	rules    map[string]*ruleAcc
 	denials  map[string]*reasonAcc
 	bans     map[string]*reasonAcc
-	probes   map[string]*probeAcc
-	ops      map[string]uint64
-	hostOps  map[string]uint64
-	fields   map[string]uint64
-	verdicts map[audit.Verdict]*[2]uint64 // written, suppressed
-	sources  map[netip.Addr]*source
-	open     map[flowKey]audit.Event // the latest interim record of each connection still open
-	tl       timeline
-	policy   policySummarizer
+	// handshakes: refused TLS handshakes (denied events and refused flows of a tls_ reason) by
+	// reason, counted by address: a refused handshake's client proved no identity.
+	handshakes map[string]*reasonAcc
+	probes     map[string]*probeAcc
+	ops        map[string]uint64
+	hostOps    map[string]uint64
+	fields     map[string]uint64
+	verdicts   map[audit.Verdict]*[2]uint64 // written, suppressed
+	sources    map[sourceKey]*source
+	open       map[flowKey]audit.Event // the latest interim record of each connection still open
+	tl         timeline
+	policy     policySummarizer
 }
 
 type ruleAcc struct {
 	stats   RuleStats
-	sources map[netip.Addr]struct{}
+	sources map[sourceKey]struct{}
 }
 
 type reasonAcc struct {
 	stats   ReasonStats
-	sources map[netip.Addr]struct{}
+	sources map[sourceKey]struct{}
+	ips     []netip.Addr // refused handshakes: the first MaxHandshakeIPs addresses
 }
 
 type probeAcc struct {
 	stats   ProbeStats
-	sources map[netip.Addr]struct{}
+	sources map[sourceKey]struct{}
 }
 
-// source accumulates one source.
+// sourceKey is what a row of the sources is of: an identity a TLS handshake proved
+// (storeguard.identity), with every address it came from, or else an address.
+type sourceKey struct {
+	ip netip.Addr // zero for an identity
+	id string
+}
+
+func keyOf(e *audit.Event) sourceKey {
+	if id := e.PeerIdentity(); id != "" {
+		return sourceKey{id: id}
+	}
+	return sourceKey{ip: e.SourceIP}
+}
+
+// source accumulates one source: an address, or an identity (stats.Identity) with its addresses.
 type source struct {
 	stats        SourceStats
-	strong, weak uint64 // evidence of hostility: violations, bans, scans / refusals, empty or truncated connections
-	passed       uint64 // connections that passed
-	openBytes    uint64 // store bytes, messages and forwarding connections of connections still open
+	ips          []netip.Addr // an identity's, in the order seen: at most maxIdentityIPsTracked
+	strong, weak uint64       // evidence of hostility: violations, bans, scans / refusals, empty or truncated connections
+	passed       uint64       // connections that passed
+	openBytes    uint64       // store bytes, messages and forwarding connections of connections still open
 	openMessages uint64
 	openConns    uint64
 }
@@ -94,20 +113,21 @@ type flowKey struct {
 
 func NewSummarizer(f Filter) *Summarizer {
 	return &Summarizer{
-		filter:   f,
-		byAction: make(map[string]uint64),
-		perHour:  make(map[time.Time]uint64),
-		rules:    make(map[string]*ruleAcc),
-		denials:  make(map[string]*reasonAcc),
-		bans:     make(map[string]*reasonAcc),
-		probes:   make(map[string]*probeAcc),
-		ops:      make(map[string]uint64),
-		hostOps:  make(map[string]uint64),
-		fields:   make(map[string]uint64),
-		verdicts: make(map[audit.Verdict]*[2]uint64),
-		sources:  make(map[netip.Addr]*source),
-		open:     make(map[flowKey]audit.Event),
-		tl:       newTimeline(),
+		filter:     f,
+		byAction:   make(map[string]uint64),
+		perHour:    make(map[time.Time]uint64),
+		rules:      make(map[string]*ruleAcc),
+		denials:    make(map[string]*reasonAcc),
+		bans:       make(map[string]*reasonAcc),
+		handshakes: make(map[string]*reasonAcc),
+		probes:     make(map[string]*probeAcc),
+		ops:        make(map[string]uint64),
+		hostOps:    make(map[string]uint64),
+		fields:     make(map[string]uint64),
+		verdicts:   make(map[audit.Verdict]*[2]uint64),
+		sources:    make(map[sourceKey]*source),
+		open:       make(map[flowKey]audit.Event),
+		tl:         newTimeline(),
 	}
 }
 
@@ -176,7 +196,7 @@ func (z *Summarizer) Add(e audit.Event) {
 		z.addSuppressed(&e)
 		return
 	}
-	src := z.source(e.SourceIP)
+	src := z.sourceOf(&e)
 	switch e.Action {
 	case audit.ActionFlow:
 		z.addFlow(src, &e)
@@ -188,13 +208,13 @@ func (z *Summarizer) Add(e audit.Event) {
 	z.perHour[e.Timestamp.UTC().Truncate(time.Hour)]++
 	widen(&z.sum.FirstSeen, &z.sum.LastSeen, e.Timestamp)
 	widen(&src.stats.FirstSeen, &src.stats.LastSeen, e.Timestamp)
-	z.tl.add(e.SourceIP, e.Timestamp, seriesEvents, 1)
+	z.tl.add(keyOf(&e), e.Timestamp, seriesEvents, 1)
 
 	switch e.Action {
 	case audit.ActionBlocked, audit.ActionWouldBlock:
 		r := z.rule(e.Reason)
 		r.stats.Events++
-		r.sources[e.SourceIP] = struct{}{}
+		r.sources[keyOf(&e)] = struct{}{}
 		r.stats.First.see(&e)
 		if e.Op != "" {
 			z.ops[e.Op]++
@@ -212,7 +232,7 @@ func (z *Summarizer) Add(e audit.Event) {
 		if e.Probe != "" {
 			p := z.probe(e.Probe)
 			p.stats.Events++
-			p.sources[e.SourceIP] = struct{}{}
+			p.sources[keyOf(&e)] = struct{}{}
 			p.stats.First.see(&e)
 			src.addProbe(e.Probe)
 		}
@@ -223,12 +243,17 @@ func (z *Summarizer) Add(e audit.Event) {
 	case audit.ActionDenied:
 		d := reasonOf(z.denials, e.Reason)
 		d.stats.Events++
-		d.sources[e.SourceIP] = struct{}{}
+		d.sources[keyOf(&e)] = struct{}{}
+		if audit.IsTLSReason(e.Reason) {
+			h := reasonOf(z.handshakes, e.Reason)
+			h.stats.Events++
+			h.see(&e)
+		}
 		src.weak++
 	case audit.ActionBanned:
 		b := reasonOf(z.bans, e.Reason)
 		b.stats.Events++
-		b.sources[e.SourceIP] = struct{}{}
+		b.sources[keyOf(&e)] = struct{}{}
 		src.strong++
 	case audit.ActionScan:
 		z.sum.TotalScans++
@@ -279,6 +304,9 @@ func (z *Summarizer) addSuppressed(e *audit.Event) {
 			src.violation(audit.Action(action), reason, n)
 		case audit.ActionDenied:
 			reasonOf(z.denials, reason).stats.Suppressed += n
+			if audit.IsTLSReason(reason) {
+				reasonOf(z.handshakes, reason).stats.Suppressed += n
+			}
 			src.weak += n
 		}
 		z.suppressEvents(src, n)
@@ -322,7 +350,7 @@ func (z *Summarizer) countFlow(src *source, e *audit.Event, d uint64) {
 	src.verdictWritten(e.Verdict, d)
 	z.sum.Connections += d
 	src.stats.Connections += d
-	z.tl.add(e.SourceIP, cmp.Or(e.Start, e.Timestamp), seriesConnections, d)
+	z.tl.add(keyOf(e), cmp.Or(e.Start, e.Timestamp), seriesConnections, d)
 	storeBytes, messages := deref(e.StoreBytes), deref(e.Messages)
 	switch e.Verdict {
 	case audit.VerdictPassed:
@@ -354,7 +382,12 @@ func (z *Summarizer) countFlow(src *source, e *audit.Event, d uint64) {
 	case audit.VerdictRefused:
 		r := reasonOf(z.denials, e.Reason)
 		r.stats.Connections++
-		r.sources[e.SourceIP] = struct{}{}
+		r.sources[keyOf(e)] = struct{}{}
+		if audit.IsTLSReason(e.Reason) {
+			h := reasonOf(z.handshakes, e.Reason)
+			h.stats.Connections++
+			h.see(e)
+		}
 		src.weak++
 	default:
 		src.weak++
@@ -362,25 +395,50 @@ func (z *Summarizer) countFlow(src *source, e *audit.Event, d uint64) {
 	if e.Probe != "" {
 		p := z.probe(e.Probe)
 		p.stats.Connections++
-		p.sources[e.SourceIP] = struct{}{}
+		p.sources[keyOf(e)] = struct{}{}
 		p.stats.First.see(e)
 		src.addProbe(e.Probe)
 	}
 }
 
+// source is the row of an address, for what has no identity (sampled_summary: sampling is per
+// address).
 func (z *Summarizer) source(ip netip.Addr) *source {
-	src := z.sources[ip]
+	return z.sourceFor(sourceKey{ip: ip}, ip)
+}
+
+// sourceOf is the row of e's identity, or of its address without one.
+func (z *Summarizer) sourceOf(e *audit.Event) *source {
+	return z.sourceFor(keyOf(e), e.SourceIP)
+}
+
+func (z *Summarizer) sourceFor(k sourceKey, ip netip.Addr) *source {
+	src := z.sources[k]
 	if src == nil {
-		src = &source{stats: SourceStats{IP: ip}}
-		z.sources[ip] = src
+		src = &source{stats: SourceStats{IP: ip, Identity: k.id}}
+		z.sources[k] = src
+	}
+	if k.id != "" {
+		src.addIP(ip)
 	}
 	return src
+}
+
+// addIP notes an address an identity came from; the first MaxIdentityIPs are listed, all counted.
+func (src *source) addIP(ip netip.Addr) {
+	if !ip.IsValid() || slices.Contains(src.ips, ip) {
+		return
+	}
+	if len(src.ips) < maxIdentityIPsTracked {
+		src.ips = append(src.ips, ip)
+	}
+	src.stats.IPCount++
 }
 
 func (z *Summarizer) rule(key string) *ruleAcc {
 	r := z.rules[key]
 	if r == nil {
-		r = &ruleAcc{stats: RuleStats{Key: key}, sources: make(map[netip.Addr]struct{})}
+		r = &ruleAcc{stats: RuleStats{Key: key}, sources: make(map[sourceKey]struct{})}
 		z.rules[key] = r
 	}
 	return r
@@ -389,7 +447,7 @@ func (z *Summarizer) rule(key string) *ruleAcc {
 func (z *Summarizer) probe(key string) *probeAcc {
 	p := z.probes[key]
 	if p == nil {
-		p = &probeAcc{stats: ProbeStats{Key: key}, sources: make(map[netip.Addr]struct{})}
+		p = &probeAcc{stats: ProbeStats{Key: key}, sources: make(map[sourceKey]struct{})}
 		z.probes[key] = p
 	}
 	return p
@@ -407,10 +465,22 @@ func (z *Summarizer) verdict(v audit.Verdict) *[2]uint64 {
 func reasonOf(m map[string]*reasonAcc, key string) *reasonAcc {
 	r := m[key]
 	if r == nil {
-		r = &reasonAcc{stats: ReasonStats{Key: key}, sources: make(map[netip.Addr]struct{})}
+		r = &reasonAcc{stats: ReasonStats{Key: key}, sources: make(map[sourceKey]struct{})}
 		m[key] = r
 	}
 	return r
+}
+
+// see counts a refused handshake's address (its sources by address, the first MaxHandshakeIPs listed).
+func (r *reasonAcc) see(e *audit.Event) {
+	k := sourceKey{ip: e.SourceIP}
+	if _, ok := r.sources[k]; ok {
+		return
+	}
+	r.sources[k] = struct{}{}
+	if len(r.ips) < MaxHandshakeIPs {
+		r.ips = append(r.ips, e.SourceIP)
+	}
 }
 
 // violation counts n blocked or would_block events of a rule. A stream that ended mid-message is

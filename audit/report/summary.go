@@ -13,6 +13,11 @@ const (
 	MaxScansListed     = 100 // scan notices
 	MaxTimelineSources = 50  // sources with a timeline row, from the top of the ranking
 	maxProbesPerSource = 8
+	MaxIdentityIPs     = 16 // addresses listed of an identity (SourceStats.IPs)
+	MaxHandshakeIPs    = 16 // addresses listed of a refused handshake's reason (HandshakeStats.IPs)
+	// maxIdentityIPsTracked bounds what is remembered of an identity's addresses, to list the
+	// lowest MaxIdentityIPs of them; IPCount counts them all.
+	maxIdentityIPsTracked = 256
 )
 
 // Summary describes the events a Filter selected: who (Sources), when (Timeline), with what
@@ -44,10 +49,13 @@ type Summary struct {
 	ConnectionsEstimated  uint64      `json:"connections_estimated"`
 	ByVerdict             []ConnCount `json:"by_verdict"` // connections by storeguard.verdict
 
-	ByAction       []Count           `json:"by_action"`   // events by event.action; they add up to Events
-	ByRule         []RuleStats       `json:"by_rule"`     // blocked and would_block events by rule
-	Denials        []ReasonStats     `json:"denials"`     // refusals by reason: denied events, refused connections
-	Bans           []ReasonStats     `json:"bans"`        // banned events by reason
+	ByAction []Count       `json:"by_action"` // events by event.action; they add up to Events
+	ByRule   []RuleStats   `json:"by_rule"`   // blocked and would_block events by rule
+	Denials  []ReasonStats `json:"denials"`   // refusals by reason: denied events, refused connections
+	Bans     []ReasonStats `json:"bans"`      // banned events by reason
+	// Handshakes: refused TLS handshakes by reason (tls_unknown_ca, ...): the denied events and
+	// refused connections of Denials whose reason is a handshake's, with their addresses.
+	Handshakes     []HandshakeStats  `json:"handshakes,omitempty"`
 	Probes         []ProbeStats      `json:"probes"`      // storeguard.probe of connections and of blocked first messages
 	Ops            []Count           `json:"ops"`         // the op of each blocked or would_block message
 	HostileOps     []Count           `json:"hostile_ops"` // messages of connections that did not pass, by op (flow records)
@@ -107,6 +115,20 @@ type ReasonStats struct {
 	Connections uint64 `json:"connections"` // refused connections (flow records)
 	Sources     int    `json:"sources"`
 }
+
+// HandshakeStats count the refused TLS handshakes of one reason, by the addresses they came from
+// (a refused handshake proved no identity).
+type HandshakeStats struct {
+	Key         string       `json:"key"` // event.reason: tls_unknown_ca, tls_no_certificate, ...
+	Events      uint64       `json:"events"`
+	Suppressed  uint64       `json:"suppressed"`
+	Connections uint64       `json:"connections"`
+	Sources     int          `json:"sources"` // addresses
+	IPs         []netip.Addr `json:"ips"`     // the first MaxHandshakeIPs of them, in order
+}
+
+// Refusals is how many handshakes were refused (ReasonStats.Refusals).
+func (h HandshakeStats) Refusals() uint64 { return max(h.Events+h.Suppressed, h.Connections) }
 
 // Refusals is how many connections were refused: serve writes a denied event and a refused flow
 // record of each, an older serve the event only.
@@ -168,15 +190,21 @@ const (
 	ReachedNone       = "none"        // no hostile source (headline only)
 )
 
-// SourceStats are one source's counts: Exact events written, Suppressed by sampling.
+// SourceStats are one source's counts: Exact events written, Suppressed by sampling. A source is
+// an identity a TLS handshake proved (Identity: storeguard.identity), over every address it came
+// from (IP: the first; IPs), or else an address, for what came without an identity. Sampled-away
+// events are counted per address (sampling is).
 type SourceStats struct {
-	IP         netip.Addr `json:"ip"`
-	Role       string     `json:"role"` // job, hostile, mixed or unknown
-	Exact      uint64     `json:"exact"`
-	Suppressed uint64     `json:"suppressed"`
-	Estimated  uint64     `json:"estimated"`
-	FirstSeen  time.Time  `json:"first_seen,omitzero"`
-	LastSeen   time.Time  `json:"last_seen,omitzero"`
+	IP         netip.Addr   `json:"ip"`
+	Identity   string       `json:"identity,omitempty"`
+	IPs        []netip.Addr `json:"ips,omitempty"`      // an identity's addresses: the lowest MaxIdentityIPs
+	IPCount    int          `json:"ip_count,omitempty"` // an identity's addresses, all of them
+	Role       string       `json:"role"`               // job, hostile, mixed or unknown
+	Exact      uint64       `json:"exact"`
+	Suppressed uint64       `json:"suppressed"`
+	Estimated  uint64       `json:"estimated"`
+	FirstSeen  time.Time    `json:"first_seen,omitzero"`
+	LastSeen   time.Time    `json:"last_seen,omitzero"`
 
 	Connections           uint64            `json:"connections"`            // flow records
 	ConnectionsSuppressed uint64            `json:"connections_suppressed"` // sampled away

@@ -225,7 +225,12 @@ func summaryOutput(t *testing.T, format string, paths ...string) []byte {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := s.Top(3).Write(&out, format); err != nil {
+	if format == "html" {
+		err = s.Top(3).WriteHTML(&out)
+	} else {
+		err = s.Top(3).Write(&out, format)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	return out.Bytes()
@@ -240,7 +245,7 @@ func TestSummaryGolden(t *testing.T) {
 	}
 	writeSampleLogs(t, t.TempDir())
 	writeFlowLog(t, "flows.log")
-	for _, format := range []string{"table", "json", "csv"} {
+	for _, format := range []string{"table", "json", "csv", "html"} {
 		t.Run(format, func(t *testing.T) {
 			got := summaryOutput(t, format, "audit.log", "extra.log", "flows.log")
 			path := filepath.Join(testdata, "summary."+format+".golden")

@@ -23,6 +23,7 @@ type Timeline struct {
 // SourceTimeline is one source's row of a Timeline.
 type SourceTimeline struct {
 	IP          netip.Addr `json:"ip"`
+	Identity    string     `json:"identity,omitempty"`
 	Events      []uint64   `json:"events"`
 	Connections []uint64   `json:"connections"`
 }
@@ -44,15 +45,15 @@ type timeline struct {
 	step     int
 	min, max int64 // Unix seconds of the earliest and latest point; min > max while empty
 	all      map[int64]*[2]uint64
-	rows     map[netip.Addr]map[int64]*[2]uint64
+	rows     map[sourceKey]map[int64]*[2]uint64
 }
 
 func newTimeline() timeline {
-	return timeline{min: 1, max: 0, all: make(map[int64]*[2]uint64), rows: make(map[netip.Addr]map[int64]*[2]uint64)}
+	return timeline{min: 1, max: 0, all: make(map[int64]*[2]uint64), rows: make(map[sourceKey]map[int64]*[2]uint64)}
 }
 
 // add counts d (1, or minusOne to take one back) in series at t.
-func (tl *timeline) add(ip netip.Addr, t time.Time, series int, d uint64) {
+func (tl *timeline) add(ip sourceKey, t time.Time, series int, d uint64) {
 	sec := t.Unix()
 	if tl.min > tl.max {
 		tl.min, tl.max = sec, sec
@@ -135,8 +136,8 @@ func (tl *timeline) summary(listed []SourceStats) Timeline {
 	}
 	out.Events, out.Connections = lay(tl.all)
 	for _, st := range listed {
-		ev, cn := lay(tl.rows[st.IP])
-		out.Sources = append(out.Sources, SourceTimeline{IP: st.IP, Events: ev, Connections: cn})
+		ev, cn := lay(tl.rows[st.key()])
+		out.Sources = append(out.Sources, SourceTimeline{IP: st.IP, Identity: st.Identity, Events: ev, Connections: cn})
 	}
 	return out
 }

@@ -1,0 +1,273 @@
+package admission
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/idpattern"
+)
+
+const (
+	worker   = "spiffe://job.example/ns/train/sa/worker"
+	stranger = "spiffe://job.example/ns/other/sa/x"
+)
+
+func mustSet(t *testing.T, patterns ...string) idpattern.Set {
+	t.Helper()
+	s, err := idpattern.ParseSet(patterns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestAdmitIdentityDenyAndCap(t *testing.T) {
+	g := New(Config{DenyIdentities: mustSet(t, "spiffe://job.example/ns/other/**", "dns:*.evil.example"),
+		PerIdentityConnections: 2}, nil)
+	for id, want := range map[string]Reason{stranger: IdentityDenied, "dns:a.evil.example": IdentityDenied,
+		"dns:a.b.evil.example": "", worker: "", "": ""} {
+		release, got := g.AdmitIdentity(id)
+		if got != want || (got == "") != (release != nil) {
+			t.Errorf("AdmitIdentity(%q) = %q (release %v), want %q", id, got, release != nil, want)
+		}
+		if release != nil {
+			release()
+		}
+	}
+	r1, _ := g.AdmitIdentity(worker)
+	r2, _ := g.AdmitIdentity(worker)
+	if _, got := g.AdmitIdentity(worker); got != IdentityConnections {
+		t.Fatalf("third connection of %s: %q, want %q", worker, got, IdentityConnections)
+	}
+	if r, got := g.AdmitIdentity("dns:w1.job.example"); got != "" { // another identity has its own cap
+		t.Fatalf("another identity: %q", got)
+	} else {
+		r()
+	}
+	r1()
+	r1() // twice: no effect
+	if r3, got := g.AdmitIdentity(worker); got != "" {
+		t.Fatalf("after a release: %q", got)
+	} else {
+		r3()
+	}
+	if _, got := g.AdmitIdentity(worker); got != "" {
+		t.Fatalf("after the second release of one connection the cap was off by one: %q", got)
+	}
+	if _, got := g.AdmitIdentity(worker); got != IdentityConnections {
+		t.Fatalf("a double release freed two slots: %q", got)
+	}
+	r2()
+}
+
+// TestIdentityBanFollowsTheIdentity: violations of one identity from several hosts ban it, and the
+// ban refuses it from any host, while those hosts' addresses, each under the count, stay admitted.
+func TestIdentityBanFollowsTheIdentity(t *testing.T) {
+	clk := newGateClock()
+	g := New(Config{BanViolations: 3, BanWindow: time.Minute, BanDuration: 10 * time.Minute}, clk.Now)
+	hosts := []netip.Addr{gateAddr("10.0.0.1"), gateAddr("10.0.1.1"), gateAddr("192.0.2.7")}
+	for i, h := range hosts {
+		prefix, idBanned := g.ViolationBy(h, worker)
+		if prefix.IsValid() {
+			t.Fatalf("violation %d banned the address %v", i, prefix)
+		}
+		if idBanned != (i == 2) {
+			t.Fatalf("violation %d: identity banned %v", i, idBanned)
+		}
+	}
+	if _, r := g.AdmitIdentity(worker); r != IdentityBanned {
+		t.Fatalf("AdmitIdentity after the ban = %q, want %q", r, IdentityBanned)
+	}
+	for _, h := range append(hosts, gateAddr("203.0.113.9")) {
+		release, r := g.Admit(h, false)
+		if r != "" {
+			t.Fatalf("Admit(%v) = %q: an identity's ban banned an address", h, r)
+		}
+		release()
+	}
+	if _, r := g.AdmitIdentity(stranger); r != "" {
+		t.Fatalf("another identity refused: %q", r)
+	}
+	if _, idBanned := g.ViolationBy(hosts[0], worker); idBanned {
+		t.Fatal("a banned identity's violation started a second ban")
+	}
+	if st := g.Stats(); st.ActiveBans != 1 || st.Identities != 1 {
+		t.Fatalf("stats %+v, want 1 ban and 1 identity", st)
+	}
+	clk.Advance(10 * time.Minute)
+	if release, r := g.AdmitIdentity(worker); r != "" {
+		t.Fatalf("AdmitIdentity after the ban ran out = %q", r)
+	} else {
+		release()
+	}
+	g.Sweep()
+	if st := g.Stats(); st.ActiveBans != 0 || st.Identities != 0 {
+		t.Fatalf("after the ban and a sweep: %+v", st)
+	}
+}
+
+// TestViolationByCountsTheSourceToo: the address's count is Violation's, with or without an
+// identity; "" counts for the address alone.
+func TestViolationByCountsTheSourceToo(t *testing.T) {
+	g := New(Config{BanViolations: 2, BanWindow: time.Minute, BanDuration: time.Minute}, newGateClock().Now)
+	src := gateAddr("10.9.0.1")
+	if p, id := g.ViolationBy(src, ""); p.IsValid() || id {
+		t.Fatal("first violation banned")
+	}
+	p, idBanned := g.ViolationBy(src, worker)
+	if p != netip.MustParsePrefix("10.9.0.1/32") || idBanned {
+		t.Fatalf("second violation of the address: banned %v, identity %v; want the address alone", p, idBanned)
+	}
+	if _, r := g.AdmitIdentity(worker); r != "" {
+		t.Fatalf("identity with one violation refused: %q", r)
+	}
+}
+
+// TestFailedHandshakesBanTheSource: the proxy counts each failed handshake as Violation(src);
+// nothing keeps them from banning a source but ban.exempt, and bans off.
+func TestFailedHandshakesBanTheSource(t *testing.T) {
+	cfg := Config{BanViolations: 5, BanWindow: time.Minute, BanDuration: 10 * time.Minute,
+		BanExempt: gatePrefixes("127.0.0.0/8", "::1/128"), PerSourceConnections: 512, PerSourceRate: 200, PerSourceBurst: 512,
+		DenyIdentities: mustSet(t, "cn:*"), PerIdentityConnections: 1}
+	for _, tt := range []struct {
+		src    string
+		banned bool
+	}{{"198.51.100.4", true}, {"2001:db8::4", true}, {"::ffff:198.51.100.5", true}, {"127.0.0.1", false}, {"::1", false}} {
+		g := New(cfg, newGateClock().Now)
+		src := gateAddr(tt.src)
+		var got netip.Prefix
+		for range 5 {
+			if p := g.Violation(src); p.IsValid() {
+				got = p
+			}
+		}
+		if got.IsValid() != tt.banned {
+			t.Errorf("%s: 5 failed handshakes banned %v, want banned %v", tt.src, got, tt.banned)
+		}
+		if _, r := g.Admit(src, false); (r == Banned) != tt.banned {
+			t.Errorf("%s: Admit = %q after 5 failed handshakes", tt.src, r)
+		}
+	}
+}
+
+func TestIdentityExemptSourceCountsNothing(t *testing.T) {
+	g := New(Config{BanViolations: 1, BanWindow: time.Minute, BanDuration: time.Minute, BanExempt: gatePrefixes("10.0.0.0/8")}, nil)
+	if p, id := g.ViolationBy(gateAddr("10.1.2.3"), worker); p.IsValid() || id {
+		t.Fatalf("an exempt source's violation banned %v / identity %v", p, id)
+	}
+	if _, id := g.ViolationBy(gateAddr("192.0.2.1"), worker); !id {
+		t.Fatal("a violation from a source not exempt did not count for the identity")
+	}
+}
+
+func TestIdentityStateCarried(t *testing.T) {
+	clk := newGateClock()
+	cfg := Config{BanViolations: 2, BanWindow: time.Minute, BanDuration: 10 * time.Minute, PerIdentityConnections: 1}
+	g := New(cfg, clk.Now)
+	g.ViolationBy(gateAddr("192.0.2.1"), worker)
+	g.ViolationBy(gateAddr("192.0.2.2"), worker)
+	g.ViolationBy(gateAddr("192.0.2.3"), stranger)
+
+	next := New(cfg, clk.Now)
+	next.Restore(g.State())
+	if _, r := next.AdmitIdentity(worker); r != IdentityBanned {
+		t.Fatalf("after the hand-over AdmitIdentity(%s) = %q, want banned", worker, r)
+	}
+	if _, id := next.ViolationBy(gateAddr("192.0.2.9"), stranger); !id {
+		t.Fatal("the stranger's violation before the hand-over did not count after it")
+	}
+	adopted := next.AdoptIdentity("dns:w.job.example")
+	if _, r := next.AdmitIdentity("dns:w.job.example"); r != IdentityConnections {
+		t.Fatalf("an adopted connection was not counted against the cap: %q", r)
+	}
+	adopted()
+	if release, r := next.AdmitIdentity("dns:w.job.example"); r != "" {
+		t.Fatalf("after the adopted connection's release: %q", r)
+	} else {
+		release()
+	}
+}
+
+func TestIdentityTableBounded(t *testing.T) {
+	g := New(Config{BanViolations: 3, BanWindow: time.Minute, BanDuration: time.Minute, PerIdentityConnections: 4}, nil)
+	g.maxSources = 8
+	var releases []func()
+	for i := range 8 {
+		release, r := g.AdmitIdentity(fmt.Sprintf("dns:w%d.job.example", i))
+		if r != "" {
+			t.Fatalf("identity %d: %q", i, r)
+		}
+		releases = append(releases, release)
+	}
+	if _, r := g.AdmitIdentity("dns:w8.job.example"); r != IdentityTable {
+		t.Fatalf("a ninth identity in a table of 8 with live connections: %q, want %q", r, IdentityTable)
+	}
+	for _, r := range releases {
+		r()
+	}
+	g.lastFull -= fullSweepInterval // let the full table sweep again
+	g.sweptFull = false
+	if release, r := g.AdmitIdentity("dns:w8.job.example"); r != "" {
+		t.Fatalf("after the others ended: %q", r)
+	} else {
+		release()
+	}
+}
+
+// TestAdmitIdentityFastPath: with no per-identity cap and no identity ever seen to violate,
+// AdmitIdentity takes no lock and allocates nothing; the address path is untouched.
+func TestAdmitIdentityFastPath(t *testing.T) {
+	g := New(Config{BanViolations: 5, BanWindow: time.Minute, BanDuration: time.Minute}, nil)
+	g.mu.Lock() // held: a path that locks would deadlock
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, r := g.AdmitIdentity(worker); r != "" {
+			t.Errorf("AdmitIdentity = %q", r)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AdmitIdentity waited for the gate's lock")
+	}
+	g.mu.Unlock()
+	if n := testing.AllocsPerRun(100, func() { g.AdmitIdentity(worker) }); n != 0 {
+		t.Errorf("AdmitIdentity allocates %v times on its fast path", n)
+	}
+}
+
+func TestIdentityConcurrent(t *testing.T) {
+	g := New(Config{BanViolations: 2, BanWindow: time.Millisecond, BanDuration: time.Nanosecond, PerIdentityConnections: 3}, nil)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			id := fmt.Sprintf("dns:w%d.job.example", i%2)
+			for range 500 {
+				if release, r := g.AdmitIdentity(id); r == "" {
+					g.ViolationBy(gateAddr("192.0.2.1"), id)
+					release()
+				}
+				g.Sweep()
+			}
+		})
+	}
+	wg.Wait()
+	for i := range 2 {
+		id := fmt.Sprintf("dns:w%d.job.example", i)
+		var rs []func()
+		for range 3 {
+			release, r := g.AdmitIdentity(id)
+			if r != "" {
+				t.Fatalf("%s after every release: %q (a connection leaked)", id, r)
+			}
+			rs = append(rs, release)
+		}
+		for _, r := range rs {
+			r()
+		}
+	}
+}

@@ -130,3 +130,7 @@ func (s staticSource) Close() error                           { return nil }
 func source(l testLeaf, roots *testCA) staticSource {
 	return staticSource{cert: &l.tls, roots: roots.pool()}
 }
+
+func x509VerifyOptions(roots *x509.CertPool) x509.VerifyOptions {
+	return x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}
+}

@@ -44,6 +44,7 @@ scripts/sigma-convert.sh
 if [ "${SEARCH_LIVE:-}" = 1 ]; then configs/elastic/opensearch-local.sh; fi
 STOREGUARD_BIN="$BIN" python3 configs/kubernetes/validate.py
 configs/systemd/verify.sh
+scripts/netns-connect-rules.sh
 STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh
 
 if [ "${SKIP_INTEROP:-}" != 1 ]; then

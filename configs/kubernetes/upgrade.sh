@@ -12,19 +12,22 @@
 # with its state, and the old one exits. The container's exit status is the upgrade's: 0, or 1 as soon
 # as the old process records a failure (it goes on serving), with the reason in this container's log
 # and in `kubectl logs POD -c storeguard`.
+# The client guard of a worker pod (mtls-worker.yaml), as the same command with
+#   CONTAINER=storeguard-connect PID_FILE=/opt/storeguard/connect.pid UID_GID=65533
 # Needs kubectl >= 1.24 (patch --subresource) and ephemeral containers (Kubernetes >= 1.25).
 set -eu
 [ $# -ge 2 ] || { echo "usage: $0 POD IMAGE [NAMESPACE]" >&2; exit 2; }
 POD=$1 IMAGE=$2 NS=${3:-default}
+CONTAINER=${CONTAINER:-storeguard} PID_FILE=${PID_FILE:-/opt/storeguard/worker.pid} UID_GID=${UID_GID:-65532}
 NAME=storeguard-upgrade-$(date +%s)
 kubectl -n "$NS" patch pod "$POD" --subresource=ephemeralcontainers --type=strategic -p "$(cat <<JSON
 {"spec": {"ephemeralContainers": [{
   "name": "$NAME",
   "image": "$IMAGE",
-  "targetContainerName": "storeguard",
-  "args": ["upgrade", "--install", "/opt/storeguard/bin/storeguard", "--pid-file", "/opt/storeguard/worker.pid"],
+  "targetContainerName": "$CONTAINER",
+  "args": ["upgrade", "--install", "/opt/storeguard/bin/storeguard", "--pid-file", "$PID_FILE"],
   "volumeMounts": [{"name": "storeguard-bin", "mountPath": "/opt/storeguard"}],
-  "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+  "securityContext": {"runAsNonRoot": true, "runAsUser": $UID_GID, "runAsGroup": $UID_GID,
                       "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
                       "capabilities": {"drop": ["ALL"]}}
 }]}}

@@ -1,5 +1,7 @@
 #!/bin/sh
-# Verifies the systemd units offline: systemd-analyze verify, and the exposure score of storeguard.service.
+# Verifies the systemd units offline: systemd-analyze verify of every unit, the exposure score of the two
+# guards (storeguard.service, storeguard-connect.service), and that storeguard-connect.sysusers.conf makes
+# the user whose uid configs/nftables/storeguard-connect.nft lets past the redirect (systemd-sysusers --root).
 # The units name /usr/local/bin/storeguard and /usr/sbin/nft; verify insists that they exist, so the units are
 # checked from a scratch copy pointing at STOREGUARD_BIN (default: the storeguard on PATH, else a stub).
 # Usage: configs/systemd/verify.sh          exit 1 on a verify error; prints SKIP without systemd-analyze.
@@ -12,16 +14,28 @@ BIN=${STOREGUARD_BIN:-$(command -v storeguard || true)}
 if [ -z "$BIN" ]; then BIN=$TMP/storeguard; printf '#!/bin/sh\nexit 0\n' >"$BIN"; chmod +x "$BIN"; fi
 NFT=$(command -v nft || true)
 if [ -z "$NFT" ]; then NFT=$TMP/nft; printf '#!/bin/sh\nexit 0\n' >"$NFT"; chmod +x "$NFT"; fi
-for u in storeguard.service storeguard-firewall.service; do
+UNITS="storeguard.service storeguard-firewall.service storeguard-connect.service storeguard-connect-firewall.service"
+for u in $UNITS; do
 	sed -e "s|/usr/local/bin/storeguard |$BIN |g" -e "s|/usr/sbin/nft |$NFT |g" "$DIR/$u" >"$TMP/$u"
 done
-out=$(cd "$TMP" && systemd-analyze verify ./storeguard.service ./storeguard-firewall.service 2>&1) || { echo "$out"; echo "verify: FAILED"; exit 1; }
+# storeguard-connect.service names a static user; verify wants it to exist only when run, not offline.
+out=$(cd "$TMP" && systemd-analyze verify $(for u in $UNITS; do printf './%s ' "$u"; done) 2>&1) || { echo "$out"; echo "verify: FAILED"; exit 1; }
 # Anything printed is a warning (unknown key, bad value): treat it as a failure too.
 [ -z "$out" ] || { echo "$out"; echo "verify: FAILED (warnings)"; exit 1; }
 echo "verify: systemd-analyze verify ok"
-score=$(cd "$TMP" && systemd-analyze security --offline=yes ./storeguard.service 2>/dev/null | sed -n 's/.*Overall exposure level for storeguard.service: \([0-9.]*\).*/\1/p')
-if [ -n "$score" ]; then
-	echo "verify: storeguard.service exposure $score (systemd-analyze security)"
-	# 0 = locked down, 10 = unprotected; the unit scores 1.5. Guard against a hardening line being dropped.
-	awk -v s="$score" 'BEGIN { exit !(s <= 2.5) }' || { echo "verify: FAILED: exposure $score > 2.5"; exit 1; }
+for u in storeguard.service storeguard-connect.service; do
+	score=$(cd "$TMP" && systemd-analyze security --offline=yes "./$u" 2>/dev/null | sed -n "s/.*Overall exposure level for $u: \\([0-9.]*\\).*/\\1/p")
+	if [ -n "$score" ]; then
+		echo "verify: $u exposure $score (systemd-analyze security)"
+		# 0 = locked down, 10 = unprotected; both score 1.5. Guard against a hardening line being dropped.
+		awk -v s="$score" 'BEGIN { exit !(s <= 2.5) }' || { echo "verify: FAILED: $u exposure $score > 2.5"; exit 1; }
+	fi
+done
+if command -v systemd-sysusers >/dev/null 2>&1; then
+	mkdir -p "$TMP/root/etc"
+	systemd-sysusers --root="$TMP/root" "$DIR/storeguard-connect.sysusers.conf" >/dev/null 2>&1 || { echo "verify: FAILED: systemd-sysusers"; exit 1; }
+	uid=$(awk -F: '$1 == "storeguard-connect" { print $3 }' "$TMP/root/etc/passwd")
+	want=$(sed -n 's/^define guard_uid = \([0-9]*\).*/\1/p' "$DIR/../nftables/storeguard-connect.nft")
+	[ -n "$uid" ] && [ "$uid" = "$want" ] || { echo "verify: FAILED: storeguard-connect's uid ${uid:-missing} != the rule's guard_uid $want"; exit 1; }
+	echo "verify: storeguard-connect.sysusers.conf makes uid $uid, the rule's guard_uid"
 fi

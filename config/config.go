@@ -41,6 +41,7 @@ type Config struct {
 	Limits   Limits   `mapstructure:"limits"`
 	Timeouts Timeouts `mapstructure:"timeouts"`
 	Access   Access   `mapstructure:"access"`
+	TLS      TLS      `mapstructure:"tls"`
 	Caps     Caps     `mapstructure:"caps"`
 	Ban      Ban      `mapstructure:"ban"`
 	Policy   Policy   `mapstructure:"policy"`
@@ -296,6 +297,34 @@ type Policy struct {
 	WriteOnce       string   `mapstructure:"write-once"`
 	DenyGlobals     []string `mapstructure:"deny-globals"`
 	File            string   `mapstructure:"file"`
+}
+
+// TLS is mutual TLS between guards (tls.*): who must handshake, with what, and who is allowed.
+type TLS struct {
+	Mode             string         `mapstructure:"mode"` // off | on
+	CertFile         string         `mapstructure:"cert-file"`
+	KeyFile          string         `mapstructure:"key-file"`
+	CAFile           string         `mapstructure:"ca-file"`
+	SPIFFESocket     string         `mapstructure:"spiffe-socket"`
+	Allow            []string       `mapstructure:"allow"` // idpattern patterns; empty = any certificate chaining to the CA
+	PlaintextSources []netip.Prefix `mapstructure:"plaintext-sources"`
+	HandshakeTimeout time.Duration  `mapstructure:"handshake-timeout"`
+}
+
+// On reports whether mutual TLS is on.
+func (t TLS) On() bool { return t.Mode == "on" }
+
+// Plaintext reports whether src may speak plaintext: always with TLS off.
+func (t TLS) Plaintext(src netip.Addr) bool {
+	if !t.On() {
+		return true
+	}
+	for _, p := range t.PlaintextSources {
+		if p.Contains(src) {
+			return true
+		}
+	}
+	return false
 }
 
 // Quota caps what clients make the store hold (quota.*): bytes and keys, per source and in all.

@@ -143,6 +143,29 @@ func (c Config) validate() []error {
 		}
 	}
 
+	tl := c.TLS
+	oneOf(&v, "tls.mode", tl.Mode, "off", "on")
+	v.prefixes("tls.plaintext-sources", tl.PlaintextSources)
+	v.positive("tls.handshake-timeout", tl.HandshakeTimeout)
+	for i, p := range tl.Allow {
+		if _, err := idpattern.Parse(p); err != nil {
+			v.add(fmt.Sprintf("tls.allow[%d]", i), "%v", err)
+		}
+	}
+	if tl.On() {
+		files := tl.CertFile != "" || tl.KeyFile != "" || tl.CAFile != ""
+		switch {
+		case tl.SPIFFESocket != "" && files:
+			v.add("tls.spiffe-socket", "is set with tls.cert-file, tls.key-file or tls.ca-file: take the identity from one or the other")
+		case tl.SPIFFESocket == "":
+			for _, f := range []struct{ key, val string }{{"tls.cert-file", tl.CertFile}, {"tls.key-file", tl.KeyFile}, {"tls.ca-file", tl.CAFile}} {
+				if f.val == "" {
+					v.add(f.key, "must be set while tls.mode is on (or set tls.spiffe-socket)")
+				}
+			}
+		}
+	}
+
 	q := c.Quota
 	oneOf(&v, "quota.mode", q.Mode, "enforce", "monitor", "off")
 	v.between("quota.store-bytes", q.StoreBytes, 0, maxQuotaBytes)

@@ -104,6 +104,7 @@ type Stream struct {
 	resumed time.Time
 
 	src    netip.Addr // the client's address, for the policy's per-source rules
+	id     string     // the client's proved identity (mutual TLS), for the policy's rules by identity
 	holder Holder     // who holds the message in progress, if not the stream (own)
 	own    []byte     // the message in progress, kept for the policy when no holder does
 	ruled  bool       // a policy rule ended the stream
@@ -118,6 +119,9 @@ func (s *Stream) Reset(dc protocol.Config, pol *Policy, start time.Time) {
 
 // From tells s the address of the client whose stream it judges, for the policy's rules by source.
 func (s *Stream) From(src netip.Addr) { s.src = src }
+
+// As tells s the identity the client proved (mutual TLS), for the policy's rules by identity.
+func (s *Stream) As(id string) { s.id = id }
 
 // Hold tells s that h holds the bytes of its message in progress (see Holder).
 func (s *Stream) Hold(h Holder) { s.holder = h }
@@ -223,7 +227,7 @@ func (s *Stream) judge(msg *protocol.Message, p []byte, end int, base uint64) *p
 		}
 		b.A, b.B = held, p[:end]
 	}
-	f, broke := s.pol.Rules.Check(policy.Message{Msg: msg, Bytes: b, Src: s.src}, func(f policy.Finding) {
+	f, broke := s.pol.Rules.Check(policy.Message{Msg: msg, Bytes: b, Src: s.src, Identity: s.id}, func(f policy.Finding) {
 		s.warn(msg, b, f)
 	})
 	if !broke {

@@ -91,6 +91,8 @@ type conn struct {
 	closed bool // the connection is to end: its owner closes the sockets
 	dial   dialState
 
+	tls *tlsConn // mutual TLS's relay and the peer's identity (tls.go); nil for plaintext
+
 	gr goroutines    // the goroutine transport's state (goroutines.go)
 	lt loopTransport // the event loop's (loop_linux.go)
 
@@ -185,7 +187,7 @@ func (s *Server) newConn(id uint64, src, dst netip.AddrPort, start time.Time) *c
 // accepted is a connection admitted now (release gives the admission back), not tracked yet;
 // client is nil for one a loop accepted. Its guard starts, unless auto mode waits for the
 // store's generation (awaitStore).
-func (s *Server) accepted(client *net.TCPConn, src, dst netip.AddrPort, release func()) *conn {
+func (s *Server) accepted(client sock, src, dst netip.AddrPort, release func()) *conn {
 	c := s.newConn(s.nextID.Add(1), src, dst, s.now())
 	c.release, c.gr.client = release, client
 	if !c.st.dec.Gen.Auto {
@@ -208,6 +210,7 @@ func (c *conn) resetGuard(dc protocol.Config) {
 // message in progress (carry) and the replies awaited.
 func (c *conn) attachGuard() {
 	c.g.From(c.src.Addr())
+	c.g.As(c.identity())
 	c.g.Hold(c)
 	c.g.Await(&c.rep)
 }
@@ -494,10 +497,19 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 	if !o.Bans() {
 		return
 	}
-	if banned := s.gate.Violation(c.src.Addr()); banned.IsValid() {
+	banned, idBanned := s.gate.ViolationBy(c.src.Addr(), c.identity())
+	if idBanned {
 		s.m.bans.Inc()
 		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
-		b.ConnID, b.Mode = c.id, audit.ModeEnforce
+		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tlsInfo()
+		s.writeAudit(b)
+		s.log.Warn("identity banned after repeated violations", "identity", c.identity(), "src", c.src.Addr().String(),
+			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
+	}
+	if banned.IsValid() {
+		s.m.bans.Inc()
+		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
+		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tlsInfo()
 		s.writeAudit(b)
 		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned.String(),
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
@@ -510,7 +522,7 @@ func (s *Server) recordWarning(c *conn, v *protocol.Violation, first []byte) {
 	s.m.violations.WithLabelValues(string(v.Rule), string(audit.ModeMonitor)).Inc()
 	c.decided(audit.VerdictWouldBlock, string(v.Rule))
 	e := audit.ViolationEvent(v, true, c.src, c.dst, audit.ActionWouldBlock, audit.ModeMonitor, first, c.g.Bytes())
-	e.Timestamp, e.ConnID = s.now(), c.id
+	e.Timestamp, e.ConnID, e.TLS = s.now(), c.id, c.tlsInfo()
 	s.writeAudit(e)
 	s.log.Debug("violation let through (monitor)", "conn", c.id, "src", c.src.String(), "err", v.Error())
 }

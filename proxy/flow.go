@@ -83,7 +83,7 @@ func (s *Server) recordOutcome(c *conn, v *protocol.Violation, first []byte, kno
 	s.m.violations.WithLabelValues(string(v.Rule), string(c.mode())).Inc()
 	c.decided(o.Verdict, string(v.Rule))
 	e := audit.ViolationEvent(v, known, c.src, c.dst, o.Action, c.mode(), first, seen)
-	e.Timestamp, e.ConnID = s.now(), c.id
+	e.Timestamp, e.ConnID, e.TLS = s.now(), c.id, c.tlsInfo()
 	s.writeAudit(e)
 	return o
 }
@@ -112,7 +112,7 @@ func (c *conn) restoreFlow(fc *upgrade.Flow) {
 
 // flowRecord is c's flow as of now: final, or an interim record of a connection that lasts.
 func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
-	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now,
+	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now, TLS: c.tlsInfo(),
 		FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load(), Mode: c.mode()}
 	c.rep.mu.Lock()
 	f.FromStore, f.Replies = c.rep.fromStore, c.rep.replied

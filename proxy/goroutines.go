@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"github.com/storeguard/storeguard/internal/origdst"
 	"io"
 	"net"
 	"net/netip"
@@ -20,7 +21,7 @@ import (
 // goroutines is the state of a connection its goroutines forward: it writes to the store with
 // blocking writes and waits for budget.
 type goroutines struct {
-	client     *net.TCPConn
+	client     sock // the accepted socket, or the guard's end of a TLS relay's pair (tls.go)
 	up         *net.TCPConn
 	s2cStarted bool // the reply direction's goroutine runs (or ran)
 	s2cDone    chan struct{}
@@ -161,7 +162,7 @@ func frozeFirst(ctx context.Context) bool { return errors.Is(context.Cause(ctx),
 func (s *Server) handle(tc *net.TCPConn) {
 	remote := addrPort(tc.RemoteAddr())
 	src := netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
-	dst := originalDst(tc)
+	dst := origdst.Of(tc)
 	release, reason := s.admit(src.Addr())
 	if reason != "" {
 		s.refuseConn(tc, src, dst, reason)
@@ -169,27 +170,28 @@ func (s *Server) handle(tc *net.TCPConn) {
 		s.handlers.Done()
 		return
 	}
-	c := s.accepted(tc, src, dst, release)
-	if s.cont.kp != nil {
+	var client sock = tc
+	var t *tlsConn
+	if st := s.set.Load(); !st.cfg.TLS.Plaintext(src.Addr()) {
+		var ok bool
+		var idRelease func()
+		if client, t, idRelease, ok = s.handshake(tc, src, dst, st); !ok {
+			release()
+			s.cont.accepting.Add(-1)
+			s.handlers.Done()
+			return
+		}
+		addrRelease := release
+		release = func() { idRelease(); addrRelease() }
+	}
+	c := s.accepted(client, src, dst, release)
+	c.setTLS(t)
+	if s.cont.kp != nil && t == nil { // a keeper cannot restore a TLS connection's relay (docs/design.md)
 		sockFd(tc, func(fd int) { s.cont.kp.Opened(c.id, c.src, c.dst, fd) })
 	}
 	s.track(c, true)
 	s.cont.accepting.Add(-1)
 	c.serve(nil)
-}
-
-// originalDst is the address the client dialled: after an nftables/iptables REDIRECT (the
-// transparent sidecar of configs/) the socket's local address is the proxy port, and the
-// kernel keeps the original in SO_ORIGINAL_DST.
-func originalDst(c *net.TCPConn) netip.AddrPort {
-	local := addrPort(c.LocalAddr())
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return local
-	}
-	orig := local
-	rc.Control(func(fd uintptr) { orig = originalDstFd(int(fd), local) })
-	return orig
 }
 
 // awaitGeneration holds a connection that arrived before the store's generation was known (auto

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"github.com/storeguard/storeguard/internal/origdst"
 	"net"
 	"runtime"
 	"sync"
@@ -438,7 +439,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	if lsa, err := unix.Getsockname(fd); err == nil {
 		local = sockaddrAddrPort(lsa)
 	}
-	dst := originalDstFd(fd, local)
+	dst := origdst.Fd(fd, local)
 	release, reason := s.admit(src.Addr())
 	if reason != "" {
 		s.refuseFd(fd, src, dst, reason) // closes fd; the audit sink never waits (AuditSink)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/storeguard/storeguard/identity"
 	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,7 @@ type metrics struct {
 	accepted        prometheus.Counter
 	active          prometheus.Gauge
 	refused         *prometheus.CounterVec
+	handshakes      *prometheus.CounterVec
 	messages        *prometheus.CounterVec
 	byOp            [protocol.LatestGeneration + 1][32]prometheus.Counter // [generation][op], resolved once: no map lookup per message
 	bytesC2S        prometheus.Counter
@@ -111,6 +113,8 @@ func newMetrics(read readings) *metrics {
 	m.active = prometheus.NewGauge(prometheus.GaugeOpts(f("connections_active", "Client connections open now.")))
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts(f("connections_refused_total",
 		"Client connections refused at accept, by reason.")), []string{"reason"})
+	m.handshakes = prometheus.NewCounterVec(prometheus.CounterOpts(f("tls_handshakes_total",
+		"Mutual TLS handshakes, by result: ok, or why the client was refused (identity.Reason).")), []string{"result"})
 	m.messages = prometheus.NewCounterVec(prometheus.CounterOpts(f("messages_total",
 		"Complete client messages forwarded (or, in monitor mode, seen), by op and generation.")), []string{"op", "generation"})
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts(f("bytes_total",
@@ -195,7 +199,7 @@ func newMetrics(read readings) *metrics {
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
-	m.reg.MustRegister(m.accepted, m.active, m.refused, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
+	m.reg.MustRegister(m.accepted, m.active, m.refused, m.handshakes, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
 		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.handoverFrozen,
@@ -226,6 +230,10 @@ func newMetrics(read readings) *metrics {
 	}
 	for _, r := range []string{"learned", "failed"} {
 		m.storeProbes.WithLabelValues(r)
+	}
+	m.handshakes.WithLabelValues("ok")
+	for _, r := range identity.Reasons {
+		m.handshakes.WithLabelValues(string(r))
 	}
 	for _, r := range []string{"learned", "timeout"} {
 		m.storeWaits.WithLabelValues(r)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -207,14 +208,19 @@ func (c *conn) reattach() bool {
 	client, err := attach(c.lt.cfd)
 	if err == nil {
 		c.lt.cfd = -1
-		var up *net.TCPConn
 		if c.lt.ufd < 0 { // not connected yet: storeUp dials
 			c.gr.client, c.own = client, ownGoroutines
 			return true
 		}
+		var up sock
 		if up, err = attach(c.lt.ufd); err == nil {
-			c.gr.client, c.gr.up, c.lt.ufd, c.own = client, up, -1, ownGoroutines
-			return true
+			tc, isTCP := up.(*net.TCPConn)
+			if isTCP {
+				c.gr.client, c.gr.up, c.lt.ufd, c.own = client, tc, -1, ownGoroutines
+				return true
+			}
+			up.Close()
+			err = errors.New("the store's socket is not TCP")
 		}
 		client.Close()
 	}
@@ -253,7 +259,7 @@ func (c *conn) closeDetached() {
 // detach takes the client and store sockets away from Go's poller: it duplicates their
 // descriptors, for the caller to own, and closes the net.Conns (the sockets live on through the
 // duplicates). On an error both net.Conns are left as they were.
-func detach(client, up *net.TCPConn) (cfd, ufd int32, err error) {
+func detach(client sock, up *net.TCPConn) (cfd, ufd int32, err error) {
 	if cfd, err = dupFd(client); err != nil {
 		return -1, -1, err
 	}
@@ -285,12 +291,16 @@ func dupFd(sc syscall.Conn) (int32, error) {
 }
 
 // attach gives a descriptor from detach back to Go's poller; the descriptor is closed either way.
-func attach(fd int32) (*net.TCPConn, error) {
+func attach(fd int32) (sock, error) {
 	f := os.NewFile(uintptr(fd), "")
 	defer f.Close()
 	c, err := net.FileConn(f)
 	if err != nil {
 		return nil, err
 	}
-	return c.(*net.TCPConn), nil
+	if sc, ok := c.(sock); ok {
+		return sc, nil
+	}
+	c.Close()
+	return nil, errors.New("not a stream socket")
 }

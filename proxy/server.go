@@ -5,6 +5,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
@@ -38,6 +40,21 @@ type settings struct {
 	pol     guard.Policy // every connection's
 	monitor bool
 	local   netip.AddrPort // the upstream, when it is an address on this host (connectNow)
+	tls     *tls.Config    // the mutual TLS handshake's (tls.go); nil with tls.mode off
+}
+
+// newSettings is the server's settings for c, its mutual TLS configuration included.
+func (s *Server) newSettings(c config.Config) (*settings, error) {
+	st, err := newSettings(c, s.countMessage, s.policyStore())
+	if err != nil {
+		return nil, err
+	}
+	if c.TLS.On() {
+		if st.tls, err = s.serverTLS(c.TLS.Allow); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
 }
 
 // newSettings validates c; onMessage sees each complete message of every connection; the policy
@@ -99,6 +116,9 @@ type Options struct {
 	// HoldHeap sets the process's soft memory limit to what the buffer budget needs
 	// (heapLimit), unless GOMEMLIMIT is set: serve's process has one Server.
 	HoldHeap bool
+	// Identity is this guard's certificate and roots for mutual TLS (tls.*): required with
+	// tls.mode on, unused otherwise.
+	Identity identity.Source
 	// UpgradeFailed, if set, is told why an upgrade in place that the keeper ran failed (this
 	// process serves on). Upgrades without a keeper fail to their caller (HandOver's error).
 	UpgradeFailed func(error)
@@ -112,6 +132,7 @@ type Server struct {
 	now      func() time.Time
 	set      atomic.Pointer[settings]
 	gate     *admission.Gate
+	ids      identity.Source // Options.Identity
 	flows    *verdict.Flows // where flow records go (flow.go)
 	peeks    verdict.Peeks  // banned connections being read (peek.go)
 	buf      *budget
@@ -185,7 +206,11 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	}
 	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
 	s.learned.written, s.learned.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
-	st, err := newSettings(cfg, s.countMessage, s.policyStore())
+	s.ids = opts.Identity
+	if cfg.TLS.On() && s.ids == nil {
+		return nil, errors.New("tls.mode is on and no identity source was given")
+	}
+	st, err := s.newSettings(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -341,7 +366,8 @@ func (s *Server) Serve(ctx context.Context) error {
 // reports false, leaving accepting to acceptLoop, when there are no loops or they cannot take it.
 func (s *Server) loopsAccept() bool {
 	tl, ok := s.listeners.clients.(*net.TCPListener)
-	if s.loops == nil || !ok {
+	if s.loops == nil || !ok || s.set.Load().cfg.TLS.On() { // a handshake is no loop's work
+
 		return false
 	}
 	if err := s.loops.acceptFrom(tl); err != nil {
@@ -486,11 +512,16 @@ func (s *Server) reload(cfg config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	st, err := newSettings(cfg, s.countMessage, s.policyStore())
+	st, err := s.newSettings(cfg)
 	if err != nil {
 		return err
 	}
 	old := s.set.Load().cfg
+	if ot, nt := old.TLS, cfg.TLS; ot.Mode != nt.Mode || ot.CertFile != nt.CertFile || ot.KeyFile != nt.KeyFile ||
+		ot.CAFile != nt.CAFile || ot.SPIFFESocket != nt.SPIFFESocket {
+		return errors.New("tls.mode and where the identity comes from (tls.cert-file, tls.key-file, tls.ca-file, " +
+			"tls.spiffe-socket) cannot change on reload; restart storeguard (the files' contents are re-read as they change)")
+	}
 	if !sameAddr(cfg.Listen, old.Listen, s.listeners.clients) || !sameAddr(cfg.MetricsListen, old.MetricsListen, s.listeners.metrics) {
 		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")
 	}

@@ -76,7 +76,7 @@ func (s *Server) refuseStore(c *conn, reason admission.Reason) {
 	c.decided(audit.VerdictRefused, string(reason))
 	c.ended(endedByGuard)
 	e := s.event(c.src, c.dst, audit.ActionDenied, string(reason))
-	e.ConnID = c.id
+	e.ConnID, e.TLS = c.id, c.tlsInfo()
 	s.writeAudit(e)
 	s.storeCaps.Refused(s.now(), reason, c.st.cfg, c.id, c.src.String())
 }

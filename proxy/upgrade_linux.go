@@ -104,10 +104,13 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	cs := upgrade.Conn{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs,
 		ReadEnded: c.gr.readEnded, UpDeadline: c.gr.upDeadline, Held: c.held, Flow: c.flowCarry(),
 		ClientFd: -1, StoreFd: -1, Refeed: refeed, ToStore: toStore, ToClient: toClient}
-	client, up := c.gr.client, c.gr.up
+	var client, up sock = c.gr.client, nil
+	if c.gr.up != nil {
+		up = c.gr.up
+	}
 	c.mu.Unlock()
 	for _, sock := range []struct {
-		tc *net.TCPConn
+		tc sock
 		fd *int
 	}{{client, &cs.ClientFd}, {up, &cs.StoreFd}} {
 		if sock.tc == nil {

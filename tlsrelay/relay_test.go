@@ -53,7 +53,7 @@ func tcpPair(t *testing.T) (a, b *net.TCPConn) {
 }
 
 func unixPair(t *testing.T) (a, b *net.UnixConn) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,12 +26,32 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.Int("event-loops", d.EventLoops, "event loops accepting and forwarding connections: 0 = one per CPU, -1 = none")
 	fs.String("log-level", strings.ToLower(d.Log.Level.String()), "debug | info | warn | error")
 	fs.String("log-format", string(d.Log.Format), "json | text")
+	addTLSFlags(fs)
+	fs.String("tls-mode", d.TLS.Mode, "off | on: clients from outside --tls-plaintext-sources must complete mutual TLS 1.3")
+	fs.StringSlice("tls-plaintext-sources", nil, "CIDRs that may still speak plaintext (default loopback)")
+}
+
+// addTLSFlags registers the flags of where a guard's identity comes from and whom it accepts:
+// serve's and connect's.
+func addTLSFlags(fs *pflag.FlagSet) {
+	fs.String("tls-cert", "", "this guard's certificate chain (PEM), re-read when it changes")
+	fs.String("tls-key", "", "its private key (PEM)")
+	fs.String("tls-ca", "", "CAs a peer's certificate must chain to (PEM), re-read when it changes")
+	fs.String("tls-spiffe-socket", "", "SPIFFE Workload API socket (unix:///...): SVID and bundle from it instead of the files")
+	fs.StringSlice("tls-allow", nil, "identities allowed (repeatable): spiffe://td/path (* one segment, ** the rest), dns:, uri:, cn:")
 }
 
 // flagAliases map flag names that are not keys themselves.
 var flagAliases = map[string]string{
-	"log-level":  "log.level",
-	"log-format": "log.format",
+	"log-level":             "log.level",
+	"log-format":            "log.format",
+	"tls-mode":              "tls.mode",
+	"tls-cert":              "tls.cert-file",
+	"tls-key":               "tls.key-file",
+	"tls-ca":                "tls.ca-file",
+	"tls-spiffe-socket":     "tls.spiffe-socket",
+	"tls-allow":             "tls.allow",
+	"tls-plaintext-sources": "tls.plaintext-sources",
 }
 
 // flagKey returns the config key the flag name sets, or "" if it sets none.

@@ -22,7 +22,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		SilenceErrors: true,
 		Version:       version.String(),
 	}
-	root.AddCommand(newServeCommand(), newConfigCommand(), newAuditCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newPolicyCommand(), newIdentifyCommand(),
+	root.AddCommand(newServeCommand(), newConnectCommand(), newConfigCommand(), newAuditCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newPolicyCommand(), newIdentifyCommand(),
 		newUpgradeCommand(), newInstallCommand())
 	root.SetArgs(args)
 	root.SetOut(stdout)

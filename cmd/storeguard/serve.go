@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/nbwriter"
 	"github.com/storeguard/storeguard/internal/pidfile"
 	"github.com/storeguard/storeguard/internal/version"
@@ -95,8 +96,15 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 			log.Warn("could not record the failed upgrade beside the pid file", "err", werr)
 		}
 	}
+	var ids identity.Source
+	if cfg.TLS.On() {
+		if ids, err = identitySource(ctx, cfg.TLS, log); err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		defer ids.Close()
+	}
 	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped,
-		AuditRotations: aw.Rotations, HoldHeap: true, UpgradeFailed: failed})
+		AuditRotations: aw.Rotations, HoldHeap: true, UpgradeFailed: failed, Identity: ids})
 	if err != nil {
 		return err
 	}

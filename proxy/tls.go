@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/identity"
+	"github.com/storeguard/storeguard/tlsrec"
+	"github.com/storeguard/storeguard/tlsrelay"
+)
+
+// Mutual TLS between guards (tls.*). A client from outside tls.plaintext-sources completes a
+// TLS 1.3 handshake with a certificate that chains to the configured CA and names an allowed
+// identity before anything else happens; then a relay (tlsrelay) opens its records into the
+// guard's end of a socket pair, and the connection is judged as any other, its client socket
+// being that end: every transport, the upgrade and the policy work on plaintext as they do.
+// The relay's session state is data (tlsrec), so that it can change hands with the connection.
+
+// sock is a client socket: the accepted TCP connection, or the guard's end of a TLS relay's
+// socket pair.
+type sock = tlsrelay.Sock
+
+// tlsConn is what mutual TLS adds to a connection: its relay and who the peer proved to be.
+type tlsConn struct {
+	relay *tlsrelay.Relay
+	info  *audit.TLS // on every event and flow record of the connection
+	id    string     // the peer's identity (identity.Peer.ID)
+}
+
+// tlsInfo is the connection's TLS record for its events, nil without TLS.
+func (c *conn) tlsInfo() *audit.TLS {
+	if c.tls == nil {
+		return nil
+	}
+	return c.tls.info
+}
+
+// setTLS makes c a mutual-TLS connection (t nil: plaintext): its guard's policy sees the
+// peer's identity.
+func (c *conn) setTLS(t *tlsConn) {
+	c.tls = t
+	c.g.As(c.identity())
+}
+
+// identity is the peer's proved identity, "" without TLS.
+func (c *conn) identity() string {
+	if c.tls == nil {
+		return ""
+	}
+	return c.tls.id
+}
+
+// serverTLS is the handshake's configuration for settings of cfg: nil with TLS off.
+func (s *Server) serverTLS(allow []string) (*tls.Config, error) {
+	if s.ids == nil {
+		return nil, nil
+	}
+	a, err := identity.ParseAllow(allow)
+	if err != nil {
+		return nil, err
+	}
+	return identity.ServerConfig(s.ids, a), nil
+}
+
+// handshake runs mutual TLS with a client that must use it. ok: the client socket the
+// connection reads from (the guard's end of the relay's pair) and what TLS adds; release gives
+// back the identity's admission. Else the client was refused: audited with why, counted, a step
+// towards its source's ban, and closed; nothing of it reached the store.
+func (s *Server) handshake(tc *net.TCPConn, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
+	start := s.now()
+	sess, cs, err := tlsrec.Server(tc, st.tls, start.Add(st.cfg.TLS.HandshakeTimeout))
+	if err != nil {
+		why := identity.Classify(err)
+		var info *audit.TLS
+		var re *identity.RefusedError
+		if errors.As(err, &re) && re.Peer != nil {
+			info = audit.TLSOf(&cs, re.Peer.ID)
+		}
+		s.m.handshakes.WithLabelValues(string(why)).Inc()
+		e := audit.HandshakeEvent(src, dst, string(why), info)
+		e.Timestamp = s.now()
+		s.writeAudit(e)
+		s.refusedFlowTLS(src, dst, e.Reason, start, e.TLS)
+		s.log.Info("TLS handshake refused", "src", src.String(), "reason", string(why), "err", err.Error())
+		tc.Close()
+		if banned := s.gate.Violation(src.Addr()); banned.IsValid() {
+			s.bannedFor(src, dst, e.Reason, banned)
+		}
+		return nil, nil, nil, false
+	}
+	peer := identity.PeerOf(cs.PeerCertificates[0])
+	t = &tlsConn{info: audit.TLSOf(&cs, peer.ID), id: peer.ID}
+	release, reason := s.gate.AdmitIdentity(peer.ID)
+	if reason != "" {
+		s.m.refused.WithLabelValues(string(reason)).Inc()
+		e := s.event(src, dst, audit.ActionDenied, string(reason))
+		e.TLS = t.info
+		s.writeAudit(e)
+		s.refusedFlowTLS(src, dst, string(reason), start, t.info)
+		tc.Close()
+		return nil, nil, nil, false
+	}
+	relaySide, guardSide, err := socketPair()
+	if err != nil {
+		s.log.Error("TLS: cannot make a socket pair; closing the client", "src", src.String(), "err", err)
+		release()
+		tc.Close()
+		return nil, nil, nil, false
+	}
+	s.m.handshakes.WithLabelValues("ok").Inc()
+	t.relay = tlsrelay.New(tc, relaySide, sess)
+	t.relay.Run()
+	return guardSide, t, release, true
+}
+
+// refusedFlowTLS writes the flow record of a client refused at its handshake.
+func (s *Server) refusedFlowTLS(src, dst netip.AddrPort, reason string, start time.Time, info *audit.TLS) {
+	f := audit.Flow{Src: src, Dst: dst, Start: start, End: s.now(), Verdict: audit.VerdictRefused, Reason: reason,
+		ClosedBy: audit.ClosedByGuard, Mode: audit.ModeEnforce, TLS: info}
+	s.writeFlow(&f)
+}
+
+// bannedFor audits and logs a source banned after its last refusal (reason).
+func (s *Server) bannedFor(src, dst netip.AddrPort, reason string, banned netip.Prefix) {
+	s.m.bans.Inc()
+	b := s.event(src, dst, audit.ActionBanned, reason)
+	b.Mode = audit.ModeEnforce
+	s.writeAudit(b)
+	s.log.Warn("source banned after repeated violations", "src", src.Addr().String(), "banned", banned.String(),
+		"last_rule", reason)
+}
+
+// socketPair is a connected pair of stream sockets, each in Go's poller.
+func socketPair() (a, b *net.UnixConn, err error) {
+	syscall.ForkLock.RLock() // close-on-exec before any fork can see them (as package net does)
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fds[0])
+		syscall.CloseOnExec(fds[1])
+	}
+	syscall.ForkLock.RUnlock()
+	if err != nil {
+		return nil, nil, os.NewSyscallError("socketpair", err)
+	}
+	conv := func(fd int) (*net.UnixConn, error) {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			return nil, err
+		}
+		return c.(*net.UnixConn), nil
+	}
+	if a, err = conv(fds[0]); err != nil {
+		syscall.Close(fds[1])
+		return nil, nil, err
+	}
+	if b, err = conv(fds[1]); err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
+var _ = admission.Reason("")

@@ -17,8 +17,10 @@ import (
 
 // FileOptions tunes Files.
 type FileOptions struct {
-	Poll     time.Duration // how often the files are read again; default 2s
-	Log      *slog.Logger  // nil: slog.Default()
+	Poll time.Duration // how often the files are read again; default 2s
+	Log  *slog.Logger  // nil: slog.Default()
+	// OnReload is called, from the polling goroutine, after each reload of a pair or a bundle
+	// whose content changed: nil when it is now served, else why the last good one stays.
 	OnReload func(err error)
 }
 

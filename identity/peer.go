@@ -58,6 +58,26 @@ func (p Peer) identity() string {
 	return "sha256:" + p.SHA256
 }
 
+// Names are every identity the certificate vouches for, in the forms Peer.ID and idpattern
+// use: each URI SAN (a SPIFFE ID as it is, any other as uri:), each DNS SAN as dns:, the CN
+// as cn:.
+func (p Peer) Names() []string {
+	names := make([]string, 0, len(p.URIs)+len(p.DNSNames)+1)
+	for _, u := range p.URIs {
+		if !strings.HasPrefix(u, "spiffe://") {
+			u = "uri:" + u
+		}
+		names = append(names, u)
+	}
+	for _, d := range p.DNSNames {
+		names = append(names, "dns:"+d)
+	}
+	if p.CommonName != "" {
+		names = append(names, "cn:"+p.CommonName)
+	}
+	return names
+}
+
 // spiffeID is the first spiffe:// URI SAN; an X509-SVID has exactly one URI SAN.
 func (p Peer) spiffeID() (string, bool) {
 	for _, u := range p.URIs {

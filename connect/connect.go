@@ -8,6 +8,7 @@ package connect
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,14 @@ type Client struct {
 	mu     sync.Mutex
 	relays map[*tlsrelay.Relay]relayInfo
 	wg     sync.WaitGroup
+	// An upgrade in place (upgrade_linux.go): frozen stops accepting and starting relays;
+	// starting counts connections between accept and their relay's start, which a freeze waits
+	// for; handedOver is closed once the next process has everything.
+	frozen     bool
+	starting   int
+	thawed     chan struct{}
+	handedOver chan struct{}
+	handOnce   sync.Once
 }
 
 type relayInfo struct {
@@ -85,7 +94,11 @@ func New(opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{opt: opt, ln: ln.(*net.TCPListener), relays: make(map[*tlsrelay.Relay]relayInfo)}, nil
+	return newClient(opt, ln.(*net.TCPListener)), nil
+}
+
+func newClient(opt Options, ln *net.TCPListener) *Client {
+	return &Client{opt: opt, ln: ln, relays: make(map[*tlsrelay.Relay]relayInfo), handedOver: make(chan struct{})}
 }
 
 // Addr is where the client guard listens.
@@ -102,13 +115,28 @@ func (c *Client) Serve(ctx context.Context, drain time.Duration) error {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				break
 			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() { // an upgrade paused accepting
+				if c.awaitThaw(ctx) {
+					continue
+				}
+				return nil // handed over: the relays are the next process's
+			}
 			c.opt.Log.Error("accept failed", "err", err)
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
 		c.Stats.Accepted.Add(1)
 		c.wg.Add(1)
+		c.mu.Lock()
+		c.starting++
+		c.mu.Unlock()
 		go c.handle(tc)
+	}
+	select {
+	case <-c.handedOver:
+		return nil
+	default:
 	}
 	done := make(chan struct{})
 	go func() { c.wg.Wait(); close(done) }()
@@ -140,6 +168,12 @@ func (c *Client) target(tc *net.TCPConn) (string, error) {
 
 func (c *Client) handle(tc *net.TCPConn) {
 	defer c.wg.Done()
+	started := false
+	defer func() {
+		if !started {
+			c.started(nil, relayInfo{})
+		}
+	}()
 	src := tc.RemoteAddr().(*net.TCPAddr).AddrPort()
 	addr, err := c.target(tc)
 	if err != nil {
@@ -148,41 +182,76 @@ func (c *Client) handle(tc *net.TCPConn) {
 		tc.Close()
 		return
 	}
-	up, err := c.dial(addr)
+	up, sess, cs, err := c.reach(addr)
 	if err != nil {
-		c.Stats.DialFailed.Add(1)
-		c.opt.Log.Warn("cannot reach the master's guard; closing the rank's connection", "server", addr, "err", err)
-		tc.Close()
-		return
-	}
-	host, _, _ := net.SplitHostPort(addr)
-	cfg := identity.ClientConfig(c.opt.Identity, c.opt.Allow, host)
-	sess, cs, err := tlsrec.Client(up, cfg, time.Now().Add(c.opt.HandshakeTimeout))
-	if err != nil {
-		c.Stats.HandshakeFailed.Add(1)
-		c.opt.Log.Warn("mutual TLS with the master's guard failed; closing the rank's connection", "server", addr,
+		c.opt.Log.Warn("cannot reach the master's guard over mutual TLS; closing the rank's connection", "server", addr,
 			"reason", string(identity.Classify(err)), "err", err)
-		up.Close()
 		tc.Close()
 		return
 	}
 	peer := identity.PeerOf(cs.PeerCertificates[0])
 	r := tlsrelay.New(up, tc, sess)
-	done := make(chan struct{})
-	r.OnEnd = func(error) { close(done) }
-	c.track(r, relayInfo{src: src, dst: up.RemoteAddr().(*net.TCPAddr).AddrPort(), peer: peer.ID})
+	started = true
+	c.started(r, relayInfo{src: src, dst: up.RemoteAddr().(*net.TCPAddr).AddrPort(), peer: peer.ID})
 	c.Stats.Relayed.Add(1)
-	c.Stats.Active.Add(1)
-	r.Run()
-	<-done
-	c.Stats.Active.Add(-1)
-	c.untrack(r)
 }
 
-func (c *Client) track(r *tlsrelay.Relay, info relayInfo) {
+// started ends a connection's start: its relay r (nil: it failed) runs, tracked until it ends.
+func (c *Client) started(r *tlsrelay.Relay, info relayInfo) {
 	c.mu.Lock()
-	c.relays[r] = info
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	c.starting--
+	if r != nil {
+		c.relays[r] = info
+		c.run(r)
+	}
+}
+
+// run starts r, counted among the active relays until it ends. Under c.mu.
+func (c *Client) run(r *tlsrelay.Relay) {
+	c.Stats.Active.Add(1)
+	c.wg.Add(1)
+	r.OnEnd = func(error) {
+		c.Stats.Active.Add(-1)
+		c.untrack(r)
+		c.wg.Done()
+	}
+	r.Run()
+}
+
+// attempts is how many times a connection to the master's guard is tried: the rank's bytes wait
+// in its socket meanwhile, so a master guard that restarts or upgrades (and cuts a handshake
+// short) costs the rank a delay, not its connection.
+const attempts = 6
+
+// reach connects to the master's guard at addr and completes mutual TLS, trying again after a
+// refused connection or a handshake cut short; never after the master's certificate was refused.
+func (c *Client) reach(addr string) (*net.TCPConn, *tlsrec.Session, tls.ConnectionState, error) {
+	host, _, _ := net.SplitHostPort(addr)
+	cfg := identity.ClientConfig(c.opt.Identity, c.opt.Allow, host)
+	wait := 50 * time.Millisecond
+	for i := 1; ; i++ {
+		up, err := c.dial(addr)
+		if err != nil {
+			c.Stats.DialFailed.Add(1)
+		} else {
+			sess, cs, herr := tlsrec.Client(up, cfg, time.Now().Add(c.opt.HandshakeTimeout))
+			if herr == nil {
+				return up, sess, cs, nil
+			}
+			up.Close()
+			c.Stats.HandshakeFailed.Add(1)
+			err = herr
+			if r := identity.Classify(herr); r != identity.BadHandshake && r != identity.Timeout {
+				return nil, nil, cs, err // the master's certificate was refused: trying again changes nothing
+			}
+		}
+		if i == attempts {
+			return nil, nil, tls.ConnectionState{}, err
+		}
+		time.Sleep(wait)
+		wait *= 2
+	}
 }
 
 func (c *Client) untrack(r *tlsrelay.Relay) {
@@ -223,4 +292,3 @@ func ParseMark(s string) (int, error) {
 	}
 	return int(n), nil
 }
-

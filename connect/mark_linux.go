@@ -2,4 +2,6 @@ package connect
 
 import "syscall"
 
-func setMark(fd, mark int) error { return syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_MARK, mark) }
+func setMark(fd, mark int) error {
+	return syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_MARK, mark)
+}

@@ -143,7 +143,7 @@ func (s *Server) freeze(timeout time.Duration, gone func() bool) ([]*conn, error
 		conns, waiting := s.quietConns()
 		switch {
 		case waiting == 0 && s.cont.accepting.Load() == 0:
-			return conns, nil
+			return conns, freezeRelays(conns, time.Until(deadline))
 		case gone():
 			return conns, errPeerGone
 		case time.Now().After(deadline):
@@ -192,6 +192,11 @@ func (s *Server) thaw(conns []*conn) {
 	}
 	s.reg.mu.Unlock()
 	s.cont.frz.end()
+	for _, c := range conns {
+		if c.tls != nil {
+			c.tls.relay.Thaw()
+		}
+	}
 	for _, c := range conns {
 		c.rep.mu.Lock()
 		start := len(c.rep.queue) > 0 && !c.rep.writing && !c.rep.failed

@@ -177,6 +177,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 		var idRelease func()
 		if client, t, idRelease, ok = s.handshake(tc, src, dst, st); !ok {
 			release()
+			s.m.active.Dec()
 			s.cont.accepting.Add(-1)
 			s.handlers.Done()
 			return

@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -75,7 +76,31 @@ func (s *Server) serverTLS(allow []string) (*tls.Config, error) {
 // towards its source's ban, and closed; nothing of it reached the store.
 func (s *Server) handshake(tc *net.TCPConn, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
 	start := s.now()
+	// A freeze (an upgrade) does not wait for a handshake, which a client may drag out to
+	// tls.handshake-timeout: one under way is cut short (storeguard connect tries again).
+	done := make(chan struct{})
+	if s.frozen() {
+		tc.SetDeadline(time.Unix(1, 0))
+	} else {
+		started := s.cont.frz.startedCh()
+		go func() {
+			select {
+			case <-started:
+				tc.SetDeadline(time.Unix(1, 0))
+			case <-done:
+			}
+		}()
+	}
 	sess, cs, err := tlsrec.Server(tc, st.tls, start.Add(st.cfg.TLS.HandshakeTimeout))
+	close(done)
+	if err == nil && s.frozen() {
+		err = errHandshakeFrozen
+	}
+	if errors.Is(err, errHandshakeFrozen) || (err != nil && s.frozen()) {
+		s.log.Info("TLS handshake cut short by an upgrade; the client may try again", "src", src.String())
+		tc.Close()
+		return nil, nil, nil, false
+	}
 	if err != nil {
 		why := identity.Classify(err)
 		var info *audit.TLS
@@ -119,6 +144,21 @@ func (s *Server) handshake(tc *net.TCPConn, src, dst netip.AddrPort, st *setting
 	t.relay.Run()
 	return guardSide, t, release, true
 }
+
+// freezeRelays freezes the TLS relays of parked connections: what each has left is then data
+// (frozenState). The connections' own freeze came first, so no relay waits on a guard.
+func freezeRelays(conns []*conn, timeout time.Duration) error {
+	for _, c := range conns {
+		if c.tls != nil && !c.tls.relay.Freeze(max(timeout, 100*time.Millisecond)) {
+			return fmt.Errorf("%w: the TLS relay of connection %d did not stop", errFreezeTimeout, c.id)
+		}
+	}
+	return nil
+}
+
+// errHandshakeFrozen: a handshake that finished after a freeze began; the connection is closed as
+// if cut short, since what it would relay belongs to a process that no longer forwards.
+var errHandshakeFrozen = errors.New("a freeze began during the handshake")
 
 // refusedFlowTLS writes the flow record of a client refused at its handshake.
 func (s *Server) refusedFlowTLS(src, dst netip.AddrPort, reason string, start time.Time, info *audit.TLS) {

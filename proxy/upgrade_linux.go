@@ -122,7 +122,8 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 		}
 		rc.Control(func(fd uintptr) { *sock.fd = int(fd) })
 	}
-	return cs, nil
+	cs.TLS, err = c.tlsState()
+	return cs, err
 }
 
 // adoption is what a previous process handed over, taken before Serve and started by it.
@@ -258,6 +259,10 @@ func (ac *adoptedConn) closeFds() {
 	if ac.st.StoreFd >= 0 {
 		unix.Close(ac.st.StoreFd)
 	}
+	if t := ac.st.TLS; t != nil {
+		unix.Close(t.Fd)
+		unix.Close(t.PlainFd)
+	}
 }
 
 // startAdopted starts the connections a previous process handed over (TakeOver), each where it
@@ -310,6 +315,19 @@ func (s *Server) startAdopted() {
 func (s *Server) startConn(ac *adoptedConn) {
 	c := ac.c
 	c.release = s.gate.Adopt(c.src.Addr())
+	if t := ac.st.TLS; t != nil {
+		if err := c.resumeTLS(t); err != nil {
+			s.log.Warn("upgrade: a TLS connection's relay could not go on; closing it", "conn", c.id, "err", err)
+			c.release()
+			unix.Close(ac.st.ClientFd)
+			if ac.st.StoreFd >= 0 {
+				unix.Close(ac.st.StoreFd)
+			}
+			return
+		}
+		addr, id := c.release, s.gate.AdoptIdentity(t.Identity)
+		c.release = func() { id(); addr() }
+	}
 	if c.g.Talked() {
 		c.untalk = s.markTalker(c.src.Addr())
 	}

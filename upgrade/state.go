@@ -31,6 +31,7 @@ import (
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/storeinfo"
+	"github.com/storeguard/storeguard/tlsrelay"
 )
 
 // Ready is the new process's R.
@@ -78,6 +79,20 @@ type Conn struct {
 	// Refeed is the message in progress and unjudged bytes: fed to the guard again. ToStore is
 	// judged, for the store; ToClient the store's replies the client has not taken.
 	Refeed, ToStore, ToClient []byte `json:"-"`
+	// TLS: a mutual-TLS connection's relay; nil for plaintext.
+	TLS *TLSConn `json:",omitempty"`
+}
+
+// TLSConn is a mutual-TLS connection's relay (tlsrelay) as data: its session's state, what it
+// had left to write, and who the peer proved to be. Its descriptors, when it has its own (Fd >=
+// 0), follow the connection's: the TLS socket (Fd), then the relay's end of the socket pair
+// (PlainFd); a client guard's relay has none but the connection's (its client's socket and, as
+// the store's, the master's). Its bytes (Relay.Rx, ToPlain, ToTLS) follow the connection's.
+type TLSConn struct {
+	Relay       tlsrelay.Left
+	Identity    string
+	Info        *audit.TLS
+	Fd, PlainFd int `json:"-"`
 }
 
 // Flow is a flow's account as an upgrade carries it to the new process.
@@ -94,6 +109,8 @@ type connPacket struct {
 	Conn
 	HasUp                     bool
 	Refeed, ToStore, ToClient int
+	TLSRx, TLSToPlain, TLSToTLS int  `json:",omitempty"`
+	TLSFds                      bool `json:",omitempty"` // the TLS relay's two sockets follow the connection's
 }
 
 const (

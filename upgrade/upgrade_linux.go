@@ -107,10 +107,19 @@ func (o *Old) sendConn(c Conn) error {
 	}
 	p := connPacket{Conn: c, HasUp: c.StoreFd >= 0, Refeed: len(c.Refeed), ToStore: len(c.ToStore),
 		ToClient: len(c.ToClient)}
+	blobs := [][]byte{c.Refeed, c.ToStore, c.ToClient}
+	if t := c.TLS; t != nil {
+		if t.Fd >= 0 {
+			fds = append(fds, t.Fd, t.PlainFd)
+			p.TLSFds = true
+		}
+		p.TLSRx, p.TLSToPlain, p.TLSToTLS = len(t.Relay.Rx), len(t.Relay.ToPlain), len(t.Relay.ToTLS)
+		blobs = append(blobs, t.Relay.Rx, t.Relay.ToPlain, t.Relay.ToTLS)
+	}
 	if err := o.h.Send('C', p, fds...); err != nil {
 		return err
 	}
-	for _, b := range [][]byte{c.Refeed, c.ToStore, c.ToClient} {
+	for _, b := range blobs {
 		if err := o.h.SendBlob(b); err != nil {
 			return err
 		}
@@ -208,6 +217,9 @@ func (n *Next) readConn(kind byte, body []byte, fds []int) (Conn, error) {
 	if p.HasUp {
 		want = 2
 	}
+	if p.TLSFds {
+		want += 2
+	}
 	if len(fds) != want {
 		fdpass.CloseFds(fds)
 		return Conn{}, fmt.Errorf("handover: connection %d came with %d sockets, not %d", p.ID, len(fds), want)
@@ -217,10 +229,23 @@ func (n *Next) readConn(kind byte, body []byte, fds []int) (Conn, error) {
 	if p.HasUp {
 		c.StoreFd = fds[1]
 	}
+	if t := p.TLS; t != nil {
+		t.Fd, t.PlainFd = -1, -1
+		if p.TLSFds {
+			t.Fd, t.PlainFd = fds[len(fds)-2], fds[len(fds)-1]
+		}
+	}
 	var err error
 	if c.Refeed, err = n.h.ReadBlob(p.Refeed, ackTimeout); err == nil {
 		if c.ToStore, err = n.h.ReadBlob(p.ToStore, ackTimeout); err == nil {
 			c.ToClient, err = n.h.ReadBlob(p.ToClient, ackTimeout)
+		}
+	}
+	if t := c.TLS; t != nil && err == nil {
+		if t.Relay.Rx, err = n.h.ReadBlob(p.TLSRx, ackTimeout); err == nil {
+			if t.Relay.ToPlain, err = n.h.ReadBlob(p.TLSToPlain, ackTimeout); err == nil {
+				t.Relay.ToTLS, err = n.h.ReadBlob(p.TLSToTLS, ackTimeout)
+			}
 		}
 	}
 	if err != nil {

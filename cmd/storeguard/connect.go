@@ -17,6 +17,7 @@ import (
 	"github.com/storeguard/storeguard/connect"
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/pidfile"
+	"github.com/storeguard/storeguard/keeper"
 )
 
 func newConnectCommand() *cobra.Command {
@@ -71,13 +72,35 @@ environment stay unchanged.`,
 			return fmt.Errorf("connect needs an identity: --tls-cert, --tls-key and --tls-ca, or --tls-spiffe-socket")
 		}
 		defer ids.Close()
-		c, err := connect.New(connect.Options{Listen: *listen, Server: *server, Transparent: *transparent, Mark: m,
-			Identity: ids, Allow: allow, HandshakeTimeout: *handshake, Log: log})
+		opt := connect.Options{Listen: *listen, Server: *server, Transparent: *transparent, Mark: m,
+			Identity: ids, Allow: allow, HandshakeTimeout: *handshake, Log: log}
+		peer, err := inheritedFile(keeper.HandoverEnv) // started by an upgrade: take over instead of listening
 		if err != nil {
 			return err
 		}
+		var c *connect.Client
+		if peer != nil {
+			c, err = connect.TakeOver(opt, peer)
+			peer.Close()
+		} else {
+			c, err = connect.New(opt)
+		}
+		if err != nil {
+			return err
+		}
+		usr2 := make(chan os.Signal, 1)
+		signal.Notify(usr2, syscall.SIGUSR2)
+		defer signal.Stop(usr2)
+		up := newUpgrader(log)
+		go func() {
+			for range usr2 {
+				if err := up.upgrade(c); err != nil {
+					log.Error("upgrade failed; this process goes on", "err", err)
+				}
+			}
+		}()
 		if *metrics != "" {
-			if err := serveConnectMetrics(ctx, *metrics, c); err != nil {
+			if err := serveConnectMetrics(ctx, *metrics, c, peer != nil); err != nil {
 				return fmt.Errorf("metrics-listen: %w", err)
 			}
 		}
@@ -112,7 +135,9 @@ func logConfig(level, format string) (config.Log, error) {
 }
 
 // serveConnectMetrics serves /metrics and /healthz for a client guard.
-func serveConnectMetrics(ctx context.Context, addr string, c *connect.Client) error {
+// After an upgrade the previous process holds the address until it exits: the listener is then
+// retried for a while.
+func serveConnectMetrics(ctx context.Context, addr string, c *connect.Client, takeOver bool) error {
 	reg := prometheus.NewRegistry()
 	counter := func(name, help string, f func() uint64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "storeguard", Subsystem: "connect",
@@ -128,12 +153,24 @@ func serveConnectMetrics(ctx context.Context, addr string, c *connect.Client) er
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	context.AfterFunc(ctx, func() { srv.Close() })
 	ln, err := net.Listen("tcp", addr)
-	if err != nil {
+	if err == nil {
+		go srv.Serve(ln)
+		return nil
+	}
+	if !takeOver {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	context.AfterFunc(ctx, func() { srv.Close() })
+	go func() {
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end) && ctx.Err() == nil; {
+			time.Sleep(100 * time.Millisecond)
+			if ln, err := net.Listen("tcp", addr); err == nil {
+				srv.Serve(ln)
+				return
+			}
+		}
+	}()
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/keeper"
-	"github.com/storeguard/storeguard/proxy"
 	"github.com/storeguard/storeguard/upgrade"
 )
 
@@ -35,8 +34,14 @@ func newUpgrader(log *slog.Logger) *upgrader {
 	return &upgrader{exe: exe, args: os.Args[1:], log: log}
 }
 
+// handOverer is what an upgrade hands over: a serving guard (proxy.Server) or a client guard
+// (connect.Client).
+type handOverer interface {
+	HandOver(peer *os.File, exited <-chan struct{}) (int, error)
+}
+
 // upgrade hands everything over to a new process; nil once it has it all (Serve then returns).
-func (u *upgrader) upgrade(srv *proxy.Server) error {
+func (u *upgrader) upgrade(srv handOverer) error {
 	mine, theirs, err := fdpass.Pair()
 	if err != nil {
 		return err

@@ -4,13 +4,17 @@ package main
 
 import (
 	"log/slog"
+	"os"
 
-	"github.com/storeguard/storeguard/proxy"
 	"github.com/storeguard/storeguard/upgrade"
 )
 
 type upgrader struct{}
 
+type handOverer interface {
+	HandOver(peer *os.File, exited <-chan struct{}) (int, error)
+}
+
 func newUpgrader(*slog.Logger) *upgrader { return &upgrader{} }
 
-func (*upgrader) upgrade(*proxy.Server) error { return upgrade.ErrNeedsLinux }
+func (*upgrader) upgrade(handOverer) error { return upgrade.ErrNeedsLinux }

@@ -1,0 +1,230 @@
+package connect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/storeguard/storeguard/tlsrelay"
+	"github.com/storeguard/storeguard/upgrade"
+)
+
+// An upgrade in place of a client guard, with package upgrade's protocol as serve's: each relay
+// goes as an upgrade.Conn whose client socket is the rank's, whose store socket is the master's,
+// and whose TLS is the relay's state.
+
+// freezeTimeout bounds how long connections still starting and relays take to stop.
+const freezeTimeout = 5 * time.Second
+
+// HandOver gives the listening socket and every relay to the process at the other end of peer.
+func (c *Client) HandOver(peer *os.File, exited <-chan struct{}) (int, error) {
+	o, err := upgrade.WaitReady(peer, exited)
+	if err != nil {
+		return 0, err
+	}
+	defer o.Close()
+	start := time.Now()
+	relays, err := c.freeze()
+	if err != nil {
+		o.Refuse(err)
+		c.thaw(relays)
+		return 0, err
+	}
+	lnFd, err := fdOf(c.ln)
+	if err != nil {
+		o.Refuse(err)
+		c.thaw(relays)
+		return 0, err
+	}
+	st := upgrade.ServerState{Listen: c.ln.Addr().String(), Conns: len(relays), Frozen: start, Fds: []int{lnFd}}
+	err = o.Send(st, func(i int) (upgrade.Conn, error) { return c.frozenConn(relays[i]) }, func() { c.thaw(relays) })
+	if err != nil {
+		return 0, err
+	}
+	o.Go()
+	for _, r := range relays {
+		r.Abandon()
+	}
+	c.handOnce.Do(func() { close(c.handedOver) })
+	c.opt.Log.Info("upgrade: handed over", "relays", len(relays), "to_pid", o.Peer.PID, "frozen", time.Since(start).String())
+	return len(relays), nil
+}
+
+// freeze pauses accepting, waits for connections still starting, and freezes every relay.
+func (c *Client) freeze() ([]*tlsrelay.Relay, error) {
+	c.mu.Lock()
+	c.frozen, c.thawed = true, make(chan struct{})
+	c.mu.Unlock()
+	c.ln.SetDeadline(time.Unix(1, 0))
+	deadline := time.Now().Add(freezeTimeout)
+	for {
+		c.mu.Lock()
+		n := c.starting
+		relays := make([]*tlsrelay.Relay, 0, len(c.relays))
+		for r := range c.relays {
+			relays = append(relays, r)
+		}
+		c.mu.Unlock()
+		if n == 0 {
+			for _, r := range relays {
+				if !r.Freeze(time.Until(deadline)) {
+					return relays, errors.New("upgrade: a relay did not stop in time")
+				}
+			}
+			return relays, nil
+		}
+		if time.Now().After(deadline) {
+			return relays, fmt.Errorf("upgrade: %d connections still reaching the master after %s", n, freezeTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// thaw ends a freeze that handed nothing over.
+func (c *Client) thaw(relays []*tlsrelay.Relay) {
+	for _, r := range relays {
+		r.Thaw()
+	}
+	c.ln.SetDeadline(time.Time{})
+	c.mu.Lock()
+	c.frozen = false
+	close(c.thawed)
+	c.mu.Unlock()
+}
+
+// awaitThaw waits for a paused accept to go on: true after a thaw, false once handed over.
+func (c *Client) awaitThaw(ctx context.Context) bool {
+	c.mu.Lock()
+	frozen, th := c.frozen, c.thawed
+	c.mu.Unlock()
+	if !frozen {
+		return true
+	}
+	select {
+	case <-th:
+		return true
+	case <-c.handedOver:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// frozenConn is a frozen relay as an upgrade.Conn.
+func (c *Client) frozenConn(r *tlsrelay.Relay) (upgrade.Conn, error) {
+	c.mu.Lock()
+	info := c.relays[r]
+	c.mu.Unlock()
+	cs := upgrade.Conn{Src: info.src, Dst: info.dst, ClientFd: -1, StoreFd: -1,
+		TLS: &upgrade.TLSConn{Relay: r.Left(), Identity: info.peer, Fd: -1, PlainFd: -1}}
+	var err error
+	if cs.ClientFd, err = fdOf(r.Plain); err == nil {
+		cs.StoreFd, err = fdOf(r.TLS)
+	}
+	return cs, err
+}
+
+// fdOf is a socket's descriptor, valid while it is open.
+func fdOf(s syscall.Conn) (int, error) {
+	rc, err := s.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	n := -1
+	if err := rc.Control(func(fd uintptr) { n = int(fd) }); err != nil {
+		return -1, err
+	}
+	return n, nil
+}
+
+// TakeOver makes a client guard from what the process at the other end of peer hands over, and
+// starts its relays once that process says go.
+func TakeOver(opt Options, peer *os.File) (*Client, error) {
+	n, err := upgrade.Join(peer)
+	if err != nil {
+		return nil, err
+	}
+	defer n.Close()
+	if len(n.From.Fds) < 1 {
+		return nil, errors.New("upgrade: no listening socket")
+	}
+	f := os.NewFile(uintptr(n.From.Fds[0]), "listener")
+	ln, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		n.Refuse(err)
+		return nil, err
+	}
+	c := newClient(opt, ln.(*net.TCPListener))
+	type taken struct {
+		r    *tlsrelay.Relay
+		info relayInfo
+	}
+	var relays []taken
+	var bad error
+	err = n.Receive(func(cs upgrade.Conn) {
+		plain, err1 := attach(cs.ClientFd)
+		tlsSock, err2 := attach(cs.StoreFd)
+		if err := errors.Join(err1, err2); err != nil || cs.TLS == nil {
+			bad = errors.Join(bad, err, errors.New("upgrade: a connection without its relay"))
+			closeAll(plain, tlsSock)
+			return
+		}
+		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay)
+		if err != nil {
+			bad = errors.Join(bad, err)
+			closeAll(plain, tlsSock)
+			return
+		}
+		relays = append(relays, taken{r, relayInfo{src: cs.Src, dst: cs.Dst, peer: cs.TLS.Identity}})
+	})
+	if err != nil {
+		for _, t := range relays {
+			t.r.Close()
+		}
+		ln.Close()
+		return nil, err
+	}
+	if bad != nil {
+		opt.Log.Warn("upgrade: connections that could not go on were closed", "err", bad)
+	}
+	c.mu.Lock()
+	for _, t := range relays {
+		c.relays[t.r] = t.info
+		c.run(t.r)
+	}
+	c.mu.Unlock()
+	opt.Log.Info("upgrade: took over", "relays", len(relays), "from_pid", n.From.PID)
+	return c, nil
+}
+
+// attach gives a received descriptor to Go's poller; the descriptor is closed either way.
+func attach(fd int) (tlsrelay.Sock, error) {
+	if fd < 0 {
+		return nil, errors.New("no socket")
+	}
+	f := os.NewFile(uintptr(fd), "")
+	defer f.Close()
+	nc, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	s, ok := nc.(tlsrelay.Sock)
+	if !ok {
+		nc.Close()
+		return nil, errors.New("not a stream socket")
+	}
+	return s, nil
+}
+
+func closeAll(ss ...tlsrelay.Sock) {
+	for _, s := range ss {
+		if s != nil {
+			s.Close()
+		}
+	}
+}

@@ -133,8 +133,8 @@ type Server struct {
 	set      atomic.Pointer[settings]
 	gate     *admission.Gate
 	ids      identity.Source // Options.Identity
-	flows    *verdict.Flows // where flow records go (flow.go)
-	peeks    verdict.Peeks  // banned connections being read (peek.go)
+	flows    *verdict.Flows  // where flow records go (flow.go)
+	peeks    verdict.Peeks   // banned connections being read (peek.go)
 	buf      *budget
 	m        *metrics
 	// slots counts the connections to the store against its caps (storelimit.go); storeCaps keeps

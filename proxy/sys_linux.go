@@ -9,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-
 // clientOptions are what Go sets on the connections it accepts, and setClientOptions on the ones
 // a loop accepts: no Nagle delay, and keep-alive probes after 15 s idle, every 15 s, 9 of them, so
 // that a client host that vanished frees its connection (and its place under the caps) within

@@ -107,8 +107,8 @@ type Flow struct {
 // connPacket is a C packet: the lengths of the bytes that follow stand for them.
 type connPacket struct {
 	Conn
-	HasUp                     bool
-	Refeed, ToStore, ToClient int
+	HasUp                       bool
+	Refeed, ToStore, ToClient   int
 	TLSRx, TLSToPlain, TLSToTLS int  `json:",omitempty"`
 	TLSFds                      bool `json:",omitempty"` // the TLS relay's two sockets follow the connection's
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -167,7 +168,8 @@ type harness struct {
 	audit  *syncBuffer
 	addr   string
 	cancel context.CancelFunc
-	done   chan struct{} // closed when Serve returns
+	done   chan struct{}   // closed when Serve returns
+	ids    identity.Source // mutual TLS's (tls_test.go), nil without
 }
 
 func testConfig(m mode, upstream string) config.Config {
@@ -199,9 +201,15 @@ func startOn(t *testing.T, m mode, upstream string, mutate func(*config.Config))
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	h := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{})}
+	return startWith(t, cfg, nil)
+}
+
+// startWith starts a server with cfg and, for mutual TLS, ids.
+func startWith(t *testing.T, cfg config.Config, ids identity.Source) *harness {
+	t.Helper()
+	h := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), ids: ids}
 	aw := audit.New(h.audit, audit.Options{})
-	srv, err := New(cfg, Options{Audit: aw})
+	srv, err := New(cfg, Options{Audit: aw, Identity: ids})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,8 +32,8 @@ func (h *harness) takeOver(t *testing.T, mutate func(*config.Config)) (*harness,
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	next := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), store: h.store}
-	srv, err := New(cfg, Options{Audit: audit.New(next.audit, audit.Options{})})
+	next := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), store: h.store, ids: h.ids}
+	srv, err := New(cfg, Options{Audit: audit.New(next.audit, audit.Options{}), Identity: h.ids})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,203 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/identity"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// testCA issues the certificates of the mutual-TLS tests.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	der  []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return &testCA{cert: c, key: k, der: der}
+}
+
+// leaf issues a certificate for a SPIFFE ID, valid from notBefore for an hour.
+func (ca *testCA) leaf(t *testing.T, spiffe string, notBefore time.Time) tls.Certificate {
+	t.Helper()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	u, _ := url.Parse(spiffe)
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{SerialNumber: serial, URIs: []*url.URL{u}, NotBefore: notBefore,
+		NotAfter: notBefore.Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &k.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+}
+
+// files writes cert, its key and ca's certificate as PEM files.
+func (ca *testCA) files(t *testing.T, cert tls.Certificate) (certFile, keyFile, caFile string) {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return write("cert.pem", "CERTIFICATE", cert.Certificate[0]), write("key.pem", "PRIVATE KEY", kder),
+		write("ca.pem", "CERTIFICATE", ca.der)
+}
+
+const (
+	masterID = "spiffe://sg.test/master"
+	workerID = "spiffe://sg.test/worker/w1"
+)
+
+// startTLS starts a server with mutual TLS on for every source (none may speak plaintext),
+// allowing spiffe://sg.test/worker/*, in front of a recorder.
+func startTLS(t *testing.T, m mode, ca *testCA) *harness {
+	t.Helper()
+	store := recorder(t, reservedAddr(t))
+	cert, key, caFile := ca.files(t, ca.leaf(t, masterID, time.Now().Add(-time.Minute)))
+	ids, err := identity.Files(cert, key, caFile, identity.FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ids.Close() })
+	cfg := testConfig(m, store.Addr())
+	cfg.TLS = config.TLS{Mode: "on", CertFile: cert, KeyFile: key, CAFile: caFile, Allow: []string{"spiffe://sg.test/worker/*"},
+		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second}
+	h := startWith(t, cfg, ids)
+	h.store = store
+	return h
+}
+
+// dialTLS connects to h with cert, as a client guard does.
+func (h *harness) dialTLS(ca *testCA, cert tls.Certificate) (*tls.Conn, error) {
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	c, err := tls.Dial("tcp", h.addr, &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots,
+		InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+	if err == nil {
+		h.t.Cleanup(func() { c.Close() })
+	}
+	return c, err
+}
+
+// TestMutualTLSForwardsAndNamesThePeer: a client with an allowed identity reaches the store
+// through the relay, byte for byte both ways; its flow record and events carry its identity.
+func TestMutualTLSForwardsAndNamesThePeer(t *testing.T) { run(t, testMutualTLSForwardsAndNamesThePeer) }
+
+func testMutualTLSForwardsAndNamesThePeer(t *testing.T, m mode) {
+	ca := newTestCA(t, "sg.test CA")
+	h := startTLS(t, m, ca)
+	c, err := h.dialTLS(ca, ca.leaf(t, workerID, time.Now().Add(-time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("k"), Value: bytes.Repeat([]byte("v"), 40000)},
+		protocol.Request{Op: protocol.OpGet, Key: []byte("k")})
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the messages at the store", func() bool { return bytes.Equal(h.store.Received(0), msg) })
+	readReply(t, c, 8) // GET's reply (a recorder answers the shortest), back through the relay
+	c.Close()
+	eventually(t, "the flow record", func() bool {
+		for _, f := range h.audit.flows(t) {
+			if f["storeguard.identity"] == workerID && f["tls.established"] == true && f["tls.version"] == "1.3" {
+				return true
+			}
+		}
+		return false
+	})
+	if v := h.metric(`storeguard_tls_handshakes_total{result="ok"}`); v != "1" {
+		t.Errorf("handshakes ok = %q, want 1", v)
+	}
+}
+
+// TestMutualTLSRefusals: plaintext, no certificate, another CA, an expired certificate and an
+// identity not on the list each get nothing to the store, and each refusal is audited with why.
+func TestMutualTLSRefusals(t *testing.T) { run(t, testMutualTLSRefusals, loopsOnly) }
+
+func testMutualTLSRefusals(t *testing.T, m mode) {
+	ca := newTestCA(t, "sg.test CA")
+	other := newTestCA(t, "other CA")
+	h := startTLS(t, m, ca)
+	probe := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/torchelastic/rdzv/state"), Value: []byte("x")})
+	for _, tc := range []struct {
+		name, reason string
+		cert         *tls.Certificate
+	}{
+		{"plaintext", "tls_not_tls", nil},
+		{"no certificate", "tls_no_certificate", &tls.Certificate{}},
+		{"another CA", "tls_unknown_ca", ptr(other.leaf(t, workerID, time.Now().Add(-time.Minute)))},
+		{"expired", "tls_expired", ptr(ca.leaf(t, workerID, time.Now().Add(-2*time.Hour)))},
+		{"not allowed", "tls_identity_not_allowed", ptr(ca.leaf(t, "spiffe://sg.test/other", time.Now().Add(-time.Minute)))},
+	} {
+		if tc.cert == nil {
+			c := h.dial()
+			c.Write(probe)
+			closedByPeer(t, c)
+		} else {
+			var certs []tls.Certificate
+			if tc.cert.Certificate != nil {
+				certs = []tls.Certificate{*tc.cert}
+			}
+			c, err := tls.Dial("tcp", h.addr, &tls.Config{Certificates: certs, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+			if err == nil { // TLS 1.3: the client hears of the refusal at its first read
+				c.Write(probe)
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if n, rerr := c.Read(make([]byte, 16)); rerr == nil {
+					t.Errorf("%s: read %d bytes after a refused handshake", tc.name, n)
+				}
+				c.Close()
+			}
+		}
+		eventually(t, tc.name+"'s refusal", func() bool {
+			for _, e := range h.audit.events(t) {
+				if e["event.action"] == "denied" && e["event.reason"] == tc.reason {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	if n := h.store.NumConns(); n != 0 {
+		t.Fatalf("the store saw %d connections", n)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+

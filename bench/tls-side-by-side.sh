@@ -190,7 +190,7 @@ EOF
 }
 
 SG_TLS=1
-if ! "$SG" serve --help 2>/dev/null | grep -q -- --tls-mode || ! "$SG" connect --help >/dev/null 2>&1; then
+if [[ $("$SG" serve --help 2>&1) != *--tls-mode* ]] || ! "$SG" connect --help >/dev/null 2>&1; then
 	SG_TLS=0
 	echo "this build has no \`storeguard connect\` or no \`serve --tls-mode\`: the storeguard chain was not run" \
 		>"$OUT/missing.txt"

@@ -152,7 +152,7 @@ start_sg_serve() { # listen tag [serve flags...] -> $LAST
 
 start_sg_connect() { # listen server -> $LAST
 	"$SG" connect --listen "127.0.0.1:$1" --server "127.0.0.1:$2" --tls-cert "$PKI/worker.crt" \
-		--tls-key "$PKI/worker.key" --tls-ca "$PKI/ca.crt" --tls-allow spiffe://sg.test/master \
+		--tls-key "$PKI/worker.key" --tls-ca "$PKI/ca.crt" --tls-allow spiffe://sg.test/master --log-level warn \
 		"${CONNECT_ARGS[@]}" >"$OUT/logs/sg-connect.log" 2>&1 &
 	PIDS+=($!)
 	LAST=$!
@@ -307,7 +307,7 @@ if [ "$CAPTURE" = 1 ] && command -v tshark >/dev/null; then
 		p=${SERVER_END[$t]:-}
 		[ -n "$p" ] || continue
 		f=$OUT/capture-$t.pcap
-		tshark -q -i lo -f "tcp port $p" -s 256 -w "$f" >"$OUT/logs/tshark-$t.log" 2>&1 &
+		tshark -q -i lo -f "tcp port $p" -w "$f" >"$OUT/logs/tshark-$t.log" 2>&1 &
 		cap=$!
 		PIDS+=($cap)
 		for _ in $(seq 50); do grep -qs Capturing "$OUT/logs/tshark-$t.log" && break; sleep 0.1; done

@@ -176,9 +176,9 @@ def main():
                 row = f"| `{wl}` | {label} | " + " | ".join(fmt(vals[t], digits) for t in targets)
                 for o in tls_ratios:
                     row += f" | {ratio(vals['sg-tls'], vals[o])}"
-                    if label.endswith("ops/s"):
+                    if get is ops:
                         row += f" ({spread(paired(runs, wl, get, 'sg-tls', o))})"
-                if label.endswith("ops/s"):
+                if get is ops:
                     errs = "/".join(str(sum(r.get("errors", 0) for r in ok(runs, t, wl))) for t in targets)
                     n = "/".join(f"{len(ok(runs, t, wl))}" for t in targets)
                     row += f" | {errs} | {n} |"

@@ -34,11 +34,12 @@ const (
 	OpWaitStorm  Op = "wait-storm" // rounds: N-1 clients WAIT on a key, one SETs it
 	OpRendezvous Op = "rendezvous" // once: N clients connect, handshake, ADD init, WAIT for the last
 	OpIdle       Op = "idle"       // N clients connect, handshake and hold the connection silently
+	OpConnect    Op = "connect"    // each client, over and over: dial, handshake, one GET, close
 )
 
 // Ops lists the workloads.
 func Ops() []Op {
-	return []Op{OpSet, OpGet, OpAdd, OpCheck, OpMultiSet, OpMultiGet, OpMix, OpWaitStorm, OpRendezvous, OpIdle}
+	return []Op{OpSet, OpGet, OpAdd, OpCheck, OpMultiSet, OpMultiGet, OpMix, OpWaitStorm, OpRendezvous, OpIdle, OpConnect}
 }
 
 // Config is one bench run.
@@ -99,7 +100,7 @@ func (o Op) wireOps() []protocol.Op {
 	switch o {
 	case OpSet:
 		return []protocol.Op{protocol.OpSet, protocol.OpGetNumKeys}
-	case OpGet:
+	case OpGet, OpConnect:
 		return []protocol.Op{protocol.OpGet}
 	case OpAdd:
 		return []protocol.Op{protocol.OpAdd}
@@ -161,7 +162,7 @@ type Result struct {
 	Ops          uint64      `json:"ops"`        // wait-storm: rounds; rendezvous: clients released
 	Errors       uint64      `json:"errors"`
 	OpsPerSec    float64     `json:"ops_per_sec"`
-	Latency      Latency     `json:"latency_us"` // per op; wait-storm: per round; rendezvous: per client
+	Latency      Latency     `json:"latency_us"` // per op; wait-storm: per round; rendezvous: per client; connect: per connection
 	Connect      Connect     `json:"connect"`
 	Rendezvous   *Rendezvous `json:"rendezvous,omitempty"`
 	CPU          *CPU        `json:"cpu,omitempty"` // over the measured interval
@@ -228,6 +229,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		err = r.waitStorm(ctx, res)
 	case OpIdle:
 		err = r.idle(ctx, res)
+	case OpConnect:
+		err = r.connectLoop(ctx, res)
 	default:
 		err = r.closedLoop(ctx, res)
 	}

@@ -318,3 +318,28 @@ func TestHistogram(t *testing.T) {
 		}
 	}
 }
+
+// Every connect op is a connection of its own that reached the store: dial, handshake, one GET.
+func TestConnectOpensAConnectionPerOp(t *testing.T) {
+	for _, gen := range []protocol.Generation{protocol.G0, protocol.G6} {
+		t.Run(gen.String(), func(t *testing.T) {
+			s := startFake(t, gen)
+			cfg := testConfig(s.Addr(), OpConnect, gen)
+			cfg.Keys = 20
+			res, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Ops == 0 || res.Errors != 0 {
+				t.Fatalf("ops %d errors %d %v", res.Ops, res.Errors, res.ErrorSamples)
+			}
+			// The prefill connection, then one per op (and those of the warm-up and the ends).
+			if got := s.Accepted(); got < int64(res.Ops)+1 {
+				t.Fatalf("store accepted %d connections for %d connect ops", got, res.Ops)
+			}
+			if res.Latency.P50 <= 0 || res.Latency.P99 < res.Latency.P50 {
+				t.Fatalf("latency %+v", res.Latency)
+			}
+		})
+	}
+}

@@ -67,7 +67,7 @@ func (r *runner) request(cl *client, op Op, i int, keys [][]byte, value []byte, 
 // needsKeys reports whether op reads keys that must exist first (a legacy store's GET of a
 // missing key is an error, and torch clients always WAIT before GET).
 func needsKeys(op Op) bool {
-	return op == OpGet || op == OpMultiGet || op == OpMix || op == OpCheck
+	return op == OpGet || op == OpMultiGet || op == OpMix || op == OpCheck || op == OpConnect
 }
 
 // prefill sets every key from one connection, pipelined, and waits until the store has them.
@@ -166,6 +166,17 @@ func (r *runner) closedLoop(ctx context.Context, res *Result) error {
 			}
 		})
 	}
+	r.measure(ctx, res, &recording)
+	stop.Store(true)
+	wg.Wait()
+	res.Ops = ops.Load()
+	res.Latency = summarize(hist.merged())
+	return nil
+}
+
+// measure lets the workers run unrecorded for the warm-up, then turns recording on for Duration
+// and fills in the measured interval and the CPU spent over it.
+func (r *runner) measure(ctx context.Context, res *Result, recording *atomic.Bool) {
 	select {
 	case <-time.After(r.cfg.Warmup):
 	case <-ctx.Done():
@@ -180,10 +191,70 @@ func (r *runner) closedLoop(ctx context.Context, res *Result) error {
 	recording.Store(false)
 	res.DurationS = time.Since(t0).Seconds()
 	res.CPU = cpu.end()
+}
+
+// connectLoop measures connection set-up as a new torch client lives it: each of Conns workers
+// opens a connection, handshakes, sends one GET, reads the reply and closes, over and over. One
+// op is one connection; its latency runs from the dial to the GET's reply, so through a proxy it
+// covers the proxy's own set-up (its dial to the store, a TLS handshake) and the first forwarded
+// request. The close is not timed: its cost to the parties shows in the next set-ups.
+func (r *runner) connectLoop(ctx context.Context, res *Result) error {
+	keys := make([][]byte, r.cfg.Keys)
+	for i := range keys {
+		keys[i] = r.key(i)
+	}
+	if err := r.prefill(ctx, keys, bytes.Repeat([]byte{'v'}, r.cfg.ValueSize)); err != nil {
+		return err
+	}
+	var (
+		hist      shardedHist
+		ops       atomic.Uint64
+		recording atomic.Bool
+		stop      atomic.Bool
+		wg        sync.WaitGroup
+	)
+	for w := range r.cfg.Conns {
+		wg.Go(func() {
+			for i := w * len(keys) / r.cfg.Conns; !stop.Load() && ctx.Err() == nil; i++ {
+				t0 := time.Now()
+				err := r.setUp(ctx, w, keys[i%len(keys)])
+				d := time.Since(t0)
+				if err != nil {
+					if !stop.Load() {
+						r.errs.add(err)
+					}
+					continue
+				}
+				if recording.Load() {
+					hist.record(w, d)
+					ops.Add(1)
+				}
+			}
+		})
+	}
+	r.measure(ctx, res, &recording)
 	stop.Store(true)
 	wg.Wait()
 	res.Ops = ops.Load()
 	res.Latency = summarize(hist.merged())
+	return nil
+}
+
+// setUp is one connection of connectLoop: dial, handshake, GET key, close.
+func (r *runner) setUp(ctx context.Context, id int, key []byte) error {
+	c, _, err := r.d.dial(ctx)
+	if err != nil {
+		return fmt.Errorf("dial: %w", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(r.cfg.Timeout))
+	cl := newClient(c, r.cfg.Gen)
+	if err := cl.handshake(uint32(id) + 1); err != nil {
+		return fmt.Errorf("handshake: %w", err)
+	}
+	if err := cl.do(cl.encode(nil, protocol.Request{Op: protocol.OpGet, Key: key}), replyBytes); err != nil {
+		return fmt.Errorf("first get: %w", err)
+	}
 	return nil
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs, only when missing, everything the tests need: Debian packages (haproxy, tshark,
+# Installs, only when missing, everything the tests need: Debian packages (haproxy, stunnel4, tshark,
 # nftables, nmap, iproute2, python3-torch, chromium; masscan, redis-tools, openssh-client, curl,
 # openssl, wget for probename/testdata/capture-all.sh), Go modules, pytest, sigma-cli with its
 # Elasticsearch and Splunk backends (a venv of scripts/sigma-convert.sh), and the real-torch
@@ -11,6 +11,7 @@ log() { echo "install-deps: $*" >&2; }
 
 need=()
 command -v haproxy >/dev/null || need+=(haproxy)
+command -v stunnel4 >/dev/null || need+=(stunnel4) # bench/tls-side-by-side.sh: TLS at both ends, the reference
 command -v tshark >/dev/null || need+=(tshark)
 command -v nft >/dev/null || need+=(nftables)
 command -v nmap >/dev/null || need+=(nmap)

@@ -81,6 +81,14 @@ func New(opt Options) (*Client, error) {
 	if opt.Server == "" && !opt.Transparent {
 		return nil, errors.New("connect: --server is required without --transparent")
 	}
+	ln, err := net.Listen("tcp", opt.Listen)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(opt, ln.(*net.TCPListener)), nil
+}
+
+func newClient(opt Options, ln *net.TCPListener) *Client {
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
 	}
@@ -90,14 +98,6 @@ func New(opt Options) (*Client, error) {
 	if opt.DialTimeout <= 0 {
 		opt.DialTimeout = 10 * time.Second
 	}
-	ln, err := net.Listen("tcp", opt.Listen)
-	if err != nil {
-		return nil, err
-	}
-	return newClient(opt, ln.(*net.TCPListener)), nil
-}
-
-func newClient(opt Options, ln *net.TCPListener) *Client {
 	return &Client{opt: opt, ln: ln, relays: make(map[*tlsrelay.Relay]relayInfo), handedOver: make(chan struct{})}
 }
 

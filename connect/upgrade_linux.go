@@ -190,7 +190,7 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 		return nil, err
 	}
 	if bad != nil {
-		opt.Log.Warn("upgrade: connections that could not go on were closed", "err", bad)
+		c.opt.Log.Warn("upgrade: connections that could not go on were closed", "err", bad)
 	}
 	c.mu.Lock()
 	for _, t := range relays {
@@ -198,7 +198,7 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 		c.run(t.r)
 	}
 	c.mu.Unlock()
-	opt.Log.Info("upgrade: took over", "relays", len(relays), "from_pid", n.From.PID)
+	c.opt.Log.Info("upgrade: took over", "relays", len(relays), "from_pid", n.From.PID)
 	return c, nil
 }
 

@@ -1,0 +1,189 @@
+package connect
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/identity"
+	"github.com/storeguard/storeguard/internal/fdpass"
+	"github.com/storeguard/storeguard/internal/storesim"
+	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/proxy"
+)
+
+// pki writes a CA and a certificate per SPIFFE ID as PEM files: dir/<name>.pem, .key, ca.pem.
+func pki(t *testing.T, ids map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "CA"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour)}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("ca.pem", "CERTIFICATE", caDER)
+	for name, id := range ids {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		u, _ := url.Parse(id)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(len(name)) + 2), URIs: []*url.URL{u},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caTmpl, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kder, _ := x509.MarshalPKCS8PrivateKey(k)
+		write(name+".pem", "CERTIFICATE", der)
+		write(name+".key", "PRIVATE KEY", kder)
+	}
+	return dir
+}
+
+func files(t *testing.T, dir, name string) identity.Source {
+	t.Helper()
+	src, err := identity.Files(filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"), filepath.Join(dir, "ca.pem"),
+		identity.FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	return src
+}
+
+// TestClientGuardEndToEndAndUpgrade: a rank's connection through a client guard and a serving
+// guard (mutual TLS, every source) to a store, byte for byte; then the client guard hands its
+// relay over to a new one (an upgrade in place) mid-message, and the connection goes on.
+func TestClientGuardEndToEndAndUpgrade(t *testing.T) {
+	dir := pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})
+	store, err := storesim.StartRecorder("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	cfg := config.Default()
+	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", store.Addr(), "", "1.13"
+	cfg.TLS = config.TLS{Mode: "on", CertFile: "x", KeyFile: "x", CAFile: "x", Allow: []string{"spiffe://sg.test/worker/*"},
+		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second}
+	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, dir, "master")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go srv.Serve(ctx)
+
+	allow, _ := identity.ParseAllow([]string{"spiffe://sg.test/master"})
+	opt := Options{Listen: "127.0.0.1:0", Server: srv.Addr().String(), Identity: files(t, dir, "worker"), Allow: allow}
+	c, err := New(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { c.Serve(ctx, time.Second); close(served) }()
+
+	rank, err := net.Dial("tcp", c.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rank.Close()
+	rank.SetDeadline(time.Now().Add(20 * time.Second))
+	add := enc(t, protocol.Request{Op: protocol.OpAdd, Key: []byte("/n"), Int: 1})
+	set := enc(t, protocol.Request{Op: protocol.OpSet, Key: []byte("/k"), Value: bytes.Repeat([]byte("v"), 70000)})
+	rank.Write(add)
+	if _, err := io.ReadFull(rank, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	rank.Write(set[:40000])
+	for deadline := time.Now().Add(5 * time.Second); c.Stats.Active.Load() != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no relay")
+		}
+	}
+
+	mine, theirs, err := fdpass.Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := make(chan *Client, 1)
+	go func() {
+		n, err := TakeOver(opt, theirs)
+		if err != nil {
+			t.Error(err)
+		}
+		took <- n
+	}()
+	if n, err := c.HandOver(mine, nil); err != nil || n != 1 {
+		t.Fatalf("handed over %d relays: %v", n, err)
+	}
+	next := <-took
+	if next == nil {
+		t.FailNow()
+	}
+	select {
+	case <-served:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old client guard's Serve did not return")
+	}
+	go next.Serve(ctx, time.Second)
+
+	rank.Write(set[40000:])
+	rank.Write(add)
+	if _, err := io.ReadFull(rank, make([]byte, 8)); err != nil {
+		t.Fatalf("after the upgrade: %v", err)
+	}
+	want := append(append(append([]byte{}, add...), set...), add...)
+	for deadline := time.Now().Add(5 * time.Second); !bytes.Equal(store.Received(0), want); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the store has %d bytes, want %d", len(store.Received(0)), len(want))
+		}
+	}
+	// The new client guard accepts on the same address.
+	r2, err := net.Dial("tcp", c.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	r2.SetDeadline(time.Now().Add(10 * time.Second))
+	r2.Write(add)
+	if _, err := io.ReadFull(r2, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func enc(t *testing.T, rs ...protocol.Request) []byte {
+	var b []byte
+	for _, r := range rs {
+		var err error
+		if b, err = protocol.Append(b, protocol.G0, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}

@@ -200,4 +200,3 @@ func testMutualTLSRefusals(t *testing.T, m mode) {
 }
 
 func ptr[T any](v T) *T { return &v }
-

@@ -167,8 +167,8 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 	var relays []taken
 	var bad error
 	err = n.Receive(func(cs upgrade.Conn) {
-		plain, err1 := attach(cs.ClientFd)
-		tlsSock, err2 := attach(cs.StoreFd)
+		plain, err1 := tlsrelay.FromFd(cs.ClientFd)
+		tlsSock, err2 := tlsrelay.FromFd(cs.StoreFd)
 		if err := errors.Join(err1, err2); err != nil || cs.TLS == nil {
 			bad = errors.Join(bad, err, errors.New("upgrade: a connection without its relay"))
 			closeAll(plain, tlsSock)
@@ -200,25 +200,6 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 	c.mu.Unlock()
 	c.opt.Log.Info("upgrade: took over", "relays", len(relays), "from_pid", n.From.PID)
 	return c, nil
-}
-
-// attach gives a received descriptor to Go's poller; the descriptor is closed either way.
-func attach(fd int) (tlsrelay.Sock, error) {
-	if fd < 0 {
-		return nil, errors.New("no socket")
-	}
-	f := os.NewFile(uintptr(fd), "")
-	defer f.Close()
-	nc, err := net.FileConn(f)
-	if err != nil {
-		return nil, err
-	}
-	s, ok := nc.(tlsrelay.Sock)
-	if !ok {
-		nc.Close()
-		return nil, errors.New("not a stream socket")
-	}
-	return s, nil
 }
 
 func closeAll(ss ...tlsrelay.Sock) {

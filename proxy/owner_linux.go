@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"github.com/storeguard/storeguard/tlsrelay"
 	"net"
 	"net/netip"
 	"os"
@@ -291,16 +292,4 @@ func dupFd(sc syscall.Conn) (int32, error) {
 }
 
 // attach gives a descriptor from detach back to Go's poller; the descriptor is closed either way.
-func attach(fd int32) (sock, error) {
-	f := os.NewFile(uintptr(fd), "")
-	defer f.Close()
-	c, err := net.FileConn(f)
-	if err != nil {
-		return nil, err
-	}
-	if sc, ok := c.(sock); ok {
-		return sc, nil
-	}
-	c.Close()
-	return nil, errors.New("not a stream socket")
-}
+func attach(fd int32) (sock, error) { return tlsrelay.FromFd(int(fd)) }

@@ -353,3 +353,23 @@ func (r *Relay) Close() {
 		r.Plain.Close()
 	}
 }
+
+// FromFd gives a stream socket's descriptor (received from another process) to Go's poller; the
+// descriptor is closed either way, the returned socket having its own.
+func FromFd(fd int) (Sock, error) {
+	if fd < 0 {
+		return nil, errors.New("no socket")
+	}
+	f := os.NewFile(uintptr(fd), "")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	s, ok := c.(Sock)
+	if !ok {
+		c.Close()
+		return nil, errors.New("not a stream socket")
+	}
+	return s, nil
+}

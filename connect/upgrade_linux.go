@@ -22,6 +22,11 @@ const freezeTimeout = 5 * time.Second
 
 // HandOver gives the listening socket and every relay to the process at the other end of peer.
 func (c *Client) HandOver(peer *os.File, exited <-chan struct{}) (int, error) {
+	select {
+	case <-c.handedOver:
+		return 0, errors.New("handed over already")
+	default:
+	}
 	o, err := upgrade.WaitReady(peer, exited)
 	if err != nil {
 		return 0, err

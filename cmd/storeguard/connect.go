@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -92,13 +93,17 @@ environment stay unchanged.`,
 		signal.Notify(usr2, syscall.SIGUSR2)
 		defer signal.Stop(usr2)
 		up := newUpgrader(log)
+		var upgrading sync.Mutex // held by an upgrade: one that handed over logs its end before the log closes
 		go func() {
 			for range usr2 {
+				upgrading.Lock()
 				if err := up.upgrade(c); err != nil {
 					log.Error("upgrade failed; this process goes on", "err", err)
 				}
+				upgrading.Unlock()
 			}
 		}()
+		defer upgrading.Lock()
 		if *metrics != "" {
 			if err := serveConnectMetrics(ctx, *metrics, c, peer != nil); err != nil {
 				return fmt.Errorf("metrics-listen: %w", err)

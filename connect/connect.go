@@ -160,7 +160,9 @@ func (c *Client) target(tc *net.TCPConn) (string, error) {
 	}
 	dst := origdst.Of(tc)
 	local := tc.LocalAddr().(*net.TCPAddr).AddrPort()
-	if dst == local || !dst.IsValid() {
+	// A wildcard listener's local address is IPv4-in-IPv6 while SO_ORIGINAL_DST says IPv4: unmapped,
+	// a connection made to this guard itself (not redirected) is refused, never dialled again.
+	if !dst.IsValid() || (dst.Addr().Unmap() == local.Addr().Unmap() && dst.Port() == local.Port()) {
 		return "", errors.New("not redirected: no original destination (connect --transparent takes only connections the OUTPUT rule redirected)")
 	}
 	return dst.String(), nil

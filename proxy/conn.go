@@ -386,7 +386,9 @@ func (c *conn) end() {
 		c.storeSlot()
 	}
 	c.s.track(c, false)
-	c.s.cont.kp.Ended(c.id)
+	if c.kept() {
+		c.s.cont.kp.Ended(c.id)
+	}
 	c.s.m.active.Dec()
 	c.release()
 	c.s.handlers.Done()

@@ -187,7 +187,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 	}
 	c := s.accepted(client, src, dst, release)
 	c.setTLS(t)
-	if s.cont.kp != nil && t == nil { // a keeper cannot restore a TLS connection's relay (docs/design.md)
+	if c.kept() {
 		sockFd(tc, func(fd int) { s.cont.kp.Opened(c.id, c.src, c.dst, fd) })
 	}
 	s.track(c, true)
@@ -319,7 +319,7 @@ func (c *conn) dialStore() (deferred bool) {
 		return false
 	}
 	c.gr.up = up.(*net.TCPConn)
-	if s.cont.kp != nil {
+	if c.kept() {
 		sockFd(c.gr.up, func(fd int) { s.cont.kp.Connected(c.id, fd) })
 	}
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {

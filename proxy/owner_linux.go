@@ -49,7 +49,9 @@ func (c *conn) connectStore(l *loop) bool {
 		unix.Close(int(fd))
 		return false
 	}
-	c.s.cont.kp.Connected(c.id, int(fd))
+	if c.kept() {
+		c.s.cont.kp.Connected(c.id, int(fd))
+	}
 	c.mu.Lock()
 	c.lt.ufd, c.dial.done = fd, true
 	c.mu.Unlock()

@@ -50,6 +50,10 @@ func (c *conn) setTLS(t *tlsConn) {
 	c.g.As(c.identity())
 }
 
+// kept reports whether a keeper holds the connection's sockets: never a TLS connection's, whose
+// relay it could not restore (docs/design.md, "What a crash costs a TLS connection").
+func (c *conn) kept() bool { return c.s.cont.kp != nil && c.tls == nil }
+
 // identity is the peer's proved identity, "" without TLS.
 func (c *conn) identity() string {
 	if c.tls == nil {

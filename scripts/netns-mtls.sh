@@ -65,7 +65,7 @@ NS_I=sg-mtls-i-$TAG
 WORK=$(mktemp -d /tmp/storeguard-netns-mtls.XXXXXX)
 CERTS=$WORK/certs
 WCERTS=$WORK/worker-certs   # what the worker's client guard reads (replaced in place for the rotation)
-AUDIT=$WORK/audit.jsonl
+AUDIT=$WORK/audit-0.jsonl   # start_master sets it
 REC=$WORK/relay             # relay recordings
 PASSED=0
 FAILED=0
@@ -469,7 +469,10 @@ case "$got" in *timed\ out*|*timeout*) pass "the store port is not reachable fro
 M_GUARD_PID=""
 W_GUARD_PID=""
 # start_master EXTRA_CONFIG_YAML: the master's guard under its keeper (as the kit runs it), config in a file
+M_STARTS=0
 start_master() {
+	M_STARTS=$((M_STARTS + 1))
+	AUDIT=$WORK/audit-$M_STARTS.jsonl   # each guard's own: one check's events do not answer another's
 	{
 		if [ "$TLS" = on ]; then
 			printf 'tls:\n  plaintext-sources: ["127.0.0.0/8", "::1/128", "%s/32"]\n' "$M_ADDR"
@@ -593,12 +596,17 @@ phase_A() {
 		fail "A4 no audit line from $W_ADDR carries the new serial $SER_W1_NEW in any form ($forms)"
 		grep -a -h "$W_ADDR" "$AUDIT" "$AUDIT".flows* 2>/dev/null | tail -n 2 | cut_lines >&2 || true
 	fi
-	# The master accepts the new certificate from the worker host directly (OpenSSL as the client).
-	got=$(inw timeout 10 openssl s_client -connect "$M_ADDR:$GUARD_PORT" -tls1_3 -cert "$WCERTS/tls.crt" \
-		-key "$WCERTS/tls.key" -CAfile "$CERTS/ca.crt" -verify_return_error </dev/null 2>&1 \
-		| grep -a -E 'Verify return code|alert|errno' | head -2 | tr '\n' ' ') || true
-	case "$got" in *"Verify return code: 0"*) pass "A5 openssl s_client from the worker with the new certificate: $got";;
-		*) fail "A5 openssl s_client from the worker with the new certificate: $got";; esac
+	# An OpenSSL peer with the new certificate: the master's certificate verifies against the CA, and a GETNUMKEYS
+	# sent over the connection is answered (8 bytes). From the intruder's namespace: in the worker's, the OUTPUT rule
+	# would hand openssl's connection to the client guard.
+	got=$({ printf '\000\316\367\205\074\007'; sleep 2; } | ini timeout 8 openssl s_client -quiet -connect "$M_ADDR:$GUARD_PORT" \
+		-tls1_3 -cert "$WCERTS/tls.crt" -key "$WCERTS/tls.key" -CAfile "$CERTS/ca.crt" -verify_return_error \
+		2>"$WORK/s_client.err" | od -An -tx1 | tr -d ' \n') || true
+	if [ ${#got} = 16 ]; then
+		pass "A5 openssl s_client with the worker's new certificate: the master's chain verifies, GETNUMKEYS answered ($got)"
+	else
+		fail "A5 openssl s_client with the worker's new certificate: reply '$got', $(grep -a -E 'verify|alert|error' "$WORK/s_client.err" | head -3 | tr '\n' ' ' | cut_lines)"
+	fi
 }
 # after the job: its flows are written
 post_A() {
@@ -645,9 +653,19 @@ intrude() {
 	fi
 }
 phase_B() {
-	local marker=intruder/torch-$TAG c0 got ev
+	local marker=intruder/torch-$TAG c0 got ev pc
 	c0=$(relay_conns)
-	got=$(ini "$TORCH_PY" "$WORK/plainclient.py" "$M_ADDR" "$GUARD_PORT" "$marker" 2>&1 | tail -1 | cut_lines) || true
+	# torch's client (10 s to import here, then retries until its timeout) runs beside the raw intruders
+	ip netns exec "$NS_I" "$TORCH_PY" "$WORK/plainclient.py" "$M_ADDR" "$GUARD_PORT" "$marker" >"$WORK/plainclient.log" 2>&1 &
+	pc=$!
+	PIDS+=("$pc")
+	intrude raw not_tls
+	intrude nocert no_certificate nocert
+	intrude otherca unknown_ca "$CERTS/evil-w1.crt" "$CERTS/evil-w1.key"
+	intrude expired expired "$CERTS/w1-expired.crt" "$CERTS/w1-expired.key"
+	intrude notallowed identity_not_allowed "$CERTS/other.crt" "$CERTS/other.key"
+	wait "$pc" || true
+	got=$(tail -1 "$WORK/plainclient.log" | cut_lines)
 	if [ "$TLS" = on ]; then
 		[ "$(relay_has "$marker")" = 0 ] && [ "$(relay_conns)" = "$c0" ] \
 			&& pass "B-plain torch's TCPStore client from the intruder: 0 bytes to the store [$got]" \
@@ -659,11 +677,6 @@ phase_B() {
 			&& pass "B-plain harness control: torch's client from the intruder reaches the store when nothing stops it [$got]" \
 			|| fail "B-plain harness control: the relay never saw the torch client's marker [$got]"
 	fi
-	intrude raw not_tls
-	intrude nocert no_certificate nocert
-	intrude otherca unknown_ca "$CERTS/evil-w1.crt" "$CERTS/evil-w1.key"
-	intrude expired expired "$CERTS/w1-expired.crt" "$CERTS/w1-expired.key"
-	intrude notallowed identity_not_allowed "$CERTS/other.crt" "$CERTS/other.key"
 	if [ "$TLS" = on ]; then
 		# The worker's client guard carries the worker's identity: it must carry nobody else's connections.
 		marker=intruder/via-worker-$TAG
@@ -690,7 +703,7 @@ post_B() {
 			fail "B-nmap nmap -sV grew the store: keys $k0 -> $k1, relay connections $c0 -> $(relay_conns), bytes $b0 -> $b1"
 		fi
 		local n; n=$(grep -a -c "\"$I_ADDR\"" "$AUDIT" 2>/dev/null) || true
-		note "B-nmap: $n audit lines name $I_ADDR; reasons: $(grep -a "\"$I_ADDR\"" "$AUDIT" 2>/dev/null | grep -a -o '"event.reason":"[a-z_]*"' | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
+		note "B-nmap: $n audit lines name $I_ADDR; reasons: $({ grep -a "\"$I_ADDR\"" "$AUDIT" 2>/dev/null || true; } | { grep -a -o '"event.reason": *"[a-z_]*"' || true; } | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
 	else
 		note "B-nmap harness: nmap -sV through the plaintext guard ($(($(date +%s) - t0)) s, '$svc'): keys $k0 -> $k1, relay connections $c0 -> $(relay_conns), bytes $b0 -> $b1"
 	fi
@@ -732,7 +745,7 @@ attack() {
 	local key="torch.rendezvous.$4" v="{\"pickle_system\":\"touch $WORK/pwned-$4\"}" spec
 	spec="[{\"op\":\"set\",\"key\":\"$key\",\"value\":$v,\"tag\":\"set\"},{\"op\":\"compare_set\",\"key\":\"$key\",\"value\":$v,\"tag\":\"cas\"},"
 	spec="$spec{\"op\":\"multi_set\",\"key\":\"$key\",\"value\":$v,\"tag\":\"mset\"}]"
-	ip netns exec "$1" timeout 90 "$TORCH_PY" -W ignore "$ROOT/interop/policy_attack.py" "$2" "$3" "$spec" --timeout 6 \
+	ip netns exec "$1" timeout 90 "$TORCH_PY" -W ignore "$ROOT/interop/policy_attack.py" "$2" "$3" "$spec" --timeout 3 \
 		>"$WORK/attack-$5.log" 2>&1 || true
 }
 raised() { grep -c '"raised": true' "$WORK/attack-$1.log" || true; }
@@ -755,24 +768,25 @@ check_D() {
 	[ "$(relay_has "torch.rendezvous.$run")" -ge 1 ] \
 		&& pass "D0 control: policy off, the pickle SET from the allowed worker reaches the store (so what stops the intruder is identity)" \
 		|| fail "D0 control: the worker's attack never reached the store: is the policy stage off? $(head -c 600 "$WORK/attack-worker.log")"
+	# D1 in plaintext and D2 through the intruder's own client guard (a certificate of the right CA, an identity not on
+	# the list), side by side: neither may open a connection to the store.
+	ipid=$(start_client "$NS_I" "$WORK/intruder-guard.pid" "$WORK/intruder-guard.log" --listen "127.0.0.1:$IN_CLIENT_PORT" \
+		--server "$M_ADDR:$GUARD_PORT" --tls-cert "$CERTS/other.crt" --tls-key "$CERTS/other.key" \
+		--tls-ca "$CERTS/ca.crt" --tls-allow 'spiffe://sg.test/master')
+	wait_listen "$NS_I" "$IN_CLIENT_PORT" 15 || fail "D2 the intruder's client guard did not listen on :$IN_CLIENT_PORT"
 	c0=$(relay_conns)
-	run=plain$TAG
-	attack "$NS_I" "$M_ADDR" "$GUARD_PORT" "$run" plain
-	if [ "$(relay_has "torch.rendezvous.$run")" = 0 ] && [ "$(relay_conns)" = "$c0" ]; then
+	attack "$NS_I" "$M_ADDR" "$GUARD_PORT" "plain$TAG" plain &
+	local d1=$!
+	attack "$NS_I" 127.0.0.1 "$IN_CLIENT_PORT" "mtls$TAG" other
+	wait "$d1" || true
+	if [ "$(relay_has "torch.rendezvous.plain$TAG")" = 0 ] && [ "$(relay_conns)" = "$c0" ]; then
 		pass "D1 the attacks in plaintext from the intruder: 0 bytes to the store ($(raised plain) of 3 raised)"
 	else
 		fail "D1 the intruder's plaintext attacks reached the store (relay $c0 -> $(relay_conns))"
 	fi
 	ev=$(audit_find 8 "source.ip=$I_ADDR" "event.action=denied" "event.reason=tls_not_tls") \
 		&& pass "D1 audited: $ev" || fail "D1 no tls_not_tls denial from $I_ADDR: $ev"
-	# The intruder's own client guard, with a certificate of the right CA but an identity not on the list.
-	ipid=$(start_client "$NS_I" "$WORK/intruder-guard.pid" "$WORK/intruder-guard.log" --listen "127.0.0.1:$IN_CLIENT_PORT" \
-		--server "$M_ADDR:$GUARD_PORT" --tls-cert "$CERTS/other.crt" --tls-key "$CERTS/other.key" \
-		--tls-ca "$CERTS/ca.crt" --tls-allow 'spiffe://sg.test/master')
-	wait_listen "$NS_I" "$IN_CLIENT_PORT" 15 || fail "D2 the intruder's client guard did not listen on :$IN_CLIENT_PORT"
-	c0=$(relay_conns)
 	run=mtls$TAG
-	attack "$NS_I" 127.0.0.1 "$IN_CLIENT_PORT" "$run" other
 	if [ "$(relay_has "torch.rendezvous.$run")" = 0 ] && [ "$(relay_conns)" = "$c0" ]; then
 		pass "D2 the attacks through the intruder's own client guard (spiffe://sg.test/other): 0 bytes to the store ($(raised other) of 3 raised)"
 	else

@@ -246,7 +246,7 @@ cat >"$WORK/job.py" <<'EOF'
 # job.py HOST PORT SECONDS OUT: one torchrun rank (env from torchrun, unchanged): gloo all_reduce, then a loop of
 # set/get on the rendezvous store (a TCPStore client of HOST:PORT, as any job code may open) for at least SECONDS and
 # until OUT/stop exists (at most 150 s), counting failed ops (a failed op reconnects); then barrier.
-# Writes OUT/started<R> once the loop runs, OUT/rank<R>.json at the end.
+# Writes OUT/started<R> (MASTER_ADDR:MASTER_PORT) once the loop runs, OUT/rank<R>.json at the end.
 import datetime, json, os, sys, time
 import torch, torch.distributed as dist
 host, port, secs, out = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
@@ -257,7 +257,8 @@ dist.all_reduce(t)
 def client():
     return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=30), wait_for_workers=False)
 store, ops, failed, errors, reconnects = client(), 0, 0, [], 0
-open(os.path.join(out, "started%d" % rank), "w").close()
+with open(os.path.join(out, "started%d" % rank), "w") as f:
+    f.write("%s:%s" % (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")))
 t0 = time.time()
 i = 0
 while time.time() - t0 < 150 and (time.time() - t0 < secs or not os.path.exists(os.path.join(out, "stop"))):
@@ -685,6 +686,13 @@ phase_B() {
 		[ "$(relay_has "$marker")" = 0 ] \
 			&& pass "B-relay the worker's client guard ($W_ADDR:$CLIENT_PORT) does not carry the intruder's bytes [$got]" \
 			|| fail "B-relay the intruder reached the store through the worker's client guard at $W_ADDR:$CLIENT_PORT, with the worker's identity (marker in $(relay_has "$marker") recordings) [$got]"
+	fi
+	# Not the issue's target, but where its promise ends: the ranks' own store (torchrun's shared TCPStore).
+	local ma; ma=$(cat "$JOB_OUT/started0" 2>/dev/null) || true
+	if [ -n "$ma" ]; then
+		got=$(ini "$PY" "$WORK/numkeys.py" "${ma%:*}" "${ma##*:}" 2>&1 | tail -1 | cut_lines) || true
+		case "$got" in [0-9]*) note "B-shared the ranks' own store $ma (the rank-0 agent's TCPStore, MASTER_ADDR:MASTER_PORT) answers the intruder in plaintext: GETNUMKEYS = $got";;
+			*) note "B-shared the ranks' own store $ma does not answer the intruder: $got";; esac
 	fi
 }
 # after the job, with the store quiet: nmap -sV against the guard's port

@@ -13,7 +13,10 @@
 # The relay records every byte that reaches the store, per connection (conn<N>.c2s): a marker key that an intruder
 # sends and that never shows up there, and a connection count that does not grow, prove 0 bytes reached the store.
 #
-# Checks (CHECKS="A B C D", any subset, in any order):
+# The job is torch's own, unchanged: the ranks get their environment from torchrun. The two hosts share one hostname
+# here, so each agent gets --local-addr (its address) and GLOO_SOCKET_IFNAME=eth0, as any multi-homed host would.
+#
+# Checks (CHECKS="A B C D", any subset; A, B and C run during one job, in that order):
 #   A  a torchrun --nnodes 2 c10d job (gloo all_reduce + a loop of store set/get ops on the rendezvous store, through
 #      the guards) finishes rc 0 with the right sum; the master guard's audit names the worker's SPIFFE ID; the worker's
 #      cert and key are replaced mid-job (same identity, new serial): 0 failed ops, and a new connection afterwards

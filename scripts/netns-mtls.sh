@@ -419,6 +419,9 @@ wait_listen() {
 http_ok() { inm "$PY" -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=3)" "$1" 2>/dev/null; }
 audit_find() { local s=$1; shift; "$PY" "$WORK/audit.py" "$s" "$AUDIT" "$AUDIT.flows*" -- "$@" | cut_lines; }
 # relay_conns: connections the relay forwarded to the store so far; relay_has TEXT: files holding TEXT (client side)
+# audit_count SOURCE ACTION REASON: events of the guard's audit log
+audit_count() { { grep -a -h "\"source.ip\":\"$1\"" "$AUDIT" 2>/dev/null || true; } | { grep -a "\"event.action\":\"$2\"" || true; } \
+	| { grep -a -c "\"event.reason\":\"$3\"" || true; }; }
 relay_conns() { ls "$REC" 2>/dev/null | grep -c '\.c2s$' || true; }
 relay_has() { { grep -l -a -F -- "$1" "$REC"/*.c2s 2>/dev/null || true; } | wc -l; }
 relay_bytes() { cat "$REC"/*.c2s 2>/dev/null | wc -c; }
@@ -680,8 +683,15 @@ phase_B() {
 		[ "$(relay_has "$marker")" = 0 ] && [ "$(relay_conns)" = "$c0" ] \
 			&& pass "B-plain torch's TCPStore client from the intruder: 0 bytes to the store [$got]" \
 			|| fail "B-plain torch's client from the intruder reached the store (marker in $(relay_has "$marker"), relay $c0 -> $(relay_conns)) [$got]"
-		ev=$(audit_find 8 "source.ip=$I_ADDR" "event.action=denied" "event.reason=tls_not_tls") \
-			&& pass "B-plain audited: $ev" || fail "B-plain no 'denied' tls_not_tls event from $I_ADDR: $ev"
+		# By now the five refusals above have banned the intruder (ban.violations 5, the default): torch's client is
+		# refused as banned (still after the guard read its first bytes), or, if it came first, as tls_not_tls.
+		local nb nt
+		nb=$(audit_count "$I_ADDR" denied banned); nt=$(audit_count "$I_ADDR" denied tls_not_tls)
+		if [ "$nb" -ge 1 ] || [ "$nt" -ge 2 ]; then
+			pass "B-plain audited: torch's client refused ($nt tls_not_tls and $nb banned denials from $I_ADDR in all)"
+		else
+			fail "B-plain torch's client not audited: $nt tls_not_tls (one is B-raw's) and $nb banned denials from $I_ADDR"
+		fi
 	else
 		[ "$(relay_has "$marker")" -ge 1 ] \
 			&& pass "B-plain harness control: torch's client from the intruder reaches the store when nothing stops it [$got]" \
@@ -783,7 +793,9 @@ attack() {
 }
 raised() { grep -c '"raised": true' "$WORK/attack-$1.log" || true; }
 check_D() {
-	start_master $'policy:\n  rendezvous-state: "off"\n  pickle-globals: "off"\n  write-once: "off"'
+	# Nothing but identity may stop the intruder: the policy stage off, and bans off (else the refusals of D1 and D2
+	# would soon be for the ban they earned).
+	start_master $'policy:\n  rendezvous-state: "off"\n  pickle-globals: "off"\n  write-once: "off"\nban:\n  violations: 0'
 	start_worker_guard
 	local run c0 ev ipid
 	if [ "$TLS" != on ]; then

@@ -40,6 +40,8 @@
 #      TORCH_PY         python with torch (default /var/cache/storeguard/torch/2.15.0/bin/python); torchrun beside it
 #      CHECKS="A B C D" (any subset; A, B and C share one job when given together)
 #      JOB_SECONDS=20   the ranks loop store ops at least this long, and until the checks during the job are done
+#      C_STEPS="m-up w-up m-kill w-kill m-up w-up"  C's steps, 1.5 s apart (m/w: master/worker; up: upgrade in place,
+#                       kill: kill -9 of the forwarding process); e.g. C_STEPS="w-up" to see one end alone
 #      MTLS_KEEP=1      keep the work dir (certificates, audit log, relay recordings, process logs)
 #      MTLS_HARNESS=1   plaintext harness mode even when the binary has `connect`
 # Exit: 0 on pass, or with a line starting "SKIP" when namespaces cannot be made here; 1 on failure.
@@ -50,6 +52,7 @@ TORCH_PY=${TORCH_PY:-/var/cache/storeguard/torch/2.15.0/bin/python}
 TORCHRUN=${TORCHRUN:-$(dirname "$TORCH_PY")/torchrun}
 CHECKS=${CHECKS:-A B C D}
 JOB_SECONDS=${JOB_SECONDS:-20}
+C_STEPS=${C_STEPS:-m-up w-up m-kill w-kill m-up w-up}
 GUARD_PORT=29500   # the master guard: the rendezvous endpoint's port
 RELAY_PORT=29511   # the recording relay in front of the store (the guard's upstream)
 STORE_PORT=29512   # the real TCPStore
@@ -504,7 +507,18 @@ start_master() {
 		n=$((n - 1)); [ $n -gt 0 ] || die "master guard /healthz not answering"; sleep 0.1
 	done
 }
-stop_master() { [ -n "$M_GUARD_PID" ] && stop_pid "$M_GUARD_PID"; M_GUARD_PID=""; }
+# stop_guard NS PID PIDFILE PORT: the process we started and, after upgrades, the one its pid file names now (an
+# upgraded client guard is not our child); then the port must be free for the next guard
+stop_guard() {
+	[ -n "$2" ] && stop_pid "$2"
+	local p; p=$(cat "$3" 2>/dev/null) || true
+	[ -n "$p" ] && [ "$p" != "$2" ] && kill "$p" 2>/dev/null || true
+	local n=50
+	while ip netns exec "$1" ss -ltnH "sport = :$4" | grep -q LISTEN && [ $n -gt 0 ]; do n=$((n - 1)); sleep 0.1; done
+	[ $n -gt 0 ] || { [ -n "$p" ] && kill -9 "$p" 2>/dev/null; sleep 0.3; }
+	rm -f "$3"
+}
+stop_master() { stop_guard "$NS_M" "$M_GUARD_PID" "$WORK/master.pid" "$GUARD_PORT"; M_GUARD_PID=""; }
 # start_client NS PIDFILE LOG ARGS...: a client guard, under its keeper when connect has one
 start_client() {
 	local ns=$1 pidf=$2 logf=$3 keeper=(); shift 3
@@ -520,7 +534,10 @@ start_worker_guard() {
 		--tls-ca "$CERTS/ca.crt" --tls-allow 'spiffe://sg.test/master')
 	wait_listen "$NS_W" "$CLIENT_PORT" 15 || die "the worker's client guard did not listen on :$CLIENT_PORT"
 }
-stop_worker_guard() { [ -n "$W_GUARD_PID" ] && stop_pid "$W_GUARD_PID"; W_GUARD_PID=""; }
+stop_worker_guard() {
+	[ "$TLS" = on ] || return 0
+	stop_guard "$NS_W" "$W_GUARD_PID" "$WORK/worker-guard.pid" "$CLIENT_PORT"; W_GUARD_PID=""
+}
 
 # --- the torchrun job ---------------------------------------------------------------
 JOB_N=0
@@ -768,17 +785,22 @@ kill9() {
 }
 phase_C() {
 	if [ "$TLS" != on ]; then skipc "C (upgrades and kill -9 with mTLS): HARNESS mode"; return; fi
-	log "C: upgrades and kill -9 from $(elapsed)"
-	# Without a keeper (and its SIGUSR2 handling), an upgrade's SIGUSR2 or a kill -9 would end the worker's client
-	# guard and the job with it: those steps fail at once instead, and the master's still run.
-	local w=yes
-	[ "$C_KEEPER" = yes ] || { w=no; fail "C-w storeguard connect has no --keeper in this binary: no upgrade or kill -9 of the worker's end"; }
-	upgrade "$NS_M" "$WORK/master.pid" "C-m1 master:"; sleep 1.5
-	[ $w = no ] || { upgrade "$NS_W" "$WORK/worker-guard.pid" "C-w1 worker:"; sleep 1.5; }
-	kill9 "$WORK/master.pid" "C-m2 master:"; sleep 1.5
-	[ $w = no ] || { kill9 "$WORK/worker-guard.pid" "C-w2 worker:"; sleep 1.5; }
-	upgrade "$NS_M" "$WORK/master.pid" "C-m3 master:"; sleep 1.5
-	[ $w = no ] || { upgrade "$NS_W" "$WORK/worker-guard.pid" "C-w3 worker:"; sleep 1.5; }
+	log "C: $C_STEPS from $(elapsed)"
+	local step i=0
+	for step in $C_STEPS; do
+		i=$((i + 1))
+		case $step in
+			m-up) upgrade "$NS_M" "$WORK/master.pid" "C$i master:";;
+			w-up) upgrade "$NS_W" "$WORK/worker-guard.pid" "C$i worker:";;
+			m-kill) kill9 "$WORK/master.pid" "C$i master:";;
+			# Without a keeper, a kill -9 of the worker's client guard would end it and the job with it: the step
+			# fails at once instead, and the others still run.
+			w-kill) if [ "$C_KEEPER" = yes ]; then kill9 "$WORK/worker-guard.pid" "C$i worker:"
+				else fail "C$i worker: storeguard connect has no --keeper in this binary: no kill -9 of the worker's forwarding process"; continue; fi;;
+			*) fail "C: unknown step '$step' in C_STEPS"; continue;;
+		esac
+		sleep 1.5
+	done
 }
 
 # --- D: the policy issue's attacks, with the policy stage off -----------------------------

@@ -3,13 +3,14 @@ package proxy
 import (
 	"context"
 	"errors"
-	"github.com/storeguard/storeguard/internal/origdst"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/storeguard/storeguard/internal/origdst"
 )
 
 // The goroutine transport: a connection read and decoded on a goroutine of its own, the store's

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"github.com/storeguard/storeguard/internal/origdst"
 	"net"
 	"runtime"
 	"sync"
@@ -10,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/storeguard/storeguard/internal/origdst"
 )
 
 // Event loops accept connections and forward them. When the store is on this host, the accepting

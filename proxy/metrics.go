@@ -1,12 +1,12 @@
 package proxy
 
 import (
-	"github.com/storeguard/storeguard/identity"
 	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/storeinfo"

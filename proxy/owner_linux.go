@@ -2,12 +2,12 @@ package proxy
 
 import (
 	"errors"
-	"github.com/storeguard/storeguard/tlsrelay"
 	"net"
 	"net/netip"
 	"os"
 	"syscall"
 
+	"github.com/storeguard/storeguard/tlsrelay"
 	"golang.org/x/sys/unix"
 )
 

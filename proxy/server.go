@@ -367,7 +367,6 @@ func (s *Server) Serve(ctx context.Context) error {
 func (s *Server) loopsAccept() bool {
 	tl, ok := s.listeners.clients.(*net.TCPListener)
 	if s.loops == nil || !ok || s.set.Load().cfg.TLS.On() { // a handshake is no loop's work
-
 		return false
 	}
 	if err := s.loops.acceptFrom(tl); err != nil {

@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/tlsrec"
@@ -212,5 +211,3 @@ func socketPair() (a, b *net.UnixConn, err error) {
 	}
 	return a, b, nil
 }
-
-var _ = admission.Reason("")

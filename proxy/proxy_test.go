@@ -283,6 +283,15 @@ func (h *harness) metric(name string) string {
 	return ""
 }
 
+// readReply reads n bytes of replies from c, failing after 5 s.
+func readReply(t *testing.T, c net.Conn, n int) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, n)); err != nil {
+		t.Fatalf("reply: %v", err)
+	}
+}
+
 func enc(t *testing.T, g protocol.Generation, rs ...protocol.Request) []byte {
 	t.Helper()
 	var b []byte

@@ -247,14 +247,6 @@ func TestUpgradeCarriesRepliesAndBans(t *testing.T) {
 	})
 }
 
-func readReply(t *testing.T, c net.Conn, n int) {
-	t.Helper()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(c, make([]byte, n)); err != nil {
-		t.Fatalf("reply: %v", err)
-	}
-}
-
 // TestUpgradeInMonitorMode: a stream that passes undecoded after a violation (monitor mode) goes
 // on passing through the new server, and a decoded one goes on decoding.
 func TestUpgradeInMonitorMode(t *testing.T) { run(t, testUpgradeInMonitorMode) }

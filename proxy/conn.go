@@ -499,16 +499,10 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 	if !o.Bans() {
 		return
 	}
-	banned, idBanned := s.gate.ViolationBy(c.src.Addr(), c.identity())
-	if idBanned {
-		s.m.bans.Inc()
-		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
-		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tlsInfo()
-		s.writeAudit(b)
-		s.log.Warn("identity banned after repeated violations", "identity", c.identity(), "src", c.src.Addr().String(),
-			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
-	}
-	if banned.IsValid() {
+	// Violations ban the source, never the identity (Gate.ViolationBy): the ranks of a job often
+	// share one identity, and a ban of it would refuse every host of the job, where a source's ban
+	// throttles a source serving a job instead of refusing it.
+	if banned := s.gate.Violation(c.src.Addr()); banned.IsValid() {
 		s.m.bans.Inc()
 		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
 		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tlsInfo()

@@ -135,7 +135,8 @@ def test_strangers_get_nothing_to_the_store(procs, binary, guards, tmp_path):  #
     store, sport = start_store(procs, version, "libuv")
     # A recording relay between the guard and the store: every connection the guard opens to it.
     rec = subprocess.Popen([ENVS[version], str(Path(__file__).with_name("relay.py")), str(relay_port), str(sport),
-                            "--record", str(tmp_path / "rec")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                            "--record", str(tmp_path / "rec")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                           start_new_session=True)  # procs stops process groups
     procs.procs.append(rec)
     for _ in range(100):
         try:
@@ -144,7 +145,14 @@ def test_strangers_get_nothing_to_the_store(procs, binary, guards, tmp_path):  #
         except OSError:
             time.sleep(0.05)
     server = serving_guard(procs, binary, relay_port, tmp_path, d, guards)
-    stranger = ConnectGuard(procs, binary, server.port, tmp_path, other, allow="spiffe://sg.test/**")
+    # The stranger trusts the master's CA (so that its own check of the master passes and the master
+    # judges its certificate), and presents a certificate of another CA.
+    mixed = tmp_path / "stranger"
+    mixed.mkdir()
+    for f in ("worker.crt", "worker.key"):
+        (mixed / f).write_bytes((other / f).read_bytes())
+    (mixed / "ca.crt").write_bytes((d / "ca.crt").read_bytes())
+    stranger = ConnectGuard(procs, binary, server.port, tmp_path, mixed)
     guards.append(stranger)
     code = ("import datetime, torch.distributed as d\n"
             "try:\n d.TCPStore('127.0.0.1', %d, is_master=False, timeout=datetime.timedelta(seconds=3)).set('/torchelastic/x', 'y')\n"

@@ -93,7 +93,12 @@ def serving_guard(procs, binary, sport, tmp, d, guards):  # noqa: F811
     return g
 
 
-@pytest.mark.parametrize("version,backend", JOB_STORES, ids=[f"{v}-{b}" for v, b in JOB_STORES])
+# torch 1.13 (legacy, the old protocol) here; torch 2.15 (libuv) runs the same through both guards
+# with torchrun across three namespaces in scripts/netns-mtls.sh (the relay does not decode).
+MTLS_JOB_STORES = JOB_STORES[:1]
+
+
+@pytest.mark.parametrize("version,backend", MTLS_JOB_STORES, ids=[f"{v}-{b}" for v, b in MTLS_JOB_STORES])
 def test_a_gloo_job_through_both_guards_and_their_upgrades(procs, binary, guards, tmp_path, version, backend):  # noqa: F811
     """The job through connect and serve with mutual TLS; 2 upgrades of each end, interleaved: 0
     failed ops, the counter exact, and the relays handed over each time."""

@@ -175,13 +175,6 @@ func (s *Session) State() State {
 	return st
 }
 
-// Seqs reports the next sequence numbers of each direction and how many key updates each had
-// (for a keeper's copy of the state, kept as the connection runs).
-func (s *Session) Seqs() (in, out uint64) { return s.in.seq, s.out.seq }
-
-// Suite is the negotiated cipher suite.
-func (s *Session) Suite() uint16 { return s.suite }
-
 // seal appends one record of type typ carrying p (at most MaxPlaintext bytes).
 func (s *Session) seal(dst []byte, typ byte, p []byte) []byte {
 	n := len(p) + 1 + s.out.aead.Overhead()
@@ -216,14 +209,6 @@ func (s *Session) payOwed(dst []byte) []byte {
 	default:
 	}
 	return dst
-}
-
-// Flush appends the records the session owes even with nothing to send (a KeyUpdate the peer
-// asked for), and reports whether there were any.
-func (s *Session) Flush(dst []byte) ([]byte, bool) {
-	n := len(dst)
-	dst = s.payOwed(dst)
-	return dst, len(dst) > n
 }
 
 // CloseNotify appends a close_notify alert.

@@ -141,15 +141,14 @@ func (d *direction) nextNonce() []byte {
 // they share (the read half sets it, the write half clears it), and State must not run
 // concurrently with either.
 type Session struct {
-	suite uint16
-	in    direction
-	out   direction
-	owed  chan struct{} // a token: the peer asked for a KeyUpdate
+	in   Half
+	out  Half
+	owed chan struct{} // a token: the peer asked for a KeyUpdate
 }
 
 // New builds a session from its state.
 func New(st State) (*Session, error) {
-	s := &Session{suite: st.Suite, owed: make(chan struct{}, 1)}
+	s := &Session{owed: make(chan struct{}, 1)}
 	if err := s.in.set(st.Suite, st.InSecret, st.InSeq); err != nil {
 		return nil, err
 	}
@@ -164,8 +163,7 @@ func New(st State) (*Session, error) {
 
 // State is the session as data. Neither half may run meanwhile.
 func (s *Session) State() State {
-	st := State{Suite: s.suite, InSecret: append([]byte(nil), s.in.secret...),
-		OutSecret: append([]byte(nil), s.out.secret...), InSeq: s.in.seq, OutSeq: s.out.seq}
+	st := State{Suite: s.in.suite, InSecret: s.in.Secret(), OutSecret: s.out.Secret(), InSeq: s.in.d.seq, OutSeq: s.out.d.seq}
 	select {
 	case <-s.owed:
 		st.UpdateOwed = true
@@ -175,25 +173,13 @@ func (s *Session) State() State {
 	return st
 }
 
-// seal appends one record of type typ carrying p (at most MaxPlaintext bytes).
-func (s *Session) seal(dst []byte, typ byte, p []byte) []byte {
-	n := len(p) + 1 + s.out.aead.Overhead()
-	dst = append(dst, typeApplicationData, 3, 3, byte(n>>8), byte(n))
-	hdr := len(dst) - headerLen
-	body := len(dst)
-	dst = append(dst, p...)
-	dst = append(dst, typ)
-	nonce := s.out.nextNonce()
-	return s.out.aead.Seal(dst[:body], nonce, dst[body:], dst[hdr:body])
-}
-
 // Seal appends p to dst as application data records, after the KeyUpdate the session owes, if
 // it owes one.
 func (s *Session) Seal(dst, p []byte) []byte {
 	dst = s.payOwed(dst)
 	for len(p) > 0 {
 		n := min(len(p), MaxPlaintext)
-		dst = s.seal(dst, typeApplicationData, p[:n])
+		dst = s.out.SealData(dst, p[:n])
 		p = p[n:]
 	}
 	return dst
@@ -202,10 +188,7 @@ func (s *Session) Seal(dst, p []byte) []byte {
 func (s *Session) payOwed(dst []byte) []byte {
 	select {
 	case <-s.owed:
-		dst = s.seal(dst, typeHandshake, []byte{24, 0, 0, 1, 0}) // KeyUpdate(update_not_requested)
-		if err := s.out.update(s.suite); err != nil {
-			panic(err) // the suite was checked when the session was made
-		}
+		dst = s.out.SealKeyUpdate(dst)
 	default:
 	}
 	return dst
@@ -213,8 +196,7 @@ func (s *Session) payOwed(dst []byte) []byte {
 
 // CloseNotify appends a close_notify alert.
 func (s *Session) CloseNotify(dst []byte) []byte {
-	dst = s.payOwed(dst)
-	return s.seal(dst, typeAlert, []byte{1, 0})
+	return s.out.SealClose(s.payOwed(dst))
 }
 
 // ErrClosed: the peer sent close_notify.
@@ -253,92 +235,155 @@ func (s *Session) Open(buf []byte) (plain []byte, used int, err error) {
 		if n == 0 || used+n > len(buf) {
 			return buf[:w], used, nil
 		}
-		rec := buf[used : used+n]
-		typ := rec[0]
-		if typ == typeChangeCipherSpec { // a middlebox-compatibility record: never encrypted, no meaning
-			used += n
-			continue
-		}
-		if typ != typeApplicationData {
-			return buf[:w], used, fmt.Errorf("tlsrec: an unencrypted record of type %d after the handshake", typ)
-		}
-		nonce := s.in.nextNonce()
-		inner, err := s.in.aead.Open(rec[headerLen:headerLen], nonce, rec[headerLen:], rec[:headerLen])
-		if err != nil {
-			return buf[:w], used, fmt.Errorf("tlsrec: record %d does not decrypt: %w", s.in.seq-1, err)
+		content, asked, err := s.in.OpenRecord(buf[used : used+n])
+		if err != nil && !errors.Is(err, ErrClosed) {
+			return buf[:w], used, err
 		}
 		used += n
-		// The inner content type is the last non-zero byte (§5.4).
-		i := len(inner) - 1
-		for i >= 0 && inner[i] == 0 {
-			i--
+		if err != nil {
+			return buf[:w], used, err
 		}
-		if i < 0 {
-			return buf[:w], used, errors.New("tlsrec: a record with no content type")
-		}
-		content := inner[:i]
-		switch inner[i] {
-		case typeApplicationData:
-			w += copy(buf[w:], content)
-		case typeAlert:
-			if len(content) == 2 && content[1] == 0 {
-				return buf[:w], used, ErrClosed
+		w += copy(buf[w:], content)
+		if asked {
+			select {
+			case s.owed <- struct{}{}:
+			default:
 			}
-			if len(content) == 2 {
-				return buf[:w], used, AlertError(content[1])
-			}
-			return buf[:w], used, errors.New("tlsrec: a malformed alert")
-		case typeHandshake:
-			if err := s.postHandshake(content); err != nil {
-				return buf[:w], used, err
-			}
-		default:
-			return buf[:w], used, fmt.Errorf("tlsrec: an inner content type %d", inner[i])
 		}
 	}
 }
 
+// Half is one direction of a connection: its keys and next sequence number. The read half opens
+// the peer's records one at a time, the write half seals ours; Secret and Seq are its state.
+type Half struct {
+	suite uint16
+	d     direction
+}
+
+// NewHalf is a direction of suite at traffic secret and sequence number seq.
+func NewHalf(suite uint16, secret []byte, seq uint64) (*Half, error) {
+	h := &Half{}
+	if err := h.set(suite, secret, seq); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *Half) set(suite uint16, secret []byte, seq uint64) error {
+	h.suite = suite
+	return h.d.set(suite, secret, seq)
+}
+
+// Secret is a copy of the current traffic secret.
+func (h *Half) Secret() []byte { return append([]byte(nil), h.d.secret...) }
+
+// Seq is the next record's sequence number.
+func (h *Half) Seq() uint64 { return h.d.seq }
+
+// OpenRecord decrypts rec, one whole record, in place and returns the application data it
+// carried (none for a post-handshake message or a ChangeCipherSpec), which aliases rec. A
+// NewSessionTicket is dropped; a KeyUpdate moves the keys, asked: the peer asked for ours to
+// move too. At the peer's close_notify, err is ErrClosed.
+func (h *Half) OpenRecord(rec []byte) (plain []byte, asked bool, err error) {
+	typ := rec[0]
+	if typ == typeChangeCipherSpec { // a middlebox-compatibility record: never encrypted, no meaning
+		return nil, false, nil
+	}
+	if typ != typeApplicationData {
+		return nil, false, fmt.Errorf("tlsrec: an unencrypted record of type %d after the handshake", typ)
+	}
+	nonce := h.d.nextNonce()
+	inner, err := h.d.aead.Open(rec[headerLen:headerLen], nonce, rec[headerLen:], rec[:headerLen])
+	if err != nil {
+		return nil, false, fmt.Errorf("tlsrec: record %d does not decrypt: %w", h.d.seq-1, err)
+	}
+	// The inner content type is the last non-zero byte (§5.4).
+	i := len(inner) - 1
+	for i >= 0 && inner[i] == 0 {
+		i--
+	}
+	if i < 0 {
+		return nil, false, errors.New("tlsrec: a record with no content type")
+	}
+	content := inner[:i]
+	switch inner[i] {
+	case typeApplicationData:
+		return content, false, nil
+	case typeAlert:
+		if len(content) == 2 && content[1] == 0 {
+			return nil, false, ErrClosed
+		}
+		if len(content) == 2 {
+			return nil, false, AlertError(content[1])
+		}
+		return nil, false, errors.New("tlsrec: a malformed alert")
+	case typeHandshake:
+		asked, err := h.postHandshake(content)
+		return nil, asked, err
+	}
+	return nil, false, fmt.Errorf("tlsrec: an inner content type %d", inner[i])
+}
+
 // postHandshake handles the handshake messages of one record (a peer does not split them
 // across records after the handshake: Go and OpenSSL send each whole).
-func (s *Session) postHandshake(p []byte) error {
+func (h *Half) postHandshake(p []byte) (asked bool, err error) {
 	for len(p) > 0 {
 		if len(p) < 4 {
-			return errors.New("tlsrec: a handshake message cut short")
+			return asked, errors.New("tlsrec: a handshake message cut short")
 		}
 		n := int(p[1])<<16 | int(p[2])<<8 | int(p[3])
 		if len(p) < 4+n {
-			return errors.New("tlsrec: a handshake message split across records")
+			return asked, errors.New("tlsrec: a handshake message split across records")
 		}
 		body := p[4 : 4+n]
 		switch p[0] {
 		case 4: // NewSessionTicket: resumption is never used
 		case 24: // KeyUpdate
 			if n != 1 || body[0] > 1 {
-				return errors.New("tlsrec: a malformed KeyUpdate")
+				return asked, errors.New("tlsrec: a malformed KeyUpdate")
 			}
-			if err := s.in.update(s.suite); err != nil {
-				return err
+			if err := h.d.update(h.suite); err != nil {
+				return asked, err
 			}
-			if body[0] == 1 {
-				select {
-				case s.owed <- struct{}{}:
-				default:
-				}
-			}
+			asked = asked || body[0] == 1
 		default:
-			return fmt.Errorf("tlsrec: a post-handshake message of type %d", p[0])
+			return asked, fmt.Errorf("tlsrec: a post-handshake message of type %d", p[0])
 		}
 		p = p[4+n:]
 	}
-	return nil
+	return asked, nil
 }
 
-// RequestUpdate appends a KeyUpdate asking the peer to update too, and moves the write keys
-// (tests; an operator's rekey).
-func (s *Session) RequestUpdate(dst []byte) []byte {
-	dst = s.seal(dst, typeHandshake, []byte{24, 0, 0, 1, 1})
-	if err := s.out.update(s.suite); err != nil {
-		panic(err)
+// seal appends one record of type typ carrying p (at most MaxPlaintext bytes).
+func (h *Half) seal(dst []byte, typ byte, p []byte) []byte {
+	n := len(p) + 1 + h.d.aead.Overhead()
+	dst = append(dst, typeApplicationData, 3, 3, byte(n>>8), byte(n))
+	hdr := len(dst) - headerLen
+	body := len(dst)
+	dst = append(dst, p...)
+	dst = append(dst, typ)
+	nonce := h.d.nextNonce()
+	return h.d.aead.Seal(dst[:body], nonce, dst[body:], dst[hdr:body])
+}
+
+// SealData appends one application data record carrying p (at most MaxPlaintext bytes). The
+// same p at the same state seals to the same bytes.
+func (h *Half) SealData(dst, p []byte) []byte { return h.seal(dst, typeApplicationData, p) }
+
+// SealKeyUpdate appends a KeyUpdate (update_not_requested) and moves the keys.
+func (h *Half) SealKeyUpdate(dst []byte) []byte { return h.sealUpdate(dst, 0) }
+
+func (h *Half) sealUpdate(dst []byte, request byte) []byte {
+	dst = h.seal(dst, typeHandshake, []byte{24, 0, 0, 1, request})
+	if err := h.d.update(h.suite); err != nil {
+		panic(err) // the suite was checked when the half was made
 	}
 	return dst
 }
+
+// SealClose appends a close_notify alert.
+func (h *Half) SealClose(dst []byte) []byte { return h.seal(dst, typeAlert, []byte{1, 0}) }
+
+// RequestUpdate appends a KeyUpdate asking the peer to update too, and moves the write keys
+// (tests; an operator's rekey).
+func (s *Session) RequestUpdate(dst []byte) []byte { return s.out.sealUpdate(dst, 1) }

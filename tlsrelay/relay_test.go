@@ -11,8 +11,6 @@ import (
 	"io"
 	"math/big"
 	"net"
-	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,30 +50,13 @@ func tcpPair(t *testing.T) (a, b *net.TCPConn) {
 	return x.(*net.TCPConn), (<-ch).(*net.TCPConn)
 }
 
-func unixPair(t *testing.T) (a, b *net.UnixConn) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conv := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.(*net.UnixConn)
-	}
-	return conv(fds[0]), conv(fds[1])
-}
-
 // TestRelayFreezeAndResume: a crypto/tls client streams through a relay (TLS side → plaintext
 // side) and back, with both directions backed up, while the relay is frozen and resumed as a
 // new relay from its Left several times: every byte arrives once and in order, both ways.
 func TestRelayFreezeAndResume(t *testing.T) {
 	srvCfg, cliCfg := configs(t)
 	remote, tlsSide := tcpPair(t)
-	plainRelay, app := unixPair(t)
+	plainRelay, app := tcpPair(t)
 	hs := make(chan *tls.Conn)
 	go func() {
 		c := tls.Client(remote, cliCfg)
@@ -87,7 +68,10 @@ func TestRelayFreezeAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := <-hs
-	r := New(tlsSide, plainRelay, s)
+	r, err := New(tlsSide, plainRelay, s, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ended := make(chan error, 1)
 	r.OnEnd = func(err error) { ended <- err }
 	r.Run()
@@ -114,9 +98,12 @@ func TestRelayFreezeAndResume(t *testing.T) {
 		if !r.Freeze(5 * time.Second) {
 			t.Fatal("the relay did not park")
 		}
-		left := r.Left()
+		left, err := r.Left()
+		if err != nil {
+			t.Fatal(err)
+		}
 		r.Abandon()
-		next, err := Resume(tlsSide, plainRelay, left)
+		next, err := Resume(tlsSide, plainRelay, left, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

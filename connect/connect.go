@@ -51,9 +51,10 @@ type Stats struct {
 
 // Client is a client guard.
 type Client struct {
-	opt   Options
-	ln    *net.TCPListener
-	Stats Stats
+	opt    Options
+	ln     *net.TCPListener
+	Stats  Stats
+	nextID atomic.Uint64 // the relays' ids
 
 	mu     sync.Mutex
 	relays map[*tlsrelay.Relay]relayInfo
@@ -192,7 +193,13 @@ func (c *Client) handle(tc *net.TCPConn) {
 		return
 	}
 	peer := identity.PeerOf(cs.PeerCertificates[0])
-	r := tlsrelay.New(up, tc, sess)
+	r, err := tlsrelay.New(up, tc, sess, nil, c.nextID.Add(1))
+	if err != nil {
+		c.opt.Log.Warn("cannot start the relay; closing the rank's connection", "err", err)
+		up.Close()
+		tc.Close()
+		return
+	}
 	started = true
 	c.started(r, relayInfo{src: src, dst: up.RemoteAddr().(*net.TCPAddr).AddrPort(), peer: peer.ID})
 	c.Stats.Relayed.Add(1)

@@ -124,9 +124,12 @@ func (c *Client) frozenConn(r *tlsrelay.Relay) (upgrade.Conn, error) {
 	c.mu.Lock()
 	info := c.relays[r]
 	c.mu.Unlock()
+	left, err := r.Left()
+	if err != nil {
+		return upgrade.Conn{}, err
+	}
 	cs := upgrade.Conn{Src: info.src, Dst: info.dst, ClientFd: -1, StoreFd: -1,
-		TLS: &upgrade.TLSConn{Relay: r.Left(), Identity: info.peer, Fd: -1, PlainFd: -1}}
-	var err error
+		TLS: &upgrade.TLSConn{Relay: left, Identity: info.peer, Fd: -1, PlainFd: -1}}
 	if cs.ClientFd, err = fdOf(r.Plain); err == nil {
 		cs.StoreFd, err = fdOf(r.TLS)
 	}
@@ -179,7 +182,7 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 			closeAll(plain, tlsSock)
 			return
 		}
-		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay)
+		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, nil)
 		if err != nil {
 			bad = errors.Join(bad, err)
 			closeAll(plain, tlsSock)

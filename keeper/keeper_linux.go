@@ -47,6 +47,7 @@ import (
 type held struct {
 	meta     Conn
 	cfd, ufd int
+	relay    []int // a mutual-TLS connection's relay's sockets (Conn.Relay)
 }
 
 type worker struct {
@@ -343,7 +344,10 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		var first error
 		for _, ch := range batch {
 			n := 0
-			if ch.Kind != 'D' {
+			switch ch.Kind {
+			case 'O':
+				n = min(1+ch.Conn.relayFds(), len(fds))
+			case 'U':
 				n = min(1, len(fds))
 			}
 			if err := k.conn(ch.Kind, ch.Conn, fds[:n]); err != nil && first == nil {
@@ -405,14 +409,14 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 func (k *Keeper) conn(kind byte, c Conn, fds []int) error {
 	switch kind {
 	case 'O':
-		if len(fds) != 1 {
+		if len(fds) != 1+c.relayFds() {
 			fdpass.CloseFds(fds)
 			return fmt.Errorf("connection %d: %d descriptors", c.ID, len(fds))
 		}
 		if old := k.conns[c.ID]; old != nil {
 			old.close()
 		}
-		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1}
+		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1, relay: fds[1:]}
 		k.nextID = max(k.nextID, c.ID+1)
 	case 'U':
 		h := k.conns[c.ID]
@@ -447,6 +451,7 @@ func (k *Keeper) restore(w *worker) error {
 		if meta.HasUp = h.ufd >= 0; meta.HasUp {
 			fds = append(fds, h.ufd)
 		}
+		fds = append(fds, h.relay...)
 		if err := w.send('C', meta, fds...); err != nil {
 			return err
 		}
@@ -458,6 +463,7 @@ func (k *Keeper) restore(w *worker) error {
 
 func (h *held) close() {
 	fdpass.CloseFds([]int{h.cfd})
+	fdpass.CloseFds(h.relay)
 	if h.ufd >= 0 {
 		fdpass.CloseFds([]int{h.ufd})
 	}

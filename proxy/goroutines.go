@@ -173,10 +173,11 @@ func (s *Server) handle(tc *net.TCPConn) {
 	}
 	var client sock = tc
 	var t *tlsConn
+	id := s.nextID.Add(1)
 	if st := s.set.Load(); !st.cfg.TLS.Plaintext(src.Addr()) {
 		var ok bool
 		var idRelease func()
-		if client, t, idRelease, ok = s.handshake(tc, src, dst, st); !ok {
+		if client, t, idRelease, ok = s.handshake(tc, id, src, dst, st); !ok {
 			release()
 			s.m.active.Dec()
 			s.cont.accepting.Add(-1)
@@ -186,7 +187,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 		addrRelease := release
 		release = func() { idRelease(); addrRelease() }
 	}
-	c := s.accepted(client, src, dst, release)
+	c := s.acceptedAs(id, client, src, dst, release)
 	c.setTLS(t)
 	if c.kept() {
 		sockFd(tc, func(fd int) { s.cont.kp.Opened(c.id, c.src, c.dst, fd) })

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"syscall"
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
@@ -18,13 +16,13 @@ import (
 
 // Mutual TLS between guards (tls.*). A client from outside tls.plaintext-sources completes a
 // TLS 1.3 handshake with a certificate that chains to the configured CA and names an allowed
-// identity before anything else happens; then a relay (tlsrelay) opens its records into the
-// guard's end of a socket pair, and the connection is judged as any other, its client socket
+// identity before anything else happens; then a relay (tlsrelay) opens its records into one
+// end of a loopback TCP pair (whose byte counters let a relay go on where another stopped), and the connection is judged as any other, its client socket
 // being that end: every transport, the upgrade and the policy work on plaintext as they do.
-// The relay's session state is data (tlsrec), so that it can change hands with the connection.
+// The relay's state is data (tlsrelay.State), so that it can change hands with the connection.
 
 // sock is a client socket: the accepted TCP connection, or the guard's end of a TLS relay's
-// socket pair.
+// loopback pair.
 type sock = tlsrelay.Sock
 
 // tlsConn is what mutual TLS adds to a connection: its relay and who the peer proved to be.
@@ -77,7 +75,7 @@ func (s *Server) serverTLS(allow []string) (*tls.Config, error) {
 // connection reads from (the guard's end of the relay's pair) and what TLS adds; release gives
 // back the identity's admission. Else the client was refused: audited with why, counted, a step
 // towards its source's ban, and closed; nothing of it reached the store.
-func (s *Server) handshake(tc *net.TCPConn, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
+func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
 	start := s.now()
 	// A freeze (an upgrade) does not wait for a handshake, which a client may drag out to
 	// tls.handshake-timeout: one under way is cut short (storeguard connect tries again).
@@ -135,15 +133,20 @@ func (s *Server) handshake(tc *net.TCPConn, src, dst netip.AddrPort, st *setting
 		tc.Close()
 		return nil, nil, nil, false
 	}
-	relaySide, guardSide, err := socketPair()
+	relaySide, guardSide, err := tlsrelay.LoopbackPair()
+	if err == nil {
+		if t.relay, err = tlsrelay.New(tc, relaySide, sess, nil, id); err != nil {
+			relaySide.Close()
+			guardSide.Close()
+		}
+	}
 	if err != nil {
-		s.log.Error("TLS: cannot make a socket pair; closing the client", "src", src.String(), "err", err)
+		s.log.Error("TLS: cannot start the relay; closing the client", "src", src.String(), "err", err)
 		release()
 		tc.Close()
 		return nil, nil, nil, false
 	}
 	s.m.handshakes.WithLabelValues("ok").Inc()
-	t.relay = tlsrelay.New(tc, relaySide, sess)
 	t.relay.Run()
 	return guardSide, t, release, true
 }
@@ -178,36 +181,4 @@ func (s *Server) bannedFor(src, dst netip.AddrPort, reason string, banned netip.
 	s.writeAudit(b)
 	s.log.Warn("source banned after repeated violations", "src", src.Addr().String(), "banned", banned.String(),
 		"last_rule", reason)
-}
-
-// socketPair is a connected pair of stream sockets, each in Go's poller.
-func socketPair() (a, b *net.UnixConn, err error) {
-	syscall.ForkLock.RLock() // close-on-exec before any fork can see them (as package net does)
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
-	if err == nil {
-		syscall.CloseOnExec(fds[0])
-		syscall.CloseOnExec(fds[1])
-	}
-	syscall.ForkLock.RUnlock()
-	if err != nil {
-		return nil, nil, os.NewSyscallError("socketpair", err)
-	}
-	conv := func(fd int) (*net.UnixConn, error) {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			return nil, err
-		}
-		return c.(*net.UnixConn), nil
-	}
-	if a, err = conv(fds[0]); err != nil {
-		syscall.Close(fds[1])
-		return nil, nil, err
-	}
-	if b, err = conv(fds[1]); err != nil {
-		a.Close()
-		return nil, nil, err
-	}
-	return a, b, nil
 }

@@ -15,7 +15,11 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 		return nil, nil
 	}
 	r := c.tls.relay
-	t := &upgrade.TLSConn{Relay: r.Left(), Identity: c.tls.id, Info: c.tls.info, Fd: -1, PlainFd: -1}
+	left, err := r.Left()
+	if err != nil {
+		return nil, err
+	}
+	t := &upgrade.TLSConn{Relay: left, Identity: c.tls.id, Info: c.tls.info, Fd: -1, PlainFd: -1}
 	for _, s := range []struct {
 		sock sock
 		fd   *int
@@ -44,7 +48,7 @@ func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
 		tlsSock.Close()
 		return err
 	}
-	r, err := tlsrelay.Resume(tlsSock, plain, t.Relay)
+	r, err := tlsrelay.Resume(tlsSock, plain, t.Relay, nil)
 	if err != nil {
 		tlsSock.Close()
 		plain.Close()

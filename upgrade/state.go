@@ -83,13 +83,14 @@ type Conn struct {
 	TLS *TLSConn `json:",omitempty"`
 }
 
-// TLSConn is a mutual-TLS connection's relay (tlsrelay) as data: its session's state, what it
-// had left to write, and who the peer proved to be. Its descriptors, when it has its own (Fd >=
-// 0), follow the connection's: the TLS socket (Fd), then the relay's end of the socket pair
-// (PlainFd); a client guard's relay has none but the connection's (its client's socket and, as
-// the store's, the master's). Its bytes (Relay.Rx, ToPlain, ToTLS) follow the connection's.
+// TLSConn is a mutual-TLS connection's relay (tlsrelay) as data: its state (keys, sequence
+// numbers, where each direction stands in its two byte streams) and who the peer proved to be.
+// Its descriptors, when it has its own (Fd >= 0), follow the connection's: the TLS socket (Fd),
+// then the relay's end of the loopback pair (PlainFd); a client guard's relay has none but the
+// connection's (its client's socket and, as the store's, the master's). Its bytes (Relay.Rx,
+// the start of a record read) follow the connection's.
 type TLSConn struct {
-	Relay       tlsrelay.Left
+	Relay       tlsrelay.State
 	Identity    string
 	Info        *audit.TLS
 	Fd, PlainFd int `json:"-"`
@@ -107,10 +108,10 @@ type Flow struct {
 // connPacket is a C packet: the lengths of the bytes that follow stand for them.
 type connPacket struct {
 	Conn
-	HasUp                       bool
-	Refeed, ToStore, ToClient   int
-	TLSRx, TLSToPlain, TLSToTLS int  `json:",omitempty"`
-	TLSFds                      bool `json:",omitempty"` // the TLS relay's two sockets follow the connection's
+	HasUp                     bool
+	Refeed, ToStore, ToClient int
+	TLSRx                     int  `json:",omitempty"`
+	TLSFds                    bool `json:",omitempty"` // the TLS relay's two sockets follow the connection's
 }
 
 const (

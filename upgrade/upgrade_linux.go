@@ -113,8 +113,8 @@ func (o *Old) sendConn(c Conn) error {
 			fds = append(fds, t.Fd, t.PlainFd)
 			p.TLSFds = true
 		}
-		p.TLSRx, p.TLSToPlain, p.TLSToTLS = len(t.Relay.Rx), len(t.Relay.ToPlain), len(t.Relay.ToTLS)
-		blobs = append(blobs, t.Relay.Rx, t.Relay.ToPlain, t.Relay.ToTLS)
+		p.TLSRx = len(t.Relay.Rx)
+		blobs = append(blobs, t.Relay.Rx)
 	}
 	if err := o.h.Send('C', p, fds...); err != nil {
 		return err
@@ -242,11 +242,7 @@ func (n *Next) readConn(kind byte, body []byte, fds []int) (Conn, error) {
 		}
 	}
 	if t := c.TLS; t != nil && err == nil {
-		if t.Relay.Rx, err = n.h.ReadBlob(p.TLSRx, ackTimeout); err == nil {
-			if t.Relay.ToPlain, err = n.h.ReadBlob(p.TLSToPlain, ackTimeout); err == nil {
-				t.Relay.ToTLS, err = n.h.ReadBlob(p.TLSToTLS, ackTimeout)
-			}
-		}
+		t.Relay.Rx, err = n.h.ReadBlob(p.TLSRx, ackTimeout)
 	}
 	if err != nil {
 		fdpass.CloseFds(fds)

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/storeguard/storeguard/tlsrec"
 )
 
 // The crash test's relay runs in a child process (this test binary again), which the test kills
@@ -98,17 +97,7 @@ func killLoop(t *testing.T, srvCfg, cliCfg *tls.Config) {
 	for _, c := range []*net.TCPConn{remote, app} {
 		c.SetReadBuffer(32 << 10)
 	}
-	hs := make(chan *tls.Conn)
-	go func() {
-		c := tls.Client(remote, cliCfg)
-		c.Handshake()
-		hs <- c
-	}()
-	s, _, err := tlsrec.Server(tlsSide, srvCfg, time.Now().Add(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := <-hs
+	client, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
 	ledger, err := NewSharedLedger(4)
 	if err != nil {
 		t.Fatal(err)

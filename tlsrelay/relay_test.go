@@ -50,13 +50,9 @@ func tcpPair(t *testing.T) (a, b *net.TCPConn) {
 	return x.(*net.TCPConn), (<-ch).(*net.TCPConn)
 }
 
-// TestRelayFreezeAndResume: a crypto/tls client streams through a relay (TLS side → plaintext
-// side) and back, with both directions backed up, while the relay is frozen and resumed as a
-// new relay from its Left several times: every byte arrives once and in order, both ways.
-func TestRelayFreezeAndResume(t *testing.T) {
-	srvCfg, cliCfg := configs(t)
-	remote, tlsSide := tcpPair(t)
-	plainRelay, app := tcpPair(t)
+// handshake runs mutual TLS between a crypto/tls client on remote and tlsrec on tlsSide.
+func handshake(t *testing.T, remote, tlsSide *net.TCPConn, srvCfg, cliCfg *tls.Config) (*tls.Conn, *tlsrec.Session) {
+	t.Helper()
 	hs := make(chan *tls.Conn)
 	go func() {
 		c := tls.Client(remote, cliCfg)
@@ -67,7 +63,17 @@ func TestRelayFreezeAndResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := <-hs
+	return <-hs, s
+}
+
+// TestRelayFreezeAndResume: a crypto/tls client streams through a relay (TLS side → plaintext
+// side) and back, with both directions backed up, while the relay is frozen and resumed as a
+// new relay from its Left several times: every byte arrives once and in order, both ways.
+func TestRelayFreezeAndResume(t *testing.T) {
+	srvCfg, cliCfg := configs(t)
+	remote, tlsSide := tcpPair(t)
+	plainRelay, app := tcpPair(t)
+	client, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
 	r, err := New(tlsSide, plainRelay, s, nil, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 // The crash test's relay runs in a child process (this test binary again), which the test kills

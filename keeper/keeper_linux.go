@@ -47,7 +47,6 @@ import (
 type held struct {
 	meta     Conn
 	cfd, ufd int
-	relay    []int // a mutual-TLS connection's relay's sockets (Conn.Relay)
 }
 
 type worker struct {
@@ -344,10 +343,7 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		var first error
 		for _, ch := range batch {
 			n := 0
-			switch ch.Kind {
-			case 'O':
-				n = min(1+ch.Conn.relayFds(), len(fds))
-			case 'U':
+			if ch.Kind != 'D' {
 				n = min(1, len(fds))
 			}
 			if err := k.conn(ch.Kind, ch.Conn, fds[:n]); err != nil && first == nil {
@@ -409,14 +405,14 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 func (k *Keeper) conn(kind byte, c Conn, fds []int) error {
 	switch kind {
 	case 'O':
-		if len(fds) != 1+c.relayFds() {
+		if len(fds) != 1 {
 			fdpass.CloseFds(fds)
 			return fmt.Errorf("connection %d: %d descriptors", c.ID, len(fds))
 		}
 		if old := k.conns[c.ID]; old != nil {
 			old.close()
 		}
-		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1, relay: fds[1:]}
+		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1}
 		k.nextID = max(k.nextID, c.ID+1)
 	case 'U':
 		h := k.conns[c.ID]
@@ -451,7 +447,6 @@ func (k *Keeper) restore(w *worker) error {
 		if meta.HasUp = h.ufd >= 0; meta.HasUp {
 			fds = append(fds, h.ufd)
 		}
-		fds = append(fds, h.relay...)
 		if err := w.send('C', meta, fds...); err != nil {
 			return err
 		}
@@ -463,7 +458,6 @@ func (k *Keeper) restore(w *worker) error {
 
 func (h *held) close() {
 	fdpass.CloseFds([]int{h.cfd})
-	fdpass.CloseFds(h.relay)
 	if h.ufd >= 0 {
 		fdpass.CloseFds([]int{h.ufd})
 	}

@@ -187,34 +187,6 @@ func (l *Link) Opened(id uint64, src, dst netip.AddrPort, fd int) {
 	l.give('O', Conn{ID: id, Src: src, Dst: dst}, fd)
 }
 
-// OpenedTLS gives the keeper a new mutual-TLS connection's client socket and its relay's
-// sockets (rel.Outer: the TLS socket and the relay's plaintext socket; else the TLS socket only),
-// all duplicates: the caller keeps its descriptors.
-func (l *Link) OpenedTLS(id uint64, src, dst netip.AddrPort, rel Relay, fds ...int) {
-	if l == nil {
-		return
-	}
-	c := Conn{ID: id, Src: src, Dst: dst, Relay: &rel}
-	if len(fds) != 1+c.relayFds() {
-		l.log.Error("keeper link: a TLS connection with the wrong descriptors; a crash now closes it", "conn", id)
-		return
-	}
-	dups := make([]int, 0, len(fds))
-	for _, fd := range fds {
-		if d := fdpass.Dup(fd); d >= 0 {
-			dups = append(dups, d)
-		}
-	}
-	if len(dups) != len(fds) {
-		fdpass.CloseFds(dups)
-		if l.allowLog() {
-			l.log.Error("keeper link: cannot duplicate a socket (out of descriptors?); a crash now closes that connection")
-		}
-		return
-	}
-	l.post('O', c, dups...)
-}
-
 // Connected gives the keeper a connection's store socket, fd (a duplicate: the caller keeps fd).
 func (l *Link) Connected(id uint64, fd int) {
 	if l == nil {
@@ -259,9 +231,8 @@ func (l *Link) AskUpgrade() { l.post('P', nil) }
 
 // Restore takes everything the keeper holds, for a worker started after the previous one died:
 // the listening sockets (listen takes them, or fails Restore), then each connection, given to take
-// with its client's socket, its store's (-1: not connected) and its relay's (Conn.Relay). The
-// descriptors are the caller's.
-func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cfd, ufd int, relay []int)) error {
+// with its client's socket and its store's (-1: not connected). The descriptors are the caller's.
+func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cfd, ufd int)) error {
 	l.post('Q', nil)
 	var ln Listeners
 	fds, err := l.c.Expect('S', replyTimeout, &ln)
@@ -280,12 +251,7 @@ func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cf
 			return nil
 		}
 		var c Conn
-		bad := kind != 'C' || json.Unmarshal(body, &c) != nil
-		up := 0
-		if c.HasUp {
-			up = 1
-		}
-		if bad || len(fds) != 1+up+c.relayFds() {
+		if kind != 'C' || json.Unmarshal(body, &c) != nil || len(fds) < 1 || (c.HasUp != (len(fds) == 2)) {
 			fdpass.CloseFds(fds)
 			l.log.Warn("keeper: a connection could not be restored", "packet", string(kind))
 			continue
@@ -294,6 +260,6 @@ func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cf
 		if c.HasUp {
 			ufd = fds[1]
 		}
-		take(c, fds[0], ufd, fds[1+up:])
+		take(c, fds[0], ufd)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/guard"
-	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/upgrade"
@@ -83,11 +82,7 @@ func (s *Server) RestoreFromKeeper() error {
 		}
 		s.nextID.Store(ln.NextID)
 		return nil
-	}, func(kc keeper.Conn, cfd, ufd int, relay []int) {
-		if kc.Relay != nil { // serve gives its keeper no TLS connection (docs/design.md)
-			fdpass.CloseFds(append(relay, cfd, ufd))
-			return
-		}
+	}, func(kc keeper.Conn, cfd, ufd int) {
 		a.conns = append(a.conns, adoptedConn{rebuild: true, c: s.newConn(kc.ID, kc.Src, kc.Dst, s.now()),
 			st: upgrade.Conn{ClientFd: cfd, StoreFd: ufd}})
 	})

@@ -17,8 +17,9 @@ import (
 // Mutual TLS between guards (tls.*). A client from outside tls.plaintext-sources completes a
 // TLS 1.3 handshake with a certificate that chains to the configured CA and names an allowed
 // identity before anything else happens; then a relay (tlsrelay) opens its records into one
-// end of a loopback TCP pair (whose byte counters let a relay go on where another stopped), and the connection is judged as any other, its client socket
-// being that end: every transport, the upgrade and the policy work on plaintext as they do.
+// end of a loopback TCP pair (whose byte counters let a relay go on where another stopped), and
+// the connection is judged as any other, its client socket being the other end: every
+// transport, the upgrade and the policy work on plaintext as they do.
 // The relay's state is data (tlsrelay.State), so that it can change hands with the connection.
 
 // sock is a client socket: the accepted TCP connection, or the guard's end of a TLS relay's

@@ -158,9 +158,6 @@ func NewLedger(n int) *Ledger {
 // Fd is the descriptor of a shared ledger's memory (for its keeper), -1 for plain memory.
 func (l *Ledger) Fd() int { return l.fd }
 
-// Slots is how many slots the ledger has.
-func (l *Ledger) Slots() int { return len(l.used) }
-
 // ErrFull: every slot is in use.
 var ErrFull = errors.New("tlsrelay: every slot of the ledger is in use")
 

@@ -42,6 +42,8 @@ type Relay struct {
 	ix      int
 	slot    slot
 	st      State // as made or resumed; each direction then keeps its own copy
+	inH     *tlsrec.Half
+	outH    *tlsrec.Half
 	resumed bool
 	asked   atomic.Uint64 // the KeyUpdates the peer asked for (In.Updates), for Out
 
@@ -93,17 +95,10 @@ func Restore(tlsSock, plain Sock, ledger *Ledger, ix int, id uint64) (*Relay, er
 	if err != nil {
 		return nil, err
 	}
-	if err := check(&st); err != nil {
-		ledger.free(ix)
-		return nil, err
-	}
 	return newRelay(tlsSock, plain, st, ledger, ix, s)
 }
 
 func adopt(tlsSock, plain Sock, st State, ledger *Ledger) (*Relay, error) {
-	if err := check(&st); err != nil {
-		return nil, err
-	}
 	if ledger == nil {
 		ledger = NewLedger(1)
 	}
@@ -114,25 +109,24 @@ func adopt(tlsSock, plain Sock, st State, ledger *Ledger) (*Relay, error) {
 	return newRelay(tlsSock, plain, st, ledger, ix, s)
 }
 
-// check builds both halves once, to refuse a state they cannot be built from.
-func check(st *State) error {
-	for _, d := range []*Dir{&st.In, &st.Out} {
-		if _, err := tlsrec.NewHalf(st.Suite, d.Secret, d.Seq); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
+// newRelay makes the relay of state st in slot ix of ledger, which it gives back when st is one
+// its halves cannot be built from.
 func newRelay(tlsSock, plain Sock, st State, ledger *Ledger, ix int, s slot) (*Relay, error) {
-	r := &Relay{TLS: tlsSock, Plain: plain, ledger: ledger, ix: ix, slot: s, st: st, resumed: true,
-		thawed: make(chan struct{}), parkedC: make(chan struct{}, 2)}
+	in, err := tlsrec.NewHalf(st.Suite, st.In.Secret, st.In.Seq)
+	if err != nil {
+		ledger.free(ix)
+		return nil, err
+	}
+	out, err := tlsrec.NewHalf(st.Suite, st.Out.Secret, st.Out.Seq)
+	if err != nil {
+		ledger.free(ix)
+		return nil, err
+	}
+	r := &Relay{TLS: tlsSock, Plain: plain, ledger: ledger, ix: ix, slot: s, st: st, inH: in, outH: out,
+		resumed: true, thawed: make(chan struct{}), parkedC: make(chan struct{}, 2)}
 	r.asked.Store(st.In.Updates)
 	return r, nil
 }
-
-// Slot is the relay's slot in its ledger (for its keeper).
-func (r *Relay) Slot() int { return r.ix }
 
 // Run starts both directions on goroutines of their own.
 func (r *Relay) Run() {
@@ -261,15 +255,11 @@ func (r *Relay) stopped(err error) error {
 // slot's ring, so that what was read is saved as it is read (the socket's counter says how much);
 // a whole record is opened, its plaintext written, and the state that counts both saved.
 func (r *Relay) in() {
-	d := r.st.In
-	h, err := tlsrec.NewHalf(r.st.Suite, d.Secret, d.Seq)
-	if err != nil {
-		r.end(err)
-		return
-	}
+	d, h := r.st.In, r.inH
 	ring := r.slot.ring()
 	rec := make([]byte, tlsrec.MaxRecord)
 	var have, skip uint64 // bytes of the ring read past d.From; plaintext of the next record written
+	var err error
 	if r.resumed && !d.Ended {
 		if have, skip, err = r.reconcileIn(&d); err != nil {
 			r.end(r.stopped(err))
@@ -385,15 +375,11 @@ func (r *Relay) reconcileIn(d *Dir) (have, skip uint64, err error) {
 // plaintext side's end of stream ends the relay: close_notify goes to the peer, and its side has
 // closeGrace to finish.
 func (r *Relay) out() {
-	d := r.st.Out
-	h, err := tlsrec.NewHalf(r.st.Suite, d.Secret, d.Seq)
-	if err != nil {
-		r.end(err)
-		return
-	}
+	d, h := r.st.Out, r.outH
 	pbuf := make([]byte, tlsrec.MaxPlaintext)
 	wbuf := make([]byte, 0, tlsrec.MaxRecord)
 	var extra uint64 // bytes of the record under way written before a crash or hand-over
+	var err error
 	if r.resumed && !d.Ended {
 		if extra, err = r.reconcileOut(&d, pbuf); err != nil {
 			r.end(r.stopped(err))

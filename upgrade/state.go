@@ -110,8 +110,11 @@ type connPacket struct {
 	Conn
 	HasUp                     bool
 	Refeed, ToStore, ToClient int
-	TLSRx                     int  `json:",omitempty"`
-	TLSFds                    bool `json:",omitempty"` // the TLS relay's two sockets follow the connection's
+	TLSRx                     int `json:",omitempty"`
+	// Sent by storeguard before relay ledgers (plaintext and records a relay had not written):
+	// read and dropped. Such a relay cannot go on (its state has no stream counters).
+	TLSToPlain, TLSToTLS int  `json:",omitempty"`
+	TLSFds               bool `json:",omitempty"` // the TLS relay's two sockets follow the connection's
 }
 
 const (

@@ -243,6 +243,11 @@ func (n *Next) readConn(kind byte, body []byte, fds []int) (Conn, error) {
 	}
 	if t := c.TLS; t != nil && err == nil {
 		t.Relay.Rx, err = n.h.ReadBlob(p.TLSRx, ackTimeout)
+		for _, legacy := range []int{p.TLSToPlain, p.TLSToTLS} {
+			if err == nil {
+				_, err = n.h.ReadBlob(legacy, ackTimeout)
+			}
+		}
 	}
 	if err != nil {
 		fdpass.CloseFds(fds)

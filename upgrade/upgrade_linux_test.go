@@ -159,3 +159,63 @@ func TestRefused(t *testing.T) {
 		t.Error("Thaw did not thaw")
 	}
 }
+
+// TestLegacyTLSBytes: a sender from before relay ledgers follows a TLS connection's packet with
+// the plaintext and records its relay had not written (TLSToPlain, TLSToTLS); they are read and
+// dropped, so the connections after it arrive whole.
+func TestLegacyTLSBytes(t *testing.T) {
+	mine, theirs := pair(t, fdpass.Pair)
+	r, _ := pair(t, os.Pipe)
+	done := make(chan []Conn, 1)
+	errc := make(chan error, 1)
+	go func() {
+		n, err := Join(theirs)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer n.Close()
+		var got []Conn
+		err = n.Receive(func(c Conn) { got = append(got, c); fdpass.CloseFds([]int{c.ClientFd}) })
+		fdpass.CloseFds(n.From.Fds)
+		errc <- err
+		done <- got
+	}()
+	o, err := WaitReady(mine, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.h.Send('S', ServerState{Listen: "127.0.0.1:1", Conns: 2}, int(r.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	old := connPacket{Conn: Conn{ID: 1, TLS: &TLSConn{Identity: "spiffe://x/old"}}, TLSToPlain: 3, TLSToTLS: 2}
+	if err := o.h.Send('C', old, int(r.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"abc", "de"} {
+		if err := o.h.SendBlob([]byte(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := o.sendConn(Conn{ID: 2, ClientFd: int(r.Fd()), StoreFd: -1, ToClient: []byte("reply")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.h.Send('E', 2); err != nil {
+		t.Fatal(err)
+	}
+	var taken int
+	if _, err := o.h.Expect('A', ackTimeout, &taken); err != nil || taken != 2 {
+		t.Fatalf("acknowledged %d: %v", taken, err)
+	}
+	if err := o.Go(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if len(got) != 2 || got[0].ID != 1 || got[0].TLS == nil || got[1].ID != 2 || string(got[1].ToClient) != "reply" {
+		t.Fatalf("took %+v", got)
+	}
+}

@@ -392,10 +392,13 @@ func (c *conn) pipeClientToStore() (took bool) {
 			}
 		}
 		c.setDeadline()
-		bp, n, err := readPooled(rc)
+		bp, n, err := readPooled(rc, c.kept())
 		if n > 0 {
 			c.readClient((*bp)[:n])
 			ok := c.process((*bp)[:n])
+			if c.kept() {
+				consumePeeked(rc, bp, n)
+			}
 			readBufs.Put(bp)
 			if !ok {
 				return false
@@ -427,15 +430,21 @@ func (c *conn) adoptable() bool {
 // readPooled reads what the socket has into a pooled buffer, taking the buffer only once data is
 // there: while the socket would block, the buffer goes back to the pool, so an idle connection
 // holds none. The caller returns the buffer when n > 0. It costs the same system calls as a
-// plain Read (a read that would block, then the read that succeeds).
-func readPooled(rc syscall.RawConn) (bp *[]byte, n int, err error) {
+// plain Read (a read that would block, then the read that succeeds). With peek, the bytes stay
+// in the socket until consumePeeked takes them, once they are passed on: a connection its keeper
+// holds is read so, and a worker that dies in between loses none of them (keeper_linux.go).
+func readPooled(rc syscall.RawConn, peek bool) (bp *[]byte, n int, err error) {
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {
 		if bp == nil {
 			bp = readBufs.Get().(*[]byte)
 		}
 		for {
-			n, rerr = syscall.Read(int(fd), *bp)
+			if peek {
+				n, _, rerr = syscall.Recvfrom(int(fd), *bp, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			} else {
+				n, rerr = syscall.Read(int(fd), *bp)
+			}
 			if rerr != syscall.EINTR {
 				break
 			}
@@ -461,6 +470,25 @@ func readPooled(rc syscall.RawConn) (bp *[]byte, n int, err error) {
 		return nil, 0, err
 	}
 	return bp, n, err
+}
+
+// consumePeeked takes n bytes, which readPooled peeked, out of the socket (into *bp). They are
+// there, so it never waits; and it ignores the read deadline (a freeze's may have passed since
+// the peek: bytes passed on and left in the socket would be passed on again). A read that fails
+// leaves them for the next read to fail too.
+func consumePeeked(rc syscall.RawConn, bp *[]byte, n int) {
+	rc.Control(func(fd uintptr) {
+		for done := 0; done < n; {
+			m, err := syscall.Read(int(fd), (*bp)[done:n])
+			switch {
+			case err == syscall.EINTR:
+				continue
+			case err != nil || m <= 0:
+				return
+			}
+			done += m
+		}
+	})
 }
 
 // setDeadline arms the read deadline the connection's state calls for: the guard's deadline (a
@@ -546,10 +574,17 @@ func (c *conn) pipeStoreToClient() {
 			c.mu.Unlock()
 			continue
 		}
-		bp, n, err := readPooled(rc)
+		kept := c.kept()
+		bp, n, err := readPooled(rc, kept)
 		if n > 0 {
 			c.rep.follow((*bp)[:n])
-			if !c.toClient(bp, n) {
+			ok := c.toClient(bp, n) // which takes bp
+			if kept {
+				scratch := readBufs.Get().(*[]byte)
+				consumePeeked(rc, scratch, n)
+				readBufs.Put(scratch)
+			}
+			if !ok {
 				return
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/internal/tcpcount"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/upgrade"
@@ -115,4 +116,54 @@ func (s *Server) rebuild(ac *adoptedConn) bool {
 		Decoder: protocol.DecoderState{Config: dc, Gen: dc.Gen.Gen, Validated: true, Index: 1}}, &c.st.pol)
 	c.attachGuard()
 	return true
+}
+
+// A worker reads the connections its keeper holds with MSG_PEEK and consumes the bytes only
+// once they are passed on (readPooled, peekFd): every byte it passed on was written to the other
+// socket, every byte it did not is still in its socket, and the kernel's counters (tcpcount) say
+// which is which after a crash. Each direction forwards its source's bytes as they are, so the
+// bytes written to its destination are a prefix of those its source sent:
+//   - written past what was consumed: the worker died between the write and the consume; those
+//     bytes were passed on, and are consumed now;
+//   - consumed past what was written: the worker had taken them into its own memory (the start of
+//     a message still in progress, replies a client had not taken yet, bytes a store could not
+//     take at once) and they died with it. The connection cannot go on exactly, so it is closed:
+//     its client sees the connection end rather than a message that never comes.
+// What no count can tell: a message the worker had written only in part when it died (a store
+// that did not take it all at once). Its rest is judged as a new message and refused.
+
+// Restore outcomes (audit, logs): why a restored connection was closed.
+const (
+	lostRequest = "restart_lost_request" // client bytes consumed and not passed on to the store
+	lostReply   = "restart_lost_reply"   // store bytes consumed and not passed on to the client
+	lostCounts  = "restart_counts_failed"
+)
+
+// reconcile brings a connection restored after a crash to where its streams stand: it consumes
+// what the dead worker passed on without consuming, and reports "" or why the connection must
+// close.
+func reconcile(cfd, ufd int) (lost string, err error) {
+	cRead, cWritten, err := tcpcount.Counts(cfd, false)
+	if err != nil {
+		return lostCounts, err
+	}
+	var uRead, uWritten uint64
+	if ufd >= 0 {
+		if uRead, uWritten, err = tcpcount.Counts(ufd, true); err != nil {
+			return lostCounts, err
+		}
+	}
+	switch {
+	case uWritten < cRead:
+		return lostRequest, nil
+	case cWritten < uRead:
+		return lostReply, nil
+	}
+	if err := tcpcount.Discard(cfd, uWritten-cRead); err != nil {
+		return lostCounts, err
+	}
+	if err := tcpcount.Discard(ufd, cWritten-uRead); err != nil {
+		return lostCounts, err
+	}
+	return "", nil
 }

@@ -574,7 +574,14 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	if fromClient {
 		src = c.lt.cfd
 	}
-	n, errno := readFd(src, l.buf)
+	kept := c.kept()
+	var n int
+	var errno unix.Errno
+	if kept {
+		n, errno = peekFd(src, l.buf)
+	} else {
+		n, errno = readFd(src, l.buf)
+	}
 	switch {
 	case n > 0:
 	case errno == unix.EAGAIN:
@@ -603,12 +610,26 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	}
 	if fromClient {
 		c.readClient(l.buf[:n])
-		l.settle(c, c.process(l.buf[:n]))
+		alive := c.process(l.buf[:n])
+		if kept {
+			consumeFd(src, l.buf, n) // before settle, which may hand the socket to goroutines
+		}
+		l.settle(c, alive)
 		return
 	}
 	c.rep.follow(l.buf[:n])
 	w, errno := writeFd(c.lt.cfd, l.buf[:n], nil)
 	c.s.m.bytesS2C.Add(float64(w))
+	if kept {
+		if w < n && (errno == 0 || errno == unix.EAGAIN) {
+			bp := readBufs.Get().(*[]byte)
+			c.lt.left.client = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
+			consumeFd(src, l.buf, n)
+			l.release(c, handbackBackpressure)
+			return
+		}
+		consumeFd(src, l.buf, n)
+	}
 	switch {
 	case w == n:
 	case errno == 0 || errno == unix.EAGAIN:

@@ -58,6 +58,7 @@ type metrics struct {
 	silentEvictions prometheus.Counter
 	handovers       *prometheus.CounterVec
 	handoverConns   prometheus.Gauge
+	restoreLost     *prometheus.CounterVec
 	handoverFrozen  prometheus.Gauge
 }
 
@@ -193,6 +194,9 @@ func newMetrics(read readings) *metrics {
 		[]string{"result"})
 	m.handoverConns = prometheus.NewGauge(prometheus.GaugeOpts(f("handover_connections",
 		"Connections this process took over from the previous one when it started (0: it started afresh).")))
+	m.restoreLost = prometheus.NewCounterVec(prometheus.CounterOpts(f("restore_closed_total",
+		"Connections a keeper restored after the forwarding process died that were closed because they could not go on exactly, by reason: restart_lost_request (the dead process held part of a client's message), restart_lost_reply (it held replies the client had not taken), restart_counts_failed (the kernel's byte counters could not be read).")),
+		[]string{"reason"})
 	m.handoverFrozen = prometheus.NewGauge(prometheus.GaugeOpts(f("handover_frozen_seconds",
 		"How long the upgrade that started this process held traffic: from the previous process's freeze to this one forwarding (0: it started afresh).")))
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
@@ -202,7 +206,7 @@ func newMetrics(read readings) *metrics {
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.handshakes, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
-		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.handoverFrozen,
+		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, log := range auditLogs {
 		// How long each set keeps its records: a rate of rotations times max-backups.

@@ -104,6 +104,35 @@ func readFd(fd int32, p []byte) (int, unix.Errno) {
 	return rawIO(unix.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p))
 }
 
+// peekFd reads what fd has into p without consuming it, without waiting: a connection its keeper
+// holds is read so (docs/design.md, "What a crash costs"), and consumeFd takes the bytes once
+// they are passed on.
+func peekFd(fd int32, p []byte) (int, unix.Errno) {
+	for {
+		r, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0:
+			return int(r), 0
+		case unix.EINTR:
+		default:
+			return 0, e
+		}
+	}
+}
+
+// consumeFd takes n bytes, peeked before, out of fd's receive queue (into p, which they fill up
+// to n). A read that fails leaves them for the connection's next read to fail too.
+func consumeFd(fd int32, p []byte, n int) {
+	for done := 0; done < n; {
+		m, errno := readFd(fd, p[done:n])
+		if errno != 0 || m == 0 {
+			return
+		}
+		done += m
+	}
+}
+
 // writeFd writes a and then b (which may be empty) with one system call, without waiting.
 func writeFd(fd int32, a, b []byte) (int, unix.Errno) {
 	if len(b) == 0 {

@@ -275,6 +275,16 @@ func (s *Server) startAdopted() {
 	s.cont.adopted = nil
 	for i := range a.conns {
 		ac := &a.conns[i]
+		if ac.rebuild {
+			if lost, err := reconcile(ac.st.ClientFd, ac.st.StoreFd); lost != "" {
+				s.log.Warn("restart: a restored connection cannot go on exactly; closing it", "conn", ac.c.id,
+					"reason", lost, "err", err)
+				s.m.restoreLost.WithLabelValues(lost).Inc()
+				s.cont.kp.Ended(ac.c.id)
+				ac.closeFds()
+				continue
+			}
+		}
 		if ac.rebuild && !s.rebuild(ac) {
 			s.log.Warn("restart: the store's generation is not known; closing a restored connection", "conn", ac.c.id)
 			s.cont.kp.Ended(ac.c.id)

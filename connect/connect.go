@@ -22,6 +22,7 @@ import (
 
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/origdst"
+	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/tlsrec"
 	"github.com/storeguard/storeguard/tlsrelay"
 )
@@ -41,6 +42,9 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	DialTimeout      time.Duration
 	Log              *slog.Logger
+	// Keeper, when set, holds a copy of every relay's two sockets and its state (a shared
+	// ledger), and starts another process with them if this one dies (keeper_linux.go).
+	Keeper *keeper.Link
 }
 
 // Stats are a client guard's counters.
@@ -55,6 +59,7 @@ type Client struct {
 	ln     *net.TCPListener
 	Stats  Stats
 	nextID atomic.Uint64 // the relays' ids
+	ledger *tlsrelay.Ledger // the relays' state: shared with the keeper, or nil (each relay its own)
 
 	mu     sync.Mutex
 	relays map[*tlsrelay.Relay]relayInfo
@@ -70,6 +75,7 @@ type Client struct {
 }
 
 type relayInfo struct {
+	id       uint64
 	src, dst netip.AddrPort
 	peer     string
 }
@@ -86,7 +92,12 @@ func New(opt Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newClient(opt, ln.(*net.TCPListener)), nil
+	c := newClient(opt, ln.(*net.TCPListener))
+	if err := c.shareLedger(); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 func newClient(opt Options, ln *net.TCPListener) *Client {
@@ -193,7 +204,8 @@ func (c *Client) handle(tc *net.TCPConn) {
 		return
 	}
 	peer := identity.PeerOf(cs.PeerCertificates[0])
-	r, err := tlsrelay.New(up, tc, sess, nil, c.nextID.Add(1))
+	id := c.nextID.Add(1)
+	r, err := tlsrelay.New(up, tc, sess, c.ledger, id)
 	if err != nil {
 		c.opt.Log.Warn("cannot start the relay; closing the rank's connection", "err", err)
 		up.Close()
@@ -201,7 +213,7 @@ func (c *Client) handle(tc *net.TCPConn) {
 		return
 	}
 	started = true
-	c.started(r, relayInfo{src: src, dst: up.RemoteAddr().(*net.TCPAddr).AddrPort(), peer: peer.ID})
+	c.started(r, relayInfo{id: id, src: src, dst: up.RemoteAddr().(*net.TCPAddr).AddrPort(), peer: peer.ID})
 	c.Stats.Relayed.Add(1)
 }
 
@@ -212,15 +224,21 @@ func (c *Client) started(r *tlsrelay.Relay, info relayInfo) {
 	c.starting--
 	if r != nil {
 		c.relays[r] = info
-		c.run(r)
+		c.keep(r, info)
+		c.run(r, info.id)
 	}
 }
 
 // run starts r, counted among the active relays until it ends. Under c.mu.
-func (c *Client) run(r *tlsrelay.Relay) {
+func (c *Client) run(r *tlsrelay.Relay, id uint64) {
 	c.Stats.Active.Add(1)
 	c.wg.Add(1)
 	r.OnEnd = func(error) {
+		select {
+		case <-c.handedOver: // the next process has its sockets, and the keeper keeps them for it
+		default:
+			c.opt.Keeper.Ended(id)
+		}
 		c.Stats.Active.Add(-1)
 		c.untrack(r)
 		c.wg.Done()

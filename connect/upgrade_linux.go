@@ -45,16 +45,17 @@ func (c *Client) HandOver(peer *os.File, exited <-chan struct{}) (int, error) {
 		c.thaw(relays)
 		return 0, err
 	}
-	st := upgrade.ServerState{Listen: c.ln.Addr().String(), Conns: len(relays), Frozen: start, Fds: []int{lnFd}}
+	st := upgrade.ServerState{Listen: c.ln.Addr().String(), NextID: c.nextID.Load() + 1, Conns: len(relays), Frozen: start,
+		Fds: []int{lnFd}}
 	err = o.Send(st, func(i int) (upgrade.Conn, error) { return c.frozenConn(relays[i]) }, func() { c.thaw(relays) })
 	if err != nil {
 		return 0, err
 	}
 	o.Go()
+	c.handOnce.Do(func() { close(c.handedOver) }) // before the relays end here: their keeper keeps them
 	for _, r := range relays {
 		r.Abandon()
 	}
-	c.handOnce.Do(func() { close(c.handedOver) })
 	c.opt.Log.Info("upgrade: handed over", "relays", len(relays), "to_pid", o.Peer.PID, "frozen", time.Since(start).String())
 	return len(relays), nil
 }
@@ -128,7 +129,7 @@ func (c *Client) frozenConn(r *tlsrelay.Relay) (upgrade.Conn, error) {
 	if err != nil {
 		return upgrade.Conn{}, err
 	}
-	cs := upgrade.Conn{Src: info.src, Dst: info.dst, ClientFd: -1, StoreFd: -1,
+	cs := upgrade.Conn{ID: info.id, Src: info.src, Dst: info.dst, ClientFd: -1, StoreFd: -1,
 		TLS: &upgrade.TLSConn{Relay: left, Identity: info.peer, Fd: -1, PlainFd: -1}}
 	if cs.ClientFd, err = fdOf(r.Plain); err == nil {
 		cs.StoreFd, err = fdOf(r.TLS)
@@ -168,6 +169,14 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 		return nil, err
 	}
 	c := newClient(opt, ln.(*net.TCPListener))
+	if n.From.NextID > 0 { // ids stay unique across processes: a keeper knows relays by them
+		c.nextID.Store(n.From.NextID - 1)
+	}
+	if err := c.shareLedger(); err != nil {
+		n.Refuse(err)
+		ln.Close()
+		return nil, err
+	}
 	type taken struct {
 		r    *tlsrelay.Relay
 		info relayInfo
@@ -182,13 +191,13 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 			closeAll(plain, tlsSock)
 			return
 		}
-		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, nil)
+		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, c.ledger)
 		if err != nil {
 			bad = errors.Join(bad, err)
 			closeAll(plain, tlsSock)
 			return
 		}
-		relays = append(relays, taken{r, relayInfo{src: cs.Src, dst: cs.Dst, peer: cs.TLS.Identity}})
+		relays = append(relays, taken{r, relayInfo{id: cs.TLS.Relay.ID, src: cs.Src, dst: cs.Dst, peer: cs.TLS.Identity}})
 	})
 	if err != nil {
 		for _, t := range relays {
@@ -203,7 +212,8 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 	c.mu.Lock()
 	for _, t := range relays {
 		c.relays[t.r] = t.info
-		c.run(t.r)
+		c.keep(t.r, t.info)
+		c.run(t.r, t.info.id)
 	}
 	c.mu.Unlock()
 	c.opt.Log.Info("upgrade: took over", "relays", len(relays), "from_pid", n.From.PID)

@@ -1,6 +1,7 @@
 package keeper
 
 import (
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -219,7 +221,8 @@ func TestKeeperHoldsWhatTheWorkerSends(t *testing.T) {
 }
 
 // A worker that takes over from one that died (Q) gets the listeners, the next ID and every
-// connection, each with its store connection when it has one, as the keeper holds them.
+// connection, each with its store connection when it has one and the worker's record of it, as
+// the keeper holds them.
 func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 	fdtest.NoLeak(t)
 	pass, peer := fdtest.Sockets(t, 5)
@@ -230,7 +233,8 @@ func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 	for _, p := range []sent{
 		{'L', ln, []int{0, 1}},
 		{'M', []Change{
-			{Kind: 'O', Conn: Conn{ID: 4, Src: src, Dst: dst}}, change('U', 4), change('O', 9),
+			{Kind: 'O', Conn: Conn{ID: 4, Src: src, Dst: dst, Data: json.RawMessage(`{"Slot":3,"Peer":"spiffe://sg.test/master"}`)}},
+			change('U', 4), change('O', 9),
 		}, []int{2, 3, 4}},
 		{'Q', nil, nil},
 	} {
@@ -253,7 +257,7 @@ func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 		meta  Conn
 		socks []int
 	}{
-		4: {Conn{ID: 4, Src: src, Dst: dst, HasUp: true}, []int{2, 3}},
+		4: {Conn{ID: 4, Src: src, Dst: dst, HasUp: true, Data: json.RawMessage(`{"Slot":3,"Peer":"spiffe://sg.test/master"}`)}, []int{2, 3}},
 		9: {Conn{ID: 9}, []int{4}},
 	}
 	for range len(want) { // not over want: it shrinks
@@ -264,7 +268,7 @@ func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 			t.Fatal(err)
 		}
 		w, ok := want[c.ID]
-		if !ok || c != w.meta || len(fds) != len(w.socks) {
+		if !ok || !reflect.DeepEqual(c, w.meta) || len(fds) != len(w.socks) {
 			t.Fatalf("C: %+v with %d descriptors, want one of %+v", c, len(fds), want)
 		}
 		for i, fd := range fds {

@@ -1,6 +1,9 @@
 package keeper
 
-import "net/netip"
+import (
+	"encoding/json"
+	"net/netip"
+)
 
 // The bodies of the packets between a worker and its keeper (keeper_linux.go lists them).
 
@@ -8,7 +11,10 @@ import "net/netip"
 type Listeners struct {
 	Listen        string
 	MetricsListen string // "" when there is no metrics listener (one descriptor)
-	NextID        uint64 // S only: the next connection id to use
+	// Ledger: the last descriptor is the worker's shared memory for its TLS relays' state
+	// (tlsrelay.NewSharedLedger), which the keeper holds as it holds sockets.
+	Ledger bool   `json:",omitempty"`
+	NextID uint64 // S only: the next connection id to use
 }
 
 // Change is one entry of an M packet, which carries many O, U and D at once (their descriptors in
@@ -23,4 +29,7 @@ type Conn struct {
 	ID       uint64
 	Src, Dst netip.AddrPort
 	HasUp    bool // C only: a second descriptor, the store's, follows the client's
+	// Data is the worker's own record of the connection, kept and given back as it is (a TLS
+	// relay's slot in the ledger, the peer's identity).
+	Data json.RawMessage `json:",omitempty"`
 }

@@ -187,6 +187,17 @@ func (l *Link) Opened(id uint64, src, dst netip.AddrPort, fd int) {
 	l.give('O', Conn{ID: id, Src: src, Dst: dst}, fd)
 }
 
+// Relayed gives the keeper a new connection whose two sockets are known at once: the client's,
+// cfd, and the one it is carried to, ufd (duplicates: the caller keeps them), with the worker's
+// record of it, data.
+func (l *Link) Relayed(id uint64, src, dst netip.AddrPort, cfd, ufd int, data json.RawMessage) {
+	if l == nil {
+		return
+	}
+	l.give('O', Conn{ID: id, Src: src, Dst: dst, Data: data}, cfd)
+	l.give('U', Conn{ID: id}, ufd)
+}
+
 // Connected gives the keeper a connection's store socket, fd (a duplicate: the caller keeps fd).
 func (l *Link) Connected(id uint64, fd int) {
 	if l == nil {

@@ -128,6 +128,15 @@ func newRelay(tlsSock, plain Sock, st State, ledger *Ledger, ix int, s slot) (*R
 	return r, nil
 }
 
+// Slot is the relay's slot in a shared ledger (its keeper restores it from there), or -1 when
+// its ledger is this process's own.
+func (r *Relay) Slot() int {
+	if r.ledger.Fd() < 0 {
+		return -1
+	}
+	return r.ix
+}
+
 // Run starts both directions on goroutines of their own.
 func (r *Relay) Run() {
 	go r.in()

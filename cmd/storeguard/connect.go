@@ -43,6 +43,7 @@ environment stay unchanged.`,
 	pidFile := fs.String("pid-file", "", "write this process's PID here")
 	logLevel := fs.String("log-level", "info", "debug | info | warn | error")
 	logFormat := fs.String("log-format", "json", "json | text")
+	useKeeper := fs.Bool("keeper", false, "run under a keeper: a parent that holds every relay's sockets and state and restarts the forwarding process with them if it dies (docs/design.md, Zero downtime)")
 	addTLSFlags(fs)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cmd.SilenceUsage = true
@@ -50,6 +51,15 @@ environment stay unchanged.`,
 		if err != nil {
 			return err
 		}
+		if *useKeeper && os.Getenv(keeper.Env) == "" {
+			return runKeeper(lc)
+		}
+		kf, err := inheritedFile(keeper.Env) // run by a keeper (--keeper)
+		if err != nil {
+			return err
+		}
+		restore := os.Getenv(keeper.RestoreEnv) != "" // the previous process died: the keeper has everything
+		os.Unsetenv(keeper.RestoreEnv)
 		log, sink := newLogger(lc, os.Stderr)
 		defer sink.Close(sinkWait)
 		m, err := connect.ParseMark(*mark)
@@ -79,15 +89,34 @@ environment stay unchanged.`,
 		if err != nil {
 			return err
 		}
+		pids := pidfile.NewWriter(*pidFile)
+		failed := func(err error) { // an upgrade failed: the record tells storeguard upgrade at once
+			if werr := pids.Failed(err); werr != nil {
+				log.Warn("could not record the failed upgrade beside the pid file", "err", werr)
+			}
+		}
+		if kf != nil {
+			opt.Keeper, err = keeper.Dial(kf, log)
+			kf.Close()
+			if err != nil {
+				return fmt.Errorf("keeper: %w", err)
+			}
+		}
 		var c *connect.Client
-		if peer != nil {
+		switch {
+		case peer != nil:
 			c, err = connect.TakeOver(opt, peer)
 			peer.Close()
-		} else {
+		case restore && opt.Keeper != nil:
+			c, err = connect.Restore(opt)
+		default:
 			c, err = connect.New(opt)
 		}
 		if err != nil {
 			return err
+		}
+		if err := c.KeeperListeners(peer != nil, failed); err != nil {
+			return fmt.Errorf("keeper: %w", err)
 		}
 		usr2 := make(chan os.Signal, 1)
 		signal.Notify(usr2, syscall.SIGUSR2)
@@ -96,6 +125,9 @@ environment stay unchanged.`,
 		var upgrading sync.Mutex // held by an upgrade: one that handed over logs its end before the log closes
 		go func() {
 			for range usr2 {
+				if c.AskUpgrade() { // the keeper starts the new process
+					continue
+				}
 				upgrading.Lock()
 				if err := up.upgrade(c); err != nil {
 					log.Error("upgrade failed; this process goes on", "err", err)
@@ -109,7 +141,11 @@ environment stay unchanged.`,
 				return fmt.Errorf("metrics-listen: %w", err)
 			}
 		}
-		if err := pidfile.NewWriter(*pidFile).Write(0); err != nil {
+		keeperPID := 0
+		if opt.Keeper != nil {
+			keeperPID = os.Getppid()
+		}
+		if err := pids.Write(keeperPID); err != nil {
 			return fmt.Errorf("pid-file: %w", err)
 		}
 		log.Info("storeguard connect listening", "listen", c.Addr().String(), "server", *server,

@@ -41,7 +41,7 @@ func newServeCommand() *cobra.Command {
 		}
 		cmd.SilenceUsage = true
 		if *useKeeper && os.Getenv(keeper.Env) == "" {
-			return runKeeper(cfg)
+			return runKeeper(cfg.Log)
 		}
 		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, opts.Path(), *pidFile)
 	}
@@ -171,8 +171,8 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 }
 
 // runKeeper runs this command line, without --keeper, as a keeper's worker (package keeper).
-func runKeeper(cfg config.Config) error {
-	log, sink := newLogger(cfg.Log, os.Stderr)
+func runKeeper(lc config.Log) error {
+	log, sink := newLogger(lc, os.Stderr)
 	defer sink.Close(sinkWait)
 	var args []string
 	for _, a := range os.Args[1:] {

@@ -58,7 +58,7 @@ type Client struct {
 	opt    Options
 	ln     *net.TCPListener
 	Stats  Stats
-	nextID atomic.Uint64 // the relays' ids
+	nextID atomic.Uint64    // the relays' ids
 	ledger *tlsrelay.Ledger // the relays' state: shared with the keeper, or nil (each relay its own)
 
 	mu     sync.Mutex

@@ -132,7 +132,8 @@ func Restore(opt Options) (*Client, error) {
 		c.ledger = ledger
 		c.nextID.Store(ln.NextID)
 		return nil
-	}, func(kc keeper.Conn, cfd, ufd int) {
+	}, func(kc keeper.Conn, cfd, ufd int, extra []int) {
+		closeFds(extra) // none expected
 		var kr keptRelay
 		var r *tlsrelay.Relay
 		plain, err := tlsrelay.FromFd(cfd)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/proxy"
@@ -31,25 +32,71 @@ import (
 // The ranks' connections and their TLS sessions stay open: no request fails, and the store gets
 // every ADD exactly once.
 func TestKilledClientGuardLosesNothing(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	dir := pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})
-	bin := filepath.Join(t.TempDir(), "storeguard")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/storeguard").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	store, err := storesim.StartRecorder("127.0.0.1:0")
+	r := newKillRig(t)
+	srv := r.inProcessServer(t)
+	addr := freeAddr(t)
+	r.run(t, "connect", "--keeper", "--listen", addr, "--server", srv,
+		"--tls-cert", filepath.Join(r.pki, "worker.pem"), "--tls-key", filepath.Join(r.pki, "worker.key"),
+		"--tls-ca", filepath.Join(r.pki, "ca.pem"), "--tls-allow", "spiffe://sg.test/master")
+	r.addAndKill(t, addr, "took every relay back from the keeper\" relays=4")
+}
+
+// TestKilledServingGuardLosesNothing: the same with the other end, `storeguard serve --keeper`
+// (mutual TLS) behind a client guard in this process, killed 4 times: the keeper gives the next
+// process each TLS connection's relay sockets and slot, its guard's end of the relay's pair and its
+// store socket; the relay goes on from its slot, the connection from its sockets' byte counts.
+func TestKilledServingGuardLosesNothing(t *testing.T) {
+	r := newKillRig(t)
+	guard := freeAddr(t)
+	r.run(t, "serve", "--keeper", "--listen", guard, "--upstream", r.store.Addr(), "--generation", "1.13",
+		"--metrics-listen", "", "--log-format", "text", "--tls-mode", "on", "--tls-plaintext-sources", "127.0.0.2/32",
+		"--tls-cert", filepath.Join(r.pki, "master.pem"), "--tls-key", filepath.Join(r.pki, "master.key"),
+		"--tls-ca", filepath.Join(r.pki, "ca.pem"), "--tls-allow", "spiffe://sg.test/worker/*")
+	allow, _ := identity.ParseAllow([]string{"spiffe://sg.test/master"})
+	c, err := New(Options{Listen: "127.0.0.1:0", Server: guard, Identity: files(t, r.pki, "worker"), Allow: allow})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
-	store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Serve(ctx, time.Second)
+	r.addAndKill(t, c.Addr().String(), "took every connection back from the keeper\" connections=4")
+}
+
+// killRig is a recording store, certificates and the binary, for a guard that is killed.
+type killRig struct {
+	pki, bin, pidFile string
+	store             *storesim.Store
+	logMu             sync.Mutex
+	logs              bytes.Buffer
+}
+
+func newKillRig(t *testing.T) *killRig {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	r := &killRig{pki: pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})}
+	r.bin = filepath.Join(t.TempDir(), "storeguard")
+	if out, err := exec.Command("go", "build", "-o", r.bin, "../cmd/storeguard").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	r.pidFile = filepath.Join(t.TempDir(), "guard.pid")
+	var err error
+	if r.store, err = storesim.StartRecorder("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.store.Close)
+	r.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	return r
+}
+
+// inProcessServer is a serving guard (mutual TLS from everywhere but 127.0.0.2) in this process.
+func (r *killRig) inProcessServer(t *testing.T) string {
 	cfg := config.Default()
-	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", store.Addr(), "", "1.13"
+	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", r.store.Addr(), "", "1.13"
 	cfg.TLS = config.TLS{Mode: "on", CertFile: "x", KeyFile: "x", CAFile: "x", Allow: []string{"spiffe://sg.test/worker/*"},
 		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second}
-	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, dir, "master")})
+	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, r.pki, "master")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,44 +104,58 @@ func TestKilledClientGuardLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	go srv.Serve(ctx)
+	return srv.Addr().String()
+}
 
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	pidFile := filepath.Join(t.TempDir(), "connect.pid")
-	var logs bytes.Buffer
-	var logMu sync.Mutex
-	cmd := exec.Command(bin, "connect", "--keeper", "--listen", addr, "--server", srv.Addr().String(),
-		"--tls-cert", filepath.Join(dir, "worker.pem"), "--tls-key", filepath.Join(dir, "worker.key"),
-		"--tls-ca", filepath.Join(dir, "ca.pem"), "--tls-allow", "spiffe://sg.test/master",
-		"--pid-file", pidFile, "--log-format", "text")
-	w := writerFunc(func(p []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return logs.Write(p) })
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// run starts the binary with args and --pid-file, until the test ends.
+func (r *killRig) run(t *testing.T, args ...string) {
+	cmd := exec.Command(r.bin, append(args, "--pid-file", r.pidFile, "--log-format", "text")...)
+	w := writerFunc(func(p []byte) (int, error) { r.logMu.Lock(); defer r.logMu.Unlock(); return r.logs.Write(p) })
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
 		if t.Failed() {
-			logMu.Lock()
-			t.Logf("storeguard connect's log:\n%s", logs.String())
-			logMu.Unlock()
+			t.Logf("storeguard's log:\n%s", r.log())
 		}
-	}()
-	waitPid := func(old string) string {
-		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if b, err := os.ReadFile(pidFile); err == nil && strings.TrimSpace(string(b)) != old && len(b) > 1 {
-				return strings.TrimSpace(string(b))
-			}
-		}
-		t.Fatalf("no new forwarding process after pid %s", old)
-		return ""
-	}
-	pid := waitPid("")
+	})
+}
 
+func (r *killRig) log() string {
+	r.logMu.Lock()
+	defer r.logMu.Unlock()
+	return r.logs.String()
+}
+
+func (r *killRig) waitPid(t *testing.T, old string) string {
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(r.pidFile); err == nil && strings.TrimSpace(string(b)) != old && len(b) > 1 {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	t.Fatalf("no new forwarding process after pid %s", old)
+	return ""
+}
+
+// addAndKill runs 4 ranks that add through addr while the guard's forwarding process is killed 4
+// times; then no rank failed, the store got every ADD exactly once, and the log says restored 4
+// times (restored).
+func (r *killRig) addAndKill(t *testing.T, addr, restored string) {
+	pid := r.waitPid(t, "")
 	add := enc(t, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
 	const ranks = 4
 	var adds atomic.Int64
@@ -102,7 +163,13 @@ func TestKilledClientGuardLosesNothing(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range ranks {
-		rank, err := net.Dial("tcp", addr)
+		var rank net.Conn
+		var err error
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if rank, err = net.Dial("tcp", addr); err == nil || time.Now().After(end) {
+				break
+			}
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +201,7 @@ func TestKilledClientGuardLosesNothing(t *testing.T) {
 		time.Sleep(1100 * time.Millisecond) // a process that lives under 1 s is restarted after a pause
 		p, _ := strconv.Atoi(pid)
 		syscall.Kill(p, syscall.SIGKILL)
-		pid = waitPid(pid)
+		pid = r.waitPid(t, pid)
 	}
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
@@ -144,20 +211,16 @@ func TestKilledClientGuardLosesNothing(t *testing.T) {
 		t.Error(err)
 	}
 	var got int64
-	for i := range store.NumConns() {
-		b := store.Received(i)
-		got += int64(bytes.Count(b, add)) // ADDs of one key and value: no other message contains one
+	for i := range r.store.NumConns() {
+		got += int64(bytes.Count(r.store.Received(i), add)) // ADDs of one key and value: no other message contains one
 	}
 	if got != adds.Load() || adds.Load() < 200 {
 		t.Fatalf("the store got %d ADDs; the ranks completed %d", got, adds.Load())
 	}
-	logMu.Lock()
-	restarts := strings.Count(logs.String(), "took every relay back from the keeper\" relays=4")
-	logMu.Unlock()
-	if restarts != 4 {
-		t.Errorf("%d restarts with the 4 relays in the log, not 4", restarts)
+	if n := strings.Count(r.log(), restored); n != 4 {
+		t.Errorf("%d restarts with the 4 connections in the log (%s), not 4", n, restored)
 	}
-	t.Logf("%d ADDs through 4 kills of the client guard", got)
+	t.Logf("%d ADDs through 4 kills", got)
 }
 
 type writerFunc func([]byte) (int, error)

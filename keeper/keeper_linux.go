@@ -29,8 +29,8 @@ import (
 
 // Packets between a worker and its keeper (fdpass, a kind byte and a JSON body):
 //
-//	worker → keeper  L  the listening sockets (Listeners), with their descriptors
-//	                 O  a connection accepted (Conn), with the client's socket
+//	worker → keeper  L  the listening sockets (Listeners), with their descriptors (and the ledger's)
+//	                 O  a connection accepted (Conn), with the client's socket (and Conn.Extra more)
 //	                 U  its store connection (Conn.ID), with the store's socket
 //	                 D  it ended (Conn.ID): the keeper closes its copies
 //	                 M  many of O, U and D at once ([]Change), with their descriptors in order
@@ -47,6 +47,7 @@ import (
 type held struct {
 	meta     Conn
 	cfd, ufd int
+	xfds     []int // meta.Extra more
 }
 
 type worker struct {
@@ -343,7 +344,11 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		var first error
 		for _, ch := range batch {
 			n := 0
-			if ch.Kind != 'D' {
+			switch ch.Kind {
+			case 'D':
+			case 'O':
+				n = min(1+max(ch.Conn.Extra, 0), len(fds))
+			default: // U, and one the keeper does not know: its descriptor goes with it
 				n = min(1, len(fds))
 			}
 			if err := k.conn(ch.Kind, ch.Conn, fds[:n]); err != nil && first == nil {
@@ -405,14 +410,14 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 func (k *Keeper) conn(kind byte, c Conn, fds []int) error {
 	switch kind {
 	case 'O':
-		if len(fds) != 1 {
+		if c.Extra < 0 || len(fds) != 1+c.Extra {
 			fdpass.CloseFds(fds)
 			return fmt.Errorf("connection %d: %d descriptors", c.ID, len(fds))
 		}
 		if old := k.conns[c.ID]; old != nil {
 			old.close()
 		}
-		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1}
+		k.conns[c.ID] = &held{meta: c, cfd: fds[0], ufd: -1, xfds: fds[1:]}
 		k.nextID = max(k.nextID, c.ID+1)
 	case 'U':
 		h := k.conns[c.ID]
@@ -447,6 +452,7 @@ func (k *Keeper) restore(w *worker) error {
 		if meta.HasUp = h.ufd >= 0; meta.HasUp {
 			fds = append(fds, h.ufd)
 		}
+		fds = append(fds, h.xfds...)
 		if err := w.send('C', meta, fds...); err != nil {
 			return err
 		}
@@ -461,6 +467,7 @@ func (h *held) close() {
 	if h.ufd >= 0 {
 		fdpass.CloseFds([]int{h.ufd})
 	}
+	fdpass.CloseFds(h.xfds)
 }
 
 // closeAll closes every descriptor held (the keeper exits).

@@ -221,11 +221,11 @@ func TestKeeperHoldsWhatTheWorkerSends(t *testing.T) {
 }
 
 // A worker that takes over from one that died (Q) gets the listeners, the next ID and every
-// connection, each with its store connection when it has one and the worker's record of it, as
-// the keeper holds them.
+// connection, each with its store connection when it has one, its own sockets (a TLS relay's) and
+// the worker's record of it, as the keeper holds them.
 func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 	fdtest.NoLeak(t)
-	pass, peer := fdtest.Sockets(t, 5)
+	pass, peer := fdtest.Sockets(t, 7)
 	k := quietKeeper()
 	_, wc := link(t, k)
 	ln := Listeners{Listen: "127.0.0.1:29500", MetricsListen: "127.0.0.1:9100"}
@@ -234,8 +234,8 @@ func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 		{'L', ln, []int{0, 1}},
 		{'M', []Change{
 			{Kind: 'O', Conn: Conn{ID: 4, Src: src, Dst: dst, Data: json.RawMessage(`{"Slot":3,"Peer":"spiffe://sg.test/master"}`)}},
-			change('U', 4), change('O', 9),
-		}, []int{2, 3, 4}},
+			change('U', 4), {Kind: 'O', Conn: Conn{ID: 9, Extra: 2}},
+		}, []int{2, 3, 4, 5, 6}},
 		{'Q', nil, nil},
 	} {
 		p.send(t, wc, pass)
@@ -258,7 +258,7 @@ func TestKeeperRestoresEverythingToTheNextWorker(t *testing.T) {
 		socks []int
 	}{
 		4: {Conn{ID: 4, Src: src, Dst: dst, HasUp: true, Data: json.RawMessage(`{"Slot":3,"Peer":"spiffe://sg.test/master"}`)}, []int{2, 3}},
-		9: {Conn{ID: 9}, []int{4}},
+		9: {Conn{ID: 9, Extra: 2}, []int{4, 5, 6}},
 	}
 	for range len(want) { // not over want: it shrinks
 		var c Conn

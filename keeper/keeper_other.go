@@ -30,16 +30,17 @@ type Link struct{}
 // Dial fails: a keeper needs Linux.
 func Dial(*os.File, *slog.Logger) (*Link, error) { return nil, errors.New("keeper: needs Linux") }
 
-func (*Link) Opened(uint64, netip.AddrPort, netip.AddrPort, int)                        {}
-func (*Link) Connected(uint64, int)                                                     {}
-func (*Link) Relayed(uint64, netip.AddrPort, netip.AddrPort, int, int, json.RawMessage) {}
-func (*Link) Ended(uint64)                                                              {}
-func (*Link) Listen(Listeners, ...int)                                                  {}
-func (*Link) TookOver()                                                                 {}
-func (*Link) AskUpgrade()                                                               {}
-func (*Link) Sync(time.Duration) bool                                                   { return false }
-func (*Link) StopNext(time.Duration) bool                                               { return false }
-func (*Link) Serve(func(*os.File), func(error))                                         {}
-func (*Link) Restore(func(Listeners, []int) error, func(Conn, int, int)) error {
+func (*Link) Opened(uint64, netip.AddrPort, netip.AddrPort, int)                              {}
+func (*Link) Connected(uint64, int)                                                           {}
+func (*Link) Relayed(uint64, netip.AddrPort, netip.AddrPort, int, int, json.RawMessage)       {}
+func (*Link) Ended(uint64)                                                                    {}
+func (*Link) Listen(Listeners, ...int)                                                        {}
+func (*Link) TookOver()                                                                       {}
+func (*Link) AskUpgrade()                                                                     {}
+func (*Link) Sync(time.Duration) bool                                                         { return false }
+func (*Link) StopNext(time.Duration) bool                                                     { return false }
+func (*Link) Serve(func(*os.File), func(error))                                               {}
+func (*Link) OpenedWith(uint64, netip.AddrPort, netip.AddrPort, int, json.RawMessage, ...int) {}
+func (*Link) Restore(func(Listeners, []int) error, func(Conn, int, int, []int)) error {
 	return errors.New("keeper: needs Linux")
 }

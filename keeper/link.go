@@ -29,6 +29,9 @@ type Conn struct {
 	ID       uint64
 	Src, Dst netip.AddrPort
 	HasUp    bool // C only: a second descriptor, the store's, follows the client's
+	// Extra descriptors of the connection's own (a TLS relay's two sockets) follow the client's
+	// in O, and the client's and the store's in C.
+	Extra int `json:",omitempty"`
 	// Data is the worker's own record of the connection, kept and given back as it is (a TLS
 	// relay's slot in the ledger, the peer's identity).
 	Data json.RawMessage `json:",omitempty"`

@@ -198,6 +198,27 @@ func (l *Link) Relayed(id uint64, src, dst netip.AddrPort, cfd, ufd int, data js
 	l.give('U', Conn{ID: id}, ufd)
 }
 
+// OpenedWith is Opened for a connection with sockets of its own besides its client's, extra (a
+// TLS relay's), and the worker's record of it, data: Restore gives them back together.
+func (l *Link) OpenedWith(id uint64, src, dst netip.AddrPort, fd int, data json.RawMessage, extra ...int) {
+	if l == nil {
+		return
+	}
+	fds := make([]int, 0, 1+len(extra))
+	for _, f := range append([]int{fd}, extra...) {
+		d := fdpass.Dup(f)
+		if d < 0 {
+			fdpass.CloseFds(fds)
+			if l.allowLog() {
+				l.log.Error("keeper link: cannot duplicate a socket (out of descriptors?); a crash now closes that connection")
+			}
+			return
+		}
+		fds = append(fds, d)
+	}
+	l.post('O', Conn{ID: id, Src: src, Dst: dst, Data: data, Extra: len(extra)}, fds...)
+}
+
 // Connected gives the keeper a connection's store socket, fd (a duplicate: the caller keeps fd).
 func (l *Link) Connected(id uint64, fd int) {
 	if l == nil {
@@ -242,8 +263,9 @@ func (l *Link) AskUpgrade() { l.post('P', nil) }
 
 // Restore takes everything the keeper holds, for a worker started after the previous one died:
 // the listening sockets (listen takes them, or fails Restore), then each connection, given to take
-// with its client's socket and its store's (-1: not connected). The descriptors are the caller's.
-func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cfd, ufd int)) error {
+// with its client's socket, its store's (-1: not connected) and its own (OpenedWith). The
+// descriptors are the caller's.
+func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cfd, ufd int, extra []int)) error {
 	l.post('Q', nil)
 	var ln Listeners
 	fds, err := l.c.Expect('S', replyTimeout, &ln)
@@ -262,7 +284,12 @@ func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cf
 			return nil
 		}
 		var c Conn
-		if kind != 'C' || json.Unmarshal(body, &c) != nil || len(fds) < 1 || (c.HasUp != (len(fds) == 2)) {
+		bad := kind != 'C' || json.Unmarshal(body, &c) != nil
+		up := 0
+		if c.HasUp {
+			up = 1
+		}
+		if bad || c.Extra < 0 || len(fds) != 1+up+c.Extra {
 			fdpass.CloseFds(fds)
 			l.log.Warn("keeper: a connection could not be restored", "packet", string(kind))
 			continue
@@ -271,6 +298,6 @@ func (l *Link) Restore(listen func(Listeners, []int) error, take func(c Conn, cf
 		if c.HasUp {
 			ufd = fds[1]
 		}
-		take(c, fds[0], ufd)
+		take(c, fds[0], ufd, fds[1+up:])
 	}
 }

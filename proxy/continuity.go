@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/keeper"
+	"github.com/storeguard/storeguard/tlsrelay"
 )
 
 // continuity is what a server keeps for an upgrade in place (upgrade_linux.go, package upgrade)
@@ -21,8 +22,9 @@ type continuity struct {
 	upgradeMu       sync.Mutex // one upgrade at a time
 	adopted         *adoption  // what a previous process handed over, until Serve starts it
 	handovers       atomic.Uint64
-	kp              *keeper.Link // nil: no keeper
-	failed          func(error)  // Options.UpgradeFailed
+	kp              *keeper.Link     // nil: no keeper
+	ledger          *tlsrelay.Ledger // with a keeper: the TLS relays' state, shared with it
+	failed          func(error)      // Options.UpgradeFailed
 }
 
 // sockFd runs f with tc's descriptor, valid for the call (-1 when it has none).

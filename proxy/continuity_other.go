@@ -27,4 +27,6 @@ func (s *Server) keepListenerFds() error { return nil }
 
 func (s *Server) closeKeptFds() {}
 
+func (c *conn) keepTLS(int) {}
+
 func listenerFromFd(int) (*net.TCPListener, error) { return nil, upgrade.ErrNeedsLinux }

@@ -189,7 +189,12 @@ func (s *Server) handle(tc *net.TCPConn) {
 	}
 	c := s.acceptedAs(id, client, src, dst, release)
 	c.setTLS(t)
-	if c.kept() {
+	switch {
+	case c.kept() && t != nil:
+		if rc, err := client.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { c.keepTLS(int(fd)) })
+		}
+	case c.kept():
 		sockFd(tc, func(fd int) { s.cont.kp.Opened(c.id, c.src, c.dst, fd) })
 	}
 	s.track(c, true)

@@ -2,13 +2,16 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
 	"github.com/storeguard/storeguard/guard"
+	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/internal/tcpcount"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/protocol"
+	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
 )
 
@@ -26,6 +29,10 @@ func (s *Server) UseKeeper(f *os.File) error {
 	return nil
 }
 
+// ledgerSlots is how many TLS relays a shared ledger holds (20.5 KiB each, allocated as used); a
+// relay beyond them still runs, with its state in this process only (a crash closes it).
+const ledgerSlots = 4096
+
 // KeeperListeners gives the keeper the listening sockets, and says the worker took over when it was
 // started for an upgrade (TakeOver): call it once the server has its listeners.
 func (s *Server) KeeperListeners(tookOver bool) {
@@ -36,11 +43,21 @@ func (s *Server) KeeperListeners(tookOver bool) {
 	if tookOver {
 		k.TookOver()
 	}
+	if s.ids != nil && s.cont.ledger == nil { // a restart took the keeper's
+		var err error
+		if s.cont.ledger, err = tlsrelay.NewSharedLedger(ledgerSlots); err != nil {
+			s.log.Error("keeper: no shared ledger for the TLS relays; a crash of this process closes its TLS connections", "err", err)
+		}
+	}
 	ln := keeper.Listeners{Listen: s.listeners.clients.Addr().String()}
 	fds := []int{s.cont.lnFd}
 	if s.cont.metricsFd >= 0 {
 		ln.MetricsListen = s.listeners.metrics.Addr().String()
 		fds = append(fds, s.cont.metricsFd)
+	}
+	if s.cont.ledger != nil {
+		ln.Ledger = true
+		fds = append(fds, s.cont.ledger.Fd())
 	}
 	k.Listen(ln, fds...)
 	go k.Serve(s.handOverForKeeper, s.cont.failed)
@@ -78,14 +95,39 @@ func (s *Server) handOverForKeeper(peer *os.File) {
 func (s *Server) RestoreFromKeeper() error {
 	a := &adoption{reason: "restart"}
 	err := s.cont.kp.Restore(func(ln keeper.Listeners, fds []int) error {
+		if ln.Ledger && len(fds) > 1 {
+			ledger, err := tlsrelay.OpenLedger(fds[len(fds)-1])
+			fds = fds[:len(fds)-1]
+			if err != nil {
+				fdpass.CloseFds(fds)
+				return fmt.Errorf("TLS relays' ledger: %w", err)
+			}
+			s.cont.ledger = ledger
+		}
 		if err := s.takeListeners(upgrade.ServerState{Listen: ln.Listen, MetricsListen: ln.MetricsListen}, fds, a); err != nil {
 			return err
 		}
 		s.nextID.Store(ln.NextID)
 		return nil
-	}, func(kc keeper.Conn, cfd, ufd int) {
-		a.conns = append(a.conns, adoptedConn{rebuild: true, c: s.newConn(kc.ID, kc.Src, kc.Dst, s.now()),
-			st: upgrade.Conn{ClientFd: cfd, StoreFd: ufd}})
+	}, func(kc keeper.Conn, cfd, ufd int, extra []int) {
+		ac := adoptedConn{rebuild: true, c: s.newConn(kc.ID, kc.Src, kc.Dst, s.now()),
+			st: upgrade.Conn{ClientFd: cfd, StoreFd: ufd}}
+		if len(extra) > 0 { // a TLS connection: its relay's two sockets
+			var err error
+			if len(extra) != 2 || s.cont.ledger == nil {
+				err = fmt.Errorf("%d sockets of its own, ledger %t", len(extra), s.cont.ledger != nil)
+				fdpass.CloseFds(extra)
+			} else {
+				ac.tls, err = s.restoreTLS(kc.ID, kc.Data, extra[0], extra[1])
+			}
+			if err != nil {
+				s.log.Warn("restart: a TLS connection's relay cannot go on; closing it", "conn", kc.ID, "err", err)
+				s.cont.kp.Ended(kc.ID)
+				ac.closeFds()
+				return
+			}
+		}
+		a.conns = append(a.conns, ac)
 	})
 	if err != nil {
 		return err

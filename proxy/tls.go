@@ -48,9 +48,10 @@ func (c *conn) setTLS(t *tlsConn) {
 	c.g.As(c.identity())
 }
 
-// kept reports whether a keeper holds the connection's sockets: never a TLS connection's, whose
-// relay it could not restore (docs/design.md, "What a crash costs a TLS connection").
-func (c *conn) kept() bool { return c.s.cont.kp != nil && c.tls == nil }
+// kept reports whether a keeper holds the connection's sockets: a TLS connection's too when its
+// relay's state is in the ledger shared with the keeper (docs/design.md, "What a crash costs a
+// TLS connection").
+func (c *conn) kept() bool { return c.s.cont.kp != nil && (c.tls == nil || c.tls.relay.Slot() >= 0) }
 
 // identity is the peer's proved identity, "" without TLS.
 func (c *conn) identity() string {
@@ -136,7 +137,11 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 	}
 	relaySide, guardSide, err := tlsrelay.LoopbackPair()
 	if err == nil {
-		if t.relay, err = tlsrelay.New(tc, relaySide, sess, nil, id); err != nil {
+		t.relay, err = tlsrelay.New(tc, relaySide, sess, s.cont.ledger, id)
+		if errors.Is(err, tlsrelay.ErrFull) { // it runs, with its state in this process only
+			t.relay, err = tlsrelay.New(tc, relaySide, sess, nil, id)
+		}
+		if err != nil {
 			relaySide.Close()
 			guardSide.Close()
 		}

@@ -1,6 +1,10 @@
 package proxy
 
 import (
+	"encoding/json"
+	"errors"
+
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
 	"golang.org/x/sys/unix"
@@ -48,7 +52,10 @@ func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
 		tlsSock.Close()
 		return err
 	}
-	r, err := tlsrelay.Resume(tlsSock, plain, t.Relay, nil)
+	r, err := tlsrelay.Resume(tlsSock, plain, t.Relay, c.s.cont.ledger)
+	if errors.Is(err, tlsrelay.ErrFull) {
+		r, err = tlsrelay.Resume(tlsSock, plain, t.Relay, nil)
+	}
 	if err != nil {
 		tlsSock.Close()
 		plain.Close()
@@ -57,4 +64,59 @@ func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
 	c.setTLS(&tlsConn{relay: r, info: t.Info, id: t.Identity})
 	r.Run()
 	return nil
+}
+
+// keptTLS is what a keeper keeps of a mutual-TLS connection besides its sockets (keeper.Conn.Data),
+// for the process it starts after a crash: where the relay's state is, and who the peer proved to
+// be.
+type keptTLS struct {
+	Slot     int
+	Identity string
+	Info     *audit.TLS
+}
+
+// keepTLS gives the keeper a TLS connection: the guard's end of the relay's pair (cfd) as its
+// client socket, with the relay's two sockets and its slot in the shared ledger.
+func (c *conn) keepTLS(cfd int) {
+	r := c.tls.relay
+	data, err := json.Marshal(keptTLS{Slot: r.Slot(), Identity: c.tls.id, Info: c.tls.info})
+	if err != nil {
+		return
+	}
+	fds := []int{cfd}
+	for _, s := range []sock{r.TLS, r.Plain} {
+		rc, err := s.SyscallConn()
+		if err != nil || rc.Control(func(fd uintptr) { fds = append(fds, int(fd)) }) != nil {
+			return
+		}
+	}
+	c.s.cont.kp.OpenedWith(c.id, c.src, c.dst, fds[0], data, fds[1:]...)
+}
+
+// restoreTLS makes the relay of a TLS connection a keeper gave back after a crash, from its
+// sockets (tlsFd, plainFd: the relay's end of the pair) and its slot in the shared ledger.
+func (s *Server) restoreTLS(id uint64, data []byte, tlsFd, plainFd int) (*tlsConn, error) {
+	var k keptTLS
+	if err := json.Unmarshal(data, &k); err != nil {
+		unix.Close(tlsFd)
+		unix.Close(plainFd)
+		return nil, err
+	}
+	tlsSock, err := attach(int32(tlsFd))
+	if err != nil {
+		unix.Close(plainFd)
+		return nil, err
+	}
+	plain, err := attach(int32(plainFd))
+	if err != nil {
+		tlsSock.Close()
+		return nil, err
+	}
+	r, err := tlsrelay.Restore(tlsSock, plain, s.cont.ledger, k.Slot, id)
+	if err != nil {
+		tlsSock.Close()
+		plain.Close()
+		return nil, err
+	}
+	return &tlsConn{relay: r, info: k.Info, id: k.Identity}, nil
 }

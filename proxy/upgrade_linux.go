@@ -139,6 +139,7 @@ type adoptedConn struct {
 	rebuild bool // restored by a keeper after a crash: no state but the sockets
 	c       *conn
 	st      upgrade.Conn
+	tls     *tlsConn // restored by a keeper: the TLS relay, from its slot in the shared ledger
 }
 
 // TakeOver takes everything over from the serving process at the other end of peer, in place of
@@ -263,6 +264,9 @@ func (ac *adoptedConn) closeFds() {
 		unix.Close(t.Fd)
 		unix.Close(t.PlainFd)
 	}
+	if ac.tls != nil {
+		ac.tls.relay.Close()
+	}
 }
 
 // startAdopted starts the connections a previous process handed over (TakeOver), each where it
@@ -336,6 +340,18 @@ func (s *Server) startConn(ac *adoptedConn) {
 			return
 		}
 		addr, id := c.release, s.gate.AdoptIdentity(t.Identity)
+		c.release = func() { id(); addr() }
+		if c.kept() { // its state is in this process's ledger now: the keeper learns the new slot
+			c.keepTLS(ac.st.ClientFd)
+			if ac.st.StoreFd >= 0 {
+				s.cont.kp.Connected(c.id, ac.st.StoreFd)
+			}
+		}
+	}
+	if t := ac.tls; t != nil { // restored after a crash: its relay goes on from its slot
+		c.setTLS(t)
+		t.relay.Run()
+		addr, id := c.release, s.gate.AdoptIdentity(t.id)
 		c.release = func() { id(); addr() }
 	}
 	if c.g.Talked() {

@@ -63,6 +63,21 @@ func TestKilledServingGuardLosesNothing(t *testing.T) {
 	r.addAndKill(t, c.Addr().String(), "took every connection back from the keeper\" connections=4")
 }
 
+// build is the binary, built once for the package's tests (TestMain removes it).
+var build struct {
+	sync.Once
+	bin string
+	err error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if build.bin != "" {
+		os.RemoveAll(filepath.Dir(build.bin))
+	}
+	os.Exit(code)
+}
+
 // killRig is a recording store, certificates and the binary, for a guard that is killed.
 type killRig struct {
 	pki, bin, pidFile string
@@ -76,10 +91,21 @@ func newKillRig(t *testing.T) *killRig {
 		t.Skip("builds and runs the binary")
 	}
 	r := &killRig{pki: pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})}
-	r.bin = filepath.Join(t.TempDir(), "storeguard")
-	if out, err := exec.Command("go", "build", "-o", r.bin, "../cmd/storeguard").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	build.Do(func() {
+		dir, err := os.MkdirTemp("", "storeguard-connect-test")
+		if err != nil {
+			build.err = err
+			return
+		}
+		build.bin = filepath.Join(dir, "storeguard")
+		if out, err := exec.Command("go", "build", "-o", build.bin, "../cmd/storeguard").CombinedOutput(); err != nil {
+			build.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if build.err != nil {
+		t.Fatal(build.err)
 	}
+	r.bin = build.bin
 	r.pidFile = filepath.Join(t.TempDir(), "guard.pid")
 	var err error
 	if r.store, err = storesim.StartRecorder("127.0.0.1:0"); err != nil {

@@ -397,11 +397,12 @@ func (c *conn) pipeClientToStore() (took bool) {
 			}
 		}
 		c.setDeadline()
-		bp, n, err := readPooled(rc, c.kept())
+		kept := c.kept()
+		bp, n, err := readPooled(rc, kept)
 		if n > 0 {
 			c.readClient((*bp)[:n])
 			ok := c.process((*bp)[:n])
-			if c.kept() {
+			if kept {
 				consumePeeked(rc, bp, n)
 			}
 			readBufs.Put(bp)

@@ -4,22 +4,20 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/identity"
+	"github.com/storeguard/storeguard/internal/killload"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/proxy"
@@ -167,81 +165,21 @@ func (r *killRig) log() string {
 	return r.logs.String()
 }
 
-func (r *killRig) waitPid(t *testing.T, old string) string {
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if b, err := os.ReadFile(r.pidFile); err == nil && strings.TrimSpace(string(b)) != old && len(b) > 1 {
-			return strings.TrimSpace(string(b))
-		}
-	}
-	t.Fatalf("no new forwarding process after pid %s", old)
-	return ""
-}
-
 // addAndKill runs 4 ranks that add through addr while the guard's forwarding process is killed 4
 // times; then no rank failed, the store got every ADD exactly once, and the log says restored 4
 // times (restored).
 func (r *killRig) addAndKill(t *testing.T, addr, restored string) {
-	pid := r.waitPid(t, "")
 	add := enc(t, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
-	const ranks = 4
-	var adds atomic.Int64
-	failures := make(chan error, ranks)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range ranks {
-		var rank net.Conn
-		var err error
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if rank, err = net.Dial("tcp", addr); err == nil || time.Now().After(end) {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rank.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			reply := make([]byte, 8)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				rank.SetDeadline(time.Now().Add(10 * time.Second))
-				_, err := rank.Write(add)
-				if err == nil {
-					_, err = io.ReadFull(rank, reply)
-				}
-				if err != nil {
-					failures <- fmt.Errorf("rank %d after %d adds in all: %w", i, adds.Load(), err)
-					return
-				}
-				adds.Add(1)
-			}
-		}()
-	}
-	for range 4 {
-		time.Sleep(1100 * time.Millisecond) // a process that lives under 1 s is restarted after a pause
-		p, _ := strconv.Atoi(pid)
-		syscall.Kill(p, syscall.SIGKILL)
-		pid = r.waitPid(t, pid)
-	}
-	time.Sleep(500 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	close(failures)
-	for err := range failures {
-		t.Error(err)
+	adds, err := killload.Run(addr, r.pidFile, 4, 4, add, 8)
+	if err != nil {
+		t.Fatal(err)
 	}
 	var got int64
 	for i := range r.store.NumConns() {
 		got += int64(bytes.Count(r.store.Received(i), add)) // ADDs of one key and value: no other message contains one
 	}
-	if got != adds.Load() || adds.Load() < 200 {
-		t.Fatalf("the store got %d ADDs; the ranks completed %d", got, adds.Load())
+	if got != adds || adds < 200 {
+		t.Fatalf("the store got %d ADDs; the ranks completed %d", got, adds)
 	}
 	if n := strings.Count(r.log(), restored); n != 4 {
 		t.Errorf("%d restarts with the 4 connections in the log (%s), not 4", n, restored)

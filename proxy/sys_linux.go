@@ -101,24 +101,14 @@ func epollWait(epfd int, events []unix.EpollEvent, msec int) (int, unix.Errno) {
 
 // readFd reads what fd has; n == 0 with errno 0 is the end of the stream.
 func readFd(fd int32, p []byte) (int, unix.Errno) {
-	return rawIO(unix.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p))
+	return rawIO(unix.SYS_READ, fd, unsafe.Pointer(&p[0]), len(p), 0)
 }
 
 // peekFd reads what fd has into p without consuming it, without waiting: a connection its keeper
 // holds is read so (docs/design.md, "What a crash costs"), and consumeFd takes the bytes once
 // they are passed on.
 func peekFd(fd int32, p []byte) (int, unix.Errno) {
-	for {
-		r, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
-			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
-		switch e {
-		case 0:
-			return int(r), 0
-		case unix.EINTR:
-		default:
-			return 0, e
-		}
-	}
+	return rawIO(unix.SYS_RECVFROM, fd, unsafe.Pointer(&p[0]), len(p), unix.MSG_PEEK|unix.MSG_DONTWAIT)
 }
 
 // consumeFd takes n bytes, peeked before, out of fd's receive queue (into p, which they fill up
@@ -136,20 +126,21 @@ func consumeFd(fd int32, p []byte, n int) {
 // writeFd writes a and then b (which may be empty) with one system call, without waiting.
 func writeFd(fd int32, a, b []byte) (int, unix.Errno) {
 	if len(b) == 0 {
-		return rawIO(unix.SYS_WRITE, fd, unsafe.Pointer(&a[0]), len(a))
+		return rawIO(unix.SYS_WRITE, fd, unsafe.Pointer(&a[0]), len(a), 0)
 	}
 	iov := [2]unix.Iovec{{Base: &a[0]}, {Base: &b[0]}}
 	iov[0].SetLen(len(a))
 	iov[1].SetLen(len(b))
-	return rawIO(unix.SYS_WRITEV, fd, unsafe.Pointer(&iov[0]), len(iov))
+	return rawIO(unix.SYS_WRITEV, fd, unsafe.Pointer(&iov[0]), len(iov), 0)
 }
 
-// rawIO is read, write or writev of fd as a raw system call, again if a signal interrupted it:
-// the count, or 0 and the errno. (p stays an unsafe.Pointer up to the call expression, as
-// unix.RawSyscall requires.)
-func rawIO(trap uintptr, fd int32, p unsafe.Pointer, n int) (int, unix.Errno) {
+// rawIO is read, write, writev or recvfrom (with flags, and no address) of fd as a raw system
+// call, again if a signal interrupted it: the count, or 0 and the errno. (p stays an
+// unsafe.Pointer up to the call expression, as unix.RawSyscall requires; read, write and writev
+// ignore the arguments past their third.)
+func rawIO(trap uintptr, fd int32, p unsafe.Pointer, n int, flags uintptr) (int, unix.Errno) {
 	for {
-		r, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(p), uintptr(n))
+		r, _, e := unix.RawSyscall6(trap, uintptr(fd), uintptr(p), uintptr(n), flags, 0, 0)
 		switch e {
 		case 0:
 			return int(r), 0

@@ -5,7 +5,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storeguard/storeguard/internal/killload"
 	"github.com/storeguard/storeguard/internal/pidfile"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
@@ -46,7 +46,7 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildBinary(t, dir)
 	store, addr, pidFile, logs := startKeeper(t, bin, dir)
-	c := dialGuard(t, addr)
+	c := dialEventually(t, addr)
 	defer c.Close()
 	add, err := protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
 	if err != nil {
@@ -92,8 +92,14 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 			adds.Add(1)
 		}
 	}()
-	waitPid := func(old string) string { return waitPidFile(t, pidFile, old) }
-	pid := waitPid("")
+	waitPid := func(old int) int {
+		pid, err := killload.WaitPid(pidFile, old, 20*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	pid := waitPid(0)
 	for i := range 6 {
 		time.Sleep(300 * time.Millisecond)
 		if i < 4 { // an upgrade, as an operator runs it
@@ -104,9 +110,7 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 		} else {
 			split.Store(false)
 			time.Sleep(20 * time.Millisecond) // the last split ADD is done
-			var p int
-			fmt.Sscan(pid, &p)
-			syscall.Kill(p, syscall.SIGKILL)
+			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		pid = waitPid(pid)
 	}
@@ -126,9 +130,9 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 }
 
 // TestKillsUnderLoadLoseNothing kills the forwarding process 6 times while 8 clients send ADDs as
-// fast as the store answers (each worker lives over 1 s, so its keeper restarts it at once): most kills find the worker between reading a message and writing it
-// on, or between reading a reply and passing it back. Its keeper's new worker must go on from
-// the kernel's byte counts: no request fails or hangs, and the store gets every ADD exactly once.
+// fast as the store answers: most kills find the worker between reading a message and writing it
+// on, or between reading a reply and passing it back. Its keeper's new worker must go on from the
+// kernel's byte counts: no request fails or hangs, and the store gets every ADD exactly once.
 func TestKillsUnderLoadLoseNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -140,60 +144,19 @@ func TestKillsUnderLoadLoseNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const clients = 8
-	var adds atomic.Int64
-	failures := make(chan error, clients)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range clients {
-		c := dialGuard(t, addr)
-		defer c.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			reply := make([]byte, 8)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				if _, err := c.Write(add); err != nil {
-					failures <- fmt.Errorf("client %d after %d adds in all: %w", i, adds.Load(), err)
-					return
-				}
-				if _, err := io.ReadFull(c, reply); err != nil {
-					failures <- fmt.Errorf("client %d after %d adds in all: %w", i, adds.Load(), err)
-					return
-				}
-				adds.Add(1)
-			}
-		}()
-	}
-	pid := waitPidFile(t, pidFile, "")
-	for range 6 {
-		time.Sleep(1100 * time.Millisecond)
-		p, _ := strconv.Atoi(pid)
-		syscall.Kill(p, syscall.SIGKILL)
-		pid = waitPidFile(t, pidFile, pid)
-	}
-	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	close(failures)
-	for err := range failures {
-		t.Error(err)
+	adds, err := killload.Run(addr, pidFile, 8, 6, add, 8)
+	if err != nil {
+		t.Fatal(err)
 	}
 	var got int64
 	for i := range store.NumConns() {
 		got += countOps(t, store.Received(i), protocol.OpAdd)
 	}
-	if got != adds.Load() || adds.Load() < 500 {
-		t.Fatalf("the store got %d ADDs; the clients completed %d", got, adds.Load())
+	if got != adds || adds < 500 {
+		t.Fatalf("the store got %d ADDs; the clients completed %d", got, adds)
 	}
-	if n := strings.Count(logs.String(), "took every connection back from the keeper"); n != 6 {
-		t.Errorf("%d restarts in the log, not 6", n)
+	if n := strings.Count(logs.String(), "took every connection back from the keeper\" connections=8"); n != 6 {
+		t.Errorf("%d restarts with the 8 connections in the log, not 6", n)
 	}
 	t.Logf("%d ADDs through 6 kills", got)
 }
@@ -228,32 +191,6 @@ func startKeeper(t *testing.T, bin, dir string) (store *storesim.Store, addr, pi
 		}
 	})
 	return store, addr, pidFile, logs
-}
-
-// dialGuard connects to the guard once it listens.
-func dialGuard(t *testing.T, addr string) net.Conn {
-	t.Helper()
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			return c
-		}
-		if time.Now().After(end) {
-			t.Fatal(err)
-		}
-	}
-}
-
-// waitPidFile waits for the pid file to name a process other than old, and returns it.
-func waitPidFile(t *testing.T, pidFile, old string) string {
-	t.Helper()
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if b, err := os.ReadFile(pidFile); err == nil && strings.TrimSpace(string(b)) != old && len(b) > 1 {
-			return strings.TrimSpace(string(b))
-		}
-	}
-	t.Fatalf("no new worker after pid %s", old)
-	return ""
 }
 
 type lockedBuffer struct {

@@ -1,0 +1,137 @@
+// Package killload is the load and the kills of the tests that kill a guard's forwarding process
+// under its keeper: clients that send a message and read its reply as fast as they come, and a
+// kill -9 of the process a pid file names, until its keeper has started the next.
+package killload
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Load is clients each sending msg through one connection and reading a reply of replyLen
+// bytes, again and again, until Stop.
+type Load struct {
+	done  atomic.Int64
+	stop  chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	errs  []error
+	conns []net.Conn
+}
+
+// Start connects clients to addr (waiting up to 10 s for it to listen) and starts them.
+func Start(addr string, clients int, msg []byte, replyLen int) (*Load, error) {
+	l := &Load{stop: make(chan struct{})}
+	for i := range clients {
+		c, err := dial(addr)
+		if err != nil {
+			l.Stop()
+			return nil, err
+		}
+		l.conns = append(l.conns, c)
+		l.wg.Add(1)
+		go l.run(i, c, msg, replyLen)
+	}
+	return l, nil
+}
+
+func dial(addr string) (net.Conn, error) {
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		c, err := net.Dial("tcp", addr)
+		if err == nil || time.Now().After(end) {
+			return c, err
+		}
+	}
+}
+
+func (l *Load) run(i int, c net.Conn, msg []byte, replyLen int) {
+	defer l.wg.Done()
+	reply := make([]byte, replyLen)
+	for {
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second)) // a request lost on the way fails, not hangs
+		_, err := c.Write(msg)
+		if err == nil {
+			_, err = io.ReadFull(c, reply)
+		}
+		if err != nil {
+			l.mu.Lock()
+			l.errs = append(l.errs, fmt.Errorf("client %d after %d requests in all: %w", i, l.done.Load(), err))
+			l.mu.Unlock()
+			return
+		}
+		l.done.Add(1)
+	}
+}
+
+// Stop stops the clients, closes their connections and returns the requests answered and the
+// clients' failures.
+func (l *Load) Stop() (done int64, errs []error) {
+	close(l.stop)
+	l.wg.Wait()
+	for _, c := range l.conns {
+		c.Close()
+	}
+	return l.done.Load(), l.errs
+}
+
+// WaitPid waits up to timeout for pidFile to name a process other than old, and returns it.
+func WaitPid(pidFile string, old int, timeout time.Duration) (int, error) {
+	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			continue
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 && pid != old {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("%s names no process but %d after %s", pidFile, old, timeout)
+}
+
+// Kill kills the forwarding process pidFile names times times with SIGKILL, each after it has
+// served for gap (over 1 s: a keeper restarts at once a process that lived that long), and waits
+// each time for its keeper to start the next.
+func Kill(pidFile string, times int, gap time.Duration) error {
+	pid, err := WaitPid(pidFile, 0, 20*time.Second)
+	if err != nil {
+		return err
+	}
+	for range times {
+		time.Sleep(gap)
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			return errors.Join(fmt.Errorf("kill -9 %d", pid), err)
+		}
+		if pid, err = WaitPid(pidFile, pid, 20*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run puts clients' load on addr while the process pidFile names is killed kills times (Kill,
+// each after 1.1 s), then for 0.5 s more, and returns the requests answered; err says what failed:
+// a kill, or clients (each of their failures).
+func Run(addr, pidFile string, clients, kills int, msg []byte, replyLen int) (done int64, err error) {
+	l, err := Start(addr, clients, msg, replyLen)
+	if err != nil {
+		return 0, err
+	}
+	kerr := Kill(pidFile, kills, 1100*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	done, errs := l.Stop()
+	return done, errors.Join(append([]error{kerr}, errs...)...)
+}

@@ -206,6 +206,9 @@ func (c *Client) handle(tc *net.TCPConn) {
 	peer := identity.PeerOf(cs.PeerCertificates[0])
 	id := c.nextID.Add(1)
 	r, err := tlsrelay.New(up, tc, sess, c.ledger, id)
+	if errors.Is(err, tlsrelay.ErrFull) { // it runs, with its state in this process only
+		r, err = tlsrelay.New(up, tc, sess, nil, id)
+	}
 	if err != nil {
 		c.opt.Log.Warn("cannot start the relay; closing the rank's connection", "err", err)
 		up.Close()

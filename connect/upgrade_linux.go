@@ -192,6 +192,9 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 			return
 		}
 		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, c.ledger)
+		if errors.Is(err, tlsrelay.ErrFull) {
+			r, err = tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, nil)
+		}
 		if err != nil {
 			bad = errors.Join(bad, err)
 			closeAll(plain, tlsSock)

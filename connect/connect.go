@@ -155,11 +155,7 @@ func (c *Client) Serve(ctx context.Context, drain time.Duration) error {
 	select {
 	case <-done:
 	case <-time.After(drain):
-		c.mu.Lock()
-		for r := range c.relays {
-			r.Close()
-		}
-		c.mu.Unlock()
+		c.closeRelays()
 		<-done
 	}
 	return nil
@@ -206,9 +202,6 @@ func (c *Client) handle(tc *net.TCPConn) {
 	peer := identity.PeerOf(cs.PeerCertificates[0])
 	id := c.nextID.Add(1)
 	r, err := tlsrelay.New(up, tc, sess, c.ledger, id)
-	if errors.Is(err, tlsrelay.ErrFull) { // it runs, with its state in this process only
-		r, err = tlsrelay.New(up, tc, sess, nil, id)
-	}
 	if err != nil {
 		c.opt.Log.Warn("cannot start the relay; closing the rank's connection", "err", err)
 		up.Close()
@@ -281,6 +274,15 @@ func (c *Client) reach(addr string) (*net.TCPConn, *tlsrec.Session, tls.Connecti
 		}
 		time.Sleep(wait)
 		wait *= 2
+	}
+}
+
+// closeRelays closes every relay at once.
+func (c *Client) closeRelays() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for r := range c.relays {
+		r.Close()
 	}
 }
 

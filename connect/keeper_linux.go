@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
@@ -48,9 +49,8 @@ func (c *Client) keep(r *tlsrelay.Relay, info relayInfo) {
 		return
 	}
 	data, _ := json.Marshal(keptRelay{Slot: r.Slot(), Peer: info.peer})
-	plainFd, err1 := fdOf(r.Plain)
-	tlsFd, err2 := fdOf(r.TLS)
-	if err1 != nil || err2 != nil {
+	tlsFd, plainFd, err := r.Fds()
+	if err != nil {
 		return
 	}
 	c.opt.Keeper.Relayed(info.id, info.src, info.dst, plainFd, tlsFd, data)
@@ -112,15 +112,15 @@ func Restore(opt Options) (*Client, error) {
 	n := 0
 	err := opt.Keeper.Restore(func(ln keeper.Listeners, fds []int) error {
 		if len(fds) < 2 || !ln.Ledger {
-			closeFds(fds)
+			fdpass.CloseFds(fds)
 			return errors.New("keeper: no listening socket and ledger")
 		}
 		f := os.NewFile(uintptr(fds[0]), "listener")
 		l, err := net.FileListener(f)
 		f.Close()
-		closeFds(fds[1 : len(fds)-1])
+		fdpass.CloseFds(fds[1 : len(fds)-1])
 		if err != nil {
-			closeFds(fds[len(fds)-1:])
+			fdpass.CloseFds(fds[len(fds)-1:])
 			return err
 		}
 		ledger, err := tlsrelay.OpenLedger(fds[len(fds)-1])
@@ -133,28 +133,22 @@ func Restore(opt Options) (*Client, error) {
 		c.nextID.Store(ln.NextID)
 		return nil
 	}, func(kc keeper.Conn, cfd, ufd int, extra []int) {
-		closeFds(extra) // none expected
+		fdpass.CloseFds(extra) // none expected
 		var kr keptRelay
+		tlsSock, plain, err := tlsrelay.FromFds(ufd, cfd)
+		if err == nil {
+			if err = json.Unmarshal(kc.Data, &kr); err != nil {
+				closeAll(plain, tlsSock)
+			}
+		}
 		var r *tlsrelay.Relay
-		plain, err := tlsrelay.FromFd(cfd)
-		var tlsSock tlsrelay.Sock
-		if err == nil && ufd < 0 {
-			err = errors.New("no TLS socket")
-		}
 		if err == nil {
-			tlsSock, err = tlsrelay.FromFd(ufd)
-			ufd = -1
-		}
-		if err == nil {
-			err = json.Unmarshal(kc.Data, &kr)
-		}
-		if err == nil {
-			r, err = tlsrelay.Restore(tlsSock, plain, c.ledger, kr.Slot, kc.ID)
+			if r, err = tlsrelay.Restore(tlsSock, plain, c.ledger, kr.Slot, kc.ID); err != nil {
+				closeAll(plain, tlsSock)
+			}
 		}
 		if err != nil {
 			bad = errors.Join(bad, err)
-			closeAll(plain, tlsSock)
-			closeFds([]int{ufd})
 			opt.Keeper.Ended(kc.ID)
 			return
 		}
@@ -177,21 +171,4 @@ func Restore(opt Options) (*Client, error) {
 	}
 	c.opt.Log.Info("restart: took every relay back from the keeper", "relays", n)
 	return c, nil
-}
-
-func closeFds(fds []int) {
-	for _, fd := range fds {
-		if fd >= 0 {
-			os.NewFile(uintptr(fd), "").Close()
-		}
-	}
-}
-
-// closeRelays closes every relay at once.
-func (c *Client) closeRelays() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for r := range c.relays {
-		r.Close()
-	}
 }

@@ -129,11 +129,9 @@ func (c *Client) frozenConn(r *tlsrelay.Relay) (upgrade.Conn, error) {
 	if err != nil {
 		return upgrade.Conn{}, err
 	}
-	cs := upgrade.Conn{ID: info.id, Src: info.src, Dst: info.dst, ClientFd: -1, StoreFd: -1,
+	cs := upgrade.Conn{ID: info.id, Src: info.src, Dst: info.dst,
 		TLS: &upgrade.TLSConn{Relay: left, Identity: info.peer, Fd: -1, PlainFd: -1}}
-	if cs.ClientFd, err = fdOf(r.Plain); err == nil {
-		cs.StoreFd, err = fdOf(r.TLS)
-	}
+	cs.StoreFd, cs.ClientFd, err = r.Fds()
 	return cs, err
 }
 
@@ -184,17 +182,16 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 	var relays []taken
 	var bad error
 	err = n.Receive(func(cs upgrade.Conn) {
-		plain, err1 := tlsrelay.FromFd(cs.ClientFd)
-		tlsSock, err2 := tlsrelay.FromFd(cs.StoreFd)
-		if err := errors.Join(err1, err2); err != nil || cs.TLS == nil {
-			bad = errors.Join(bad, err, errors.New("upgrade: a connection without its relay"))
+		tlsSock, plain, err := tlsrelay.FromFds(cs.StoreFd, cs.ClientFd)
+		if err == nil && cs.TLS == nil {
 			closeAll(plain, tlsSock)
+			err = errors.New("upgrade: a connection without its relay")
+		}
+		if err != nil {
+			bad = errors.Join(bad, err)
 			return
 		}
 		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, c.ledger)
-		if errors.Is(err, tlsrelay.ErrFull) {
-			r, err = tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, nil)
-		}
 		if err != nil {
 			bad = errors.Join(bad, err)
 			closeAll(plain, tlsSock)

@@ -137,11 +137,7 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 	}
 	relaySide, guardSide, err := tlsrelay.LoopbackPair()
 	if err == nil {
-		t.relay, err = tlsrelay.New(tc, relaySide, sess, s.cont.ledger, id)
-		if errors.Is(err, tlsrelay.ErrFull) { // it runs, with its state in this process only
-			t.relay, err = tlsrelay.New(tc, relaySide, sess, nil, id)
-		}
-		if err != nil {
+		if t.relay, err = tlsrelay.New(tc, relaySide, sess, s.cont.ledger, id); err != nil {
 			relaySide.Close()
 			guardSide.Close()
 		}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"encoding/json"
-	"errors"
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/tlsrelay"
@@ -23,18 +22,9 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &upgrade.TLSConn{Relay: left, Identity: c.tls.id, Info: c.tls.info, Fd: -1, PlainFd: -1}
-	for _, s := range []struct {
-		sock sock
-		fd   *int
-	}{{r.TLS, &t.Fd}, {r.Plain, &t.PlainFd}} {
-		rc, err := s.sock.SyscallConn()
-		if err != nil {
-			return nil, err
-		}
-		if err := rc.Control(func(fd uintptr) { *s.fd = int(fd) }); err != nil {
-			return nil, err
-		}
+	t := &upgrade.TLSConn{Relay: left, Identity: c.tls.id, Info: c.tls.info}
+	if t.Fd, t.PlainFd, err = r.Fds(); err != nil {
+		return nil, err
 	}
 	return t, nil
 }
@@ -42,20 +32,11 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 // resumeTLS makes an adopted connection's relay from what the previous process handed over
 // and starts it; on failure the connection closes (its client's TLS session cannot go on).
 func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
-	tlsSock, err := attach(int32(t.Fd))
+	tlsSock, plain, err := tlsrelay.FromFds(t.Fd, t.PlainFd)
 	if err != nil {
-		unix.Close(t.PlainFd)
-		return err
-	}
-	plain, err := attach(int32(t.PlainFd))
-	if err != nil {
-		tlsSock.Close()
 		return err
 	}
 	r, err := tlsrelay.Resume(tlsSock, plain, t.Relay, c.s.cont.ledger)
-	if errors.Is(err, tlsrelay.ErrFull) {
-		r, err = tlsrelay.Resume(tlsSock, plain, t.Relay, nil)
-	}
 	if err != nil {
 		tlsSock.Close()
 		plain.Close()
@@ -83,14 +64,11 @@ func (c *conn) keepTLS(cfd int) {
 	if err != nil {
 		return
 	}
-	fds := []int{cfd}
-	for _, s := range []sock{r.TLS, r.Plain} {
-		rc, err := s.SyscallConn()
-		if err != nil || rc.Control(func(fd uintptr) { fds = append(fds, int(fd)) }) != nil {
-			return
-		}
+	tlsFd, plainFd, err := r.Fds()
+	if err != nil {
+		return
 	}
-	c.s.cont.kp.OpenedWith(c.id, c.src, c.dst, fds[0], data, fds[1:]...)
+	c.s.cont.kp.OpenedWith(c.id, c.src, c.dst, cfd, data, tlsFd, plainFd)
 }
 
 // restoreTLS makes the relay of a TLS connection a keeper gave back after a crash, from its
@@ -102,14 +80,8 @@ func (s *Server) restoreTLS(id uint64, data []byte, tlsFd, plainFd int) (*tlsCon
 		unix.Close(plainFd)
 		return nil, err
 	}
-	tlsSock, err := attach(int32(tlsFd))
+	tlsSock, plain, err := tlsrelay.FromFds(tlsFd, plainFd)
 	if err != nil {
-		unix.Close(plainFd)
-		return nil, err
-	}
-	plain, err := attach(int32(plainFd))
-	if err != nil {
-		tlsSock.Close()
 		return nil, err
 	}
 	r, err := tlsrelay.Restore(tlsSock, plain, s.cont.ledger, k.Slot, id)

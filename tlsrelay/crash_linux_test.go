@@ -240,3 +240,44 @@ func (p pausing) Read(b []byte) (int, error) {
 	}
 	return p.r.Read(b[:min(len(b), 8<<10)])
 }
+
+// TestRelayBeyondAFullLedgerRuns: a relay that finds its shared ledger full still runs, with its
+// state in its own process (Slot -1: a keeper cannot restore it), and carries bytes both ways.
+func TestRelayBeyondAFullLedgerRuns(t *testing.T) {
+	srvCfg, cliCfg := configs(t)
+	ledger, err := NewSharedLedger(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clients []*tls.Conn
+	var apps []*net.TCPConn
+	for i := range 2 {
+		remote, tlsSide := tcpPair(t)
+		plainRelay, app := tcpPair(t)
+		client, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
+		r, err := New(tlsSide, plainRelay, s, ledger, uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []int{0, -1}[i]; r.Slot() != want {
+			t.Fatalf("relay %d: slot %d, want %d", i+1, r.Slot(), want)
+		}
+		r.Run()
+		defer r.Close()
+		clients, apps = append(clients, client), append(apps, app)
+	}
+	c, app := clients[1], apps[1]
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	app.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(app, got); err != nil || string(got) != "ping" {
+		t.Fatalf("the store side got %q, %v", got, err)
+	}
+	app.Write([]byte("pong"))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "pong" {
+		t.Fatalf("the client got %q, %v", got, err)
+	}
+}

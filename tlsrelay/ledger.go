@@ -158,8 +158,8 @@ func NewLedger(n int) *Ledger {
 // Fd is the descriptor of a shared ledger's memory (for its keeper), -1 for plain memory.
 func (l *Ledger) Fd() int { return l.fd }
 
-// ErrFull: every slot is in use.
-var ErrFull = errors.New("tlsrelay: every slot of the ledger is in use")
+// errFull: every slot is in use (the relay then takes a ledger of its own).
+var errFull = errors.New("tlsrelay: every slot of the ledger is in use")
 
 // alloc takes a free slot for a relay with state st.
 func (l *Ledger) alloc(st *State) (int, slot, error) {
@@ -175,7 +175,7 @@ func (l *Ledger) alloc(st *State) (int, slot, error) {
 			return j, s, nil
 		}
 	}
-	return -1, nil, ErrFull
+	return -1, nil, errFull
 }
 
 // claim takes slot i, which a keeper's ledger says belongs to the connection id, and reads it.

@@ -98,11 +98,17 @@ func Restore(tlsSock, plain Sock, ledger *Ledger, ix int, id uint64) (*Relay, er
 	return newRelay(tlsSock, plain, st, ledger, ix, s)
 }
 
+// adopt gives st a slot of ledger: of a ledger of its own when ledger is nil or full (the relay
+// then runs with its state in this process only, and Slot says -1).
 func adopt(tlsSock, plain Sock, st State, ledger *Ledger) (*Relay, error) {
 	if ledger == nil {
 		ledger = NewLedger(1)
 	}
 	ix, s, err := ledger.alloc(&st)
+	if errors.Is(err, errFull) {
+		ledger = NewLedger(1)
+		ix, s, err = ledger.alloc(&st)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -588,6 +594,41 @@ func (r *Relay) Close() {
 		r.TLS.Close()
 		r.Plain.Close()
 	}
+}
+
+// FromFds is FromFd of a relay's two sockets: both, or neither (both descriptors closed).
+func FromFds(tlsFd, plainFd int) (tlsSock, plain Sock, err error) {
+	tlsSock, err = FromFd(tlsFd)
+	if err != nil {
+		if plainFd >= 0 {
+			os.NewFile(uintptr(plainFd), "").Close()
+		}
+		return nil, nil, err
+	}
+	if plain, err = FromFd(plainFd); err != nil {
+		tlsSock.Close()
+		return nil, nil, err
+	}
+	return tlsSock, plain, nil
+}
+
+// Fds are the descriptors of the relay's two sockets, valid while they are open (to hand them
+// over, or to give a keeper copies).
+func (r *Relay) Fds() (tlsFd, plainFd int, err error) {
+	tlsFd, plainFd = -1, -1
+	for _, s := range []struct {
+		sock Sock
+		fd   *int
+	}{{r.TLS, &tlsFd}, {r.Plain, &plainFd}} {
+		rc, err := s.sock.SyscallConn()
+		if err != nil {
+			return -1, -1, err
+		}
+		if err := rc.Control(func(fd uintptr) { *s.fd = int(fd) }); err != nil {
+			return -1, -1, err
+		}
+	}
+	return tlsFd, plainFd, nil
 }
 
 // FromFd gives a TCP socket's descriptor (received from another process) to Go's poller; the

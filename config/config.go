@@ -309,6 +309,9 @@ type TLS struct {
 	Allow            []string       `mapstructure:"allow"` // idpattern patterns; empty = any certificate chaining to the CA
 	PlaintextSources []netip.Prefix `mapstructure:"plaintext-sources"`
 	HandshakeTimeout time.Duration  `mapstructure:"handshake-timeout"`
+	// KeyExchange: the key exchange groups, most preferred first (identity.ParseGroups); empty
+	// = crypto/tls's own, a post-quantum hybrid first.
+	KeyExchange []string `mapstructure:"key-exchange"`
 }
 
 // On reports whether mutual TLS is on.

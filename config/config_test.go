@@ -342,6 +342,10 @@ func TestValidationErrors(t *testing.T) {
 		{"identity pattern from env", "", []string{"STOREGUARD_ACCESS_DENY_IDENTITIES=dns:*.x, spiffe://"}, "access.deny-identities[1]",
 			"no trust domain after spiffe://"},
 		{"negative identity cap", "caps:\n  per-identity-connections: -1\n", nil, "caps.per-identity-connections", "must be between 0 and"},
+		{"unknown key exchange group", "tls:\n  key-exchange: [x25519, x448]\n", nil, "tls.key-exchange",
+			`unknown key exchange group "x448" (want one of x25519mlkem768,`},
+		{"key exchange group twice", "", []string{"STOREGUARD_TLS_KEY_EXCHANGE=X25519,x25519"}, "tls.key-exchange",
+			`key exchange group "x25519" named twice`},
 		// addresses
 		{"listen not host:port", "listen: \"29500\"\n", nil, "listen", `did you mean ":29500"?`},
 		{"upstream port 0", "upstream: \"127.0.0.1:0\"\n", nil, "upstream", "port must be a number between 1 and 65535"},

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/idpattern"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
@@ -147,6 +148,9 @@ func (c Config) validate() []error {
 	oneOf(&v, "tls.mode", tl.Mode, "off", "on")
 	v.prefixes("tls.plaintext-sources", tl.PlaintextSources)
 	v.positive("tls.handshake-timeout", tl.HandshakeTimeout)
+	if _, err := identity.ParseGroups(tl.KeyExchange); err != nil {
+		v.add("tls.key-exchange", "%v", err)
+	}
 	for i, p := range tl.Allow {
 		if _, err := idpattern.Parse(p); err != nil {
 			v.add(fmt.Sprintf("tls.allow[%d]", i), "%v", err)

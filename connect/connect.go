@@ -39,6 +39,7 @@ type Options struct {
 	Mark             int
 	Identity         identity.Source
 	Allow            identity.Allow // the identities the master's guard may have
+	KeyExchange      []tls.CurveID  // the key exchange groups, most preferred first; nil: crypto/tls's
 	HandshakeTimeout time.Duration
 	DialTimeout      time.Duration
 	Log              *slog.Logger
@@ -252,6 +253,7 @@ const attempts = 6
 func (c *Client) reach(addr string) (*net.TCPConn, *tlsrec.Session, tls.ConnectionState, error) {
 	host, _, _ := net.SplitHostPort(addr)
 	cfg := identity.ClientConfig(c.opt.Identity, c.opt.Allow, host)
+	cfg.CurvePreferences = c.opt.KeyExchange
 	wait := 50 * time.Millisecond
 	for i := 1; ; i++ {
 		up, err := c.dial(addr)

@@ -50,7 +50,7 @@ func (s *Server) newSettings(c config.Config) (*settings, error) {
 		return nil, err
 	}
 	if c.TLS.On() {
-		if st.tls, err = s.serverTLS(c.TLS.Allow); err != nil {
+		if st.tls, err = s.serverTLS(c.TLS); err != nil {
 			return nil, err
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/tlsrec"
 	"github.com/storeguard/storeguard/tlsrelay"
@@ -61,16 +62,22 @@ func (c *conn) identity() string {
 	return c.tls.id
 }
 
-// serverTLS is the handshake's configuration for settings of cfg: nil with TLS off.
-func (s *Server) serverTLS(allow []string) (*tls.Config, error) {
+// serverTLS is the handshake's configuration for settings tc: nil with TLS off.
+func (s *Server) serverTLS(tc config.TLS) (*tls.Config, error) {
 	if s.ids == nil {
 		return nil, nil
 	}
-	a, err := identity.ParseAllow(allow)
+	a, err := identity.ParseAllow(tc.Allow)
 	if err != nil {
 		return nil, err
 	}
-	return identity.ServerConfig(s.ids, a), nil
+	groups, err := identity.ParseGroups(tc.KeyExchange)
+	if err != nil {
+		return nil, err
+	}
+	cfg := identity.ServerConfig(s.ids, a)
+	cfg.CurvePreferences = groups
+	return cfg, nil
 }
 
 // handshake runs mutual TLS with a client that must use it. ok: the client socket the

@@ -73,6 +73,11 @@ environment stay unchanged.`,
 		if err != nil {
 			return fmt.Errorf("--tls-allow: %w", err)
 		}
+		groupList, _ := fs.GetStringSlice("tls-key-exchange")
+		groups, err := identity.ParseGroups(groupList)
+		if err != nil {
+			return fmt.Errorf("--tls-key-exchange: %w", err)
+		}
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 		defer stop()
 		ids, err := identitySource(ctx, t, log)
@@ -84,7 +89,7 @@ environment stay unchanged.`,
 		}
 		defer ids.Close()
 		opt := connect.Options{Listen: *listen, Server: *server, Transparent: *transparent, Mark: m,
-			Identity: ids, Allow: allow, HandshakeTimeout: *handshake, Log: log}
+			Identity: ids, Allow: allow, KeyExchange: groups, HandshakeTimeout: *handshake, Log: log}
 		peer, err := inheritedFile(keeper.HandoverEnv) // started by an upgrade: take over instead of listening
 		if err != nil {
 			return err

@@ -39,6 +39,7 @@ func addTLSFlags(fs *pflag.FlagSet) {
 	fs.String("tls-ca", "", "CAs a peer's certificate must chain to (PEM), re-read when it changes")
 	fs.String("tls-spiffe-socket", "", "SPIFFE Workload API socket (unix:///...): SVID and bundle from it instead of the files")
 	fs.StringSlice("tls-allow", nil, "identities allowed (repeatable): spiffe://td/path (* one segment, ** the rest), dns:, uri:, cn:")
+	fs.StringSlice("tls-key-exchange", nil, "key exchange groups, most preferred first (x25519mlkem768, x25519, p-256, ...); none = Go's own, a post-quantum hybrid first")
 }
 
 // flagAliases map flag names that are not keys themselves.
@@ -52,6 +53,7 @@ var flagAliases = map[string]string{
 	"tls-spiffe-socket":     "tls.spiffe-socket",
 	"tls-allow":             "tls.allow",
 	"tls-plaintext-sources": "tls.plaintext-sources",
+	"tls-key-exchange":      "tls.key-exchange",
 }
 
 // flagKey returns the config key the flag name sets, or "" if it sets none.

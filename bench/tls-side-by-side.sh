@@ -23,7 +23,8 @@
 # get:64 connect:1 connect:16"), STORE (torch2.6-libuv | torch2.6-legacy | torch1.13-legacy),
 # CAPTURE (1: the tshark handshake capture), BUDGET_S (600: later repetitions are skipped past
 # this), OUT (/tmp/sg-tlsbench), DOC (docs/benchmarks-tls.md), BASE_PORT (29940; 8 ports),
-# CONNECT_ARGS (extra flags for `storeguard connect`).
+# CONNECT_ARGS (extra flags for `storeguard connect`), SG_TLS_ARGS (extra flags for both storeguard
+# ends, such as "--tls-key-exchange x25519", the group stunnel and HAProxy negotiate here).
 #
 # The storeguard chain needs `storeguard connect` and serve's --tls-* flags; a build without them
 # runs the other four targets and says so in the doc. Kills only the processes it started.
@@ -41,6 +42,7 @@ OUT=${OUT:-/tmp/sg-tlsbench}
 DOC=${DOC:-$ROOT/docs/benchmarks-tls.md}
 BASE_PORT=${BASE_PORT:-29940}
 read -r -a CONNECT_ARGS <<<"${CONNECT_ARGS:-}"
+read -r -a SG_TLS_ARGS <<<"${SG_TLS_ARGS:-}"
 SG=$OUT/storeguard
 TORCH=/var/cache/storeguard/torch
 PKI=$OUT/pki
@@ -153,7 +155,7 @@ start_sg_serve() { # listen tag [serve flags...] -> $LAST
 start_sg_connect() { # listen server -> $LAST
 	"$SG" connect --listen "127.0.0.1:$1" --server "127.0.0.1:$2" --tls-cert "$PKI/worker.crt" \
 		--tls-key "$PKI/worker.key" --tls-ca "$PKI/ca.crt" --tls-allow spiffe://sg.test/master --log-level warn \
-		"${CONNECT_ARGS[@]}" >"$OUT/logs/sg-connect.log" 2>&1 &
+		"${SG_TLS_ARGS[@]}" "${CONNECT_ARGS[@]}" >"$OUT/logs/sg-connect.log" 2>&1 &
 	PIDS+=($!)
 	LAST=$!
 }
@@ -211,7 +213,8 @@ WATCH[sg-plain]="--watch-pid $STORE_PID --watch-pid $LAST"
 
 if [ $SG_TLS = 1 ]; then
 	start_sg_serve $P_SG_SERVER tls --tls-mode on --tls-cert "$PKI/master.crt" --tls-key "$PKI/master.key" \
-		--tls-ca "$PKI/ca.crt" --tls-allow 'spiffe://sg.test/worker/*' --tls-plaintext-sources 10.255.255.255/32
+		--tls-ca "$PKI/ca.crt" --tls-allow 'spiffe://sg.test/worker/*' --tls-plaintext-sources 10.255.255.255/32 \
+		"${SG_TLS_ARGS[@]}"
 	s=$LAST
 	start_sg_connect $P_SG_CLIENT $P_SG_SERVER
 	TARGETS+=(sg-tls)
@@ -342,6 +345,7 @@ fi
 	echo "haproxy: $(haproxy -v | head -1 | awk '{print $3}'), $(haproxy -vv | sed -n 's/^Running on OpenSSL version : //p')"
 	echo "load average (1, 5, 15 min) at the start: $LOAD_BEFORE; at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "store: $STORE ($(cat "$OUT/store.txt"))"
+	echo "extra storeguard flags: both ends: ${SG_TLS_ARGS[*]:-none}; connect: ${CONNECT_ARGS[*]:-none}"
 } >"$OUT/machine.txt"
 log "writing $DOC"
 python3 "$ROOT/bench/summarize-tls.py" "$OUT" "$DURATION" "$REPS" >"$DOC.tmp" && mv "$DOC.tmp" "$DOC" && cat "$DOC"

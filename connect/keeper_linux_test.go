@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -80,8 +79,7 @@ func TestMain(m *testing.M) {
 type killRig struct {
 	pki, bin, pidFile string
 	store             *storesim.Store
-	logMu             sync.Mutex
-	logs              bytes.Buffer
+	logs              *killload.Log
 }
 
 func newKillRig(t *testing.T) *killRig {
@@ -144,25 +142,7 @@ func freeAddr(t *testing.T) string {
 
 // run starts the binary with args and --pid-file, until the test ends.
 func (r *killRig) run(t *testing.T, args ...string) {
-	cmd := exec.Command(r.bin, append(args, "--pid-file", r.pidFile, "--log-format", "text")...)
-	w := writerFunc(func(p []byte) (int, error) { r.logMu.Lock(); defer r.logMu.Unlock(); return r.logs.Write(p) })
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("storeguard's log:\n%s", r.log())
-		}
-	})
-}
-
-func (r *killRig) log() string {
-	r.logMu.Lock()
-	defer r.logMu.Unlock()
-	return r.logs.String()
+	r.logs = killload.Process(t, exec.Command(r.bin, append(args, "--pid-file", r.pidFile, "--log-format", "text")...))
 }
 
 // addAndKill runs 4 ranks that add through addr while the guard's forwarding process is killed 4
@@ -181,12 +161,8 @@ func (r *killRig) addAndKill(t *testing.T, addr, restored string) {
 	if got != adds || adds < 200 {
 		t.Fatalf("the store got %d ADDs; the ranks completed %d", got, adds)
 	}
-	if n := strings.Count(r.log(), restored); n != 4 {
+	if n := strings.Count(r.logs.String(), restored); n != 4 {
 		t.Errorf("%d restarts with the 4 connections in the log (%s), not 4", n, restored)
 	}
 	t.Logf("%d ADDs through 4 kills", got)
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/internal/origdst"
+	"github.com/storeguard/storeguard/internal/tcpcount"
 )
 
 // The goroutine transport: a connection read and decoded on a goroutine of its own, the store's
@@ -403,7 +404,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 			c.readClient((*bp)[:n])
 			ok := c.process((*bp)[:n])
 			if kept {
-				consumePeeked(rc, bp, n)
+				consumePeeked(rc, n)
 			}
 			readBufs.Put(bp)
 			if !ok {
@@ -478,23 +479,12 @@ func readPooled(rc syscall.RawConn, peek bool) (bp *[]byte, n int, err error) {
 	return bp, n, err
 }
 
-// consumePeeked takes n bytes, which readPooled peeked, out of the socket (into *bp). They are
-// there, so it never waits; and it ignores the read deadline (a freeze's may have passed since
-// the peek: bytes passed on and left in the socket would be passed on again). A read that fails
-// leaves them for the next read to fail too.
-func consumePeeked(rc syscall.RawConn, bp *[]byte, n int) {
-	rc.Control(func(fd uintptr) {
-		for done := 0; done < n; {
-			m, err := syscall.Read(int(fd), (*bp)[done:n])
-			switch {
-			case err == syscall.EINTR:
-				continue
-			case err != nil || m <= 0:
-				return
-			}
-			done += m
-		}
-	})
+// consumePeeked takes n bytes, which readPooled peeked, out of the socket (tcpcount.Discard).
+// They are there, so it never waits; and it ignores the read deadline (a freeze's may have passed
+// since the peek: bytes passed on and left in the socket would be passed on again). One that
+// fails leaves them for the next read to fail too.
+func consumePeeked(rc syscall.RawConn, n int) {
+	rc.Control(func(fd uintptr) { tcpcount.Discard(int(fd), uint64(n)) })
 }
 
 // setDeadline arms the read deadline the connection's state calls for: the guard's deadline (a
@@ -586,9 +576,7 @@ func (c *conn) pipeStoreToClient() {
 			c.rep.follow((*bp)[:n])
 			ok := c.toClient(bp, n) // which takes bp
 			if kept {
-				scratch := readBufs.Get().(*[]byte)
-				consumePeeked(rc, scratch, n)
-				readBufs.Put(scratch)
+				consumePeeked(rc, n)
 			}
 			if !ok {
 				return

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/storeguard/storeguard/internal/origdst"
+	"github.com/storeguard/storeguard/internal/tcpcount"
 )
 
 // Event loops accept connections and forward them. When the store is on this host, the accepting
@@ -612,7 +613,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		c.readClient(l.buf[:n])
 		alive := c.process(l.buf[:n])
 		if kept {
-			consumeFd(src, l.buf, n) // before settle, which may hand the socket to goroutines
+			tcpcount.Discard(int(src), uint64(n)) // before settle, which may hand the socket to goroutines
 		}
 		l.settle(c, alive)
 		return
@@ -624,11 +625,11 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		if w < n && (errno == 0 || errno == unix.EAGAIN) {
 			bp := readBufs.Get().(*[]byte)
 			c.lt.left.client = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
-			consumeFd(src, l.buf, n)
+			tcpcount.Discard(int(src), uint64(n))
 			l.release(c, handbackBackpressure)
 			return
 		}
-		consumeFd(src, l.buf, n)
+		tcpcount.Discard(int(src), uint64(n))
 	}
 	switch {
 	case w == n:

@@ -105,22 +105,10 @@ func readFd(fd int32, p []byte) (int, unix.Errno) {
 }
 
 // peekFd reads what fd has into p without consuming it, without waiting: a connection its keeper
-// holds is read so (docs/design.md, "What a crash costs"), and consumeFd takes the bytes once
-// they are passed on.
+// holds is read so (docs/design.md, "What a crash costs"), and tcpcount.Discard takes the bytes
+// once they are passed on.
 func peekFd(fd int32, p []byte) (int, unix.Errno) {
 	return rawIO(unix.SYS_RECVFROM, fd, unsafe.Pointer(&p[0]), len(p), unix.MSG_PEEK|unix.MSG_DONTWAIT)
-}
-
-// consumeFd takes n bytes, peeked before, out of fd's receive queue (into p, which they fill up
-// to n). A read that fails leaves them for the connection's next read to fail too.
-func consumeFd(fd int32, p []byte, n int) {
-	for done := 0; done < n; {
-		m, errno := readFd(fd, p[done:n])
-		if errno != 0 || m == 0 {
-			return
-		}
-		done += m
-	}
 }
 
 // writeFd writes a and then b (which may be empty) with one system call, without waiting.

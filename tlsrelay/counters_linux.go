@@ -1,7 +1,6 @@
 package tlsrelay
 
 import (
-	"errors"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -54,35 +53,15 @@ func peek(s Sock, buf []byte, min int) (n int, eof bool, err error) {
 	return max(n, 0), eof, nil
 }
 
-// consume takes n bytes, already in s's receive queue, out of it (into buf, len(buf) >= n).
-func consume(s Sock, buf []byte, n int) error {
+// consume takes n bytes, already in s's receive queue, out of it (tcpcount.Discard): it never
+// waits, so no freeze's deadline stops it.
+func consume(s Sock, n int) error {
 	rc, err := s.SyscallConn()
 	if err != nil {
 		return err
 	}
-	var serr error
-	done := 0
-	err = rc.Read(func(fd uintptr) bool {
-		for done < n {
-			m, _, e := unix.Recvfrom(int(fd), buf[done:n], unix.MSG_DONTWAIT)
-			switch {
-			case e == unix.EINTR:
-				continue
-			case e == unix.EAGAIN:
-				return false
-			case e != nil:
-				serr = e
-				return true
-			case m == 0:
-				serr = errors.New("tlsrelay: the stream ended inside bytes peeked before")
-				return true
-			}
-			done += m
-		}
-		return true
-	})
-	if serr != nil {
-		return serr
+	if cerr := rc.Control(func(fd uintptr) { err = tcpcount.Discard(int(fd), uint64(n)) }); cerr != nil {
+		return cerr
 	}
 	return err
 }

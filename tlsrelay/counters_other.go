@@ -8,5 +8,5 @@ var errLinux = errors.New("tlsrelay: relays need Linux (TCP_INFO, MSG_PEEK)")
 
 func counts(Sock) (read, written uint64, err error)       { return 0, 0, errLinux }
 func peek(Sock, []byte, int) (n int, eof bool, err error) { return 0, false, errLinux }
-func consume(Sock, []byte, int) error                     { return errLinux }
+func consume(Sock, int) error                             { return errLinux }
 func write(Sock, []byte) (int, error)                     { return 0, errLinux }

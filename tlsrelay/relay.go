@@ -248,16 +248,6 @@ var crashPoint = func(string) {}
 // writeCap, when set (by that test), is the most one write(2) is given: records go in parts.
 var writeCap = 0
 
-// consumeAll is consume, going on after a freeze that is thawed.
-func (r *Relay) consumeAll(s Sock, buf []byte, n int) error {
-	for {
-		err := consume(s, buf, n)
-		if err == nil || !r.retry(err) {
-			return err
-		}
-	}
-}
-
 // ended: the relay stopped because it was handed over or closed, not because of err.
 func (r *Relay) stopped(err error) error {
 	if stoppedByFreeze(err) || r.isClosed() {
@@ -396,7 +386,7 @@ func (r *Relay) out() {
 	var extra uint64 // bytes of the record under way written before a crash or hand-over
 	var err error
 	if r.resumed && !d.Ended {
-		if extra, err = r.reconcileOut(&d, pbuf); err != nil {
+		if extra, err = r.reconcileOut(&d); err != nil {
 			r.end(r.stopped(err))
 			return
 		}
@@ -460,7 +450,7 @@ func (r *Relay) out() {
 		r.slot.save(true, &d)
 		crashPoint("out-saved")
 		if n > 0 {
-			if err := r.consumeAll(r.Plain, pbuf, n); err != nil {
+			if err := consume(r.Plain, n); err != nil {
 				r.end(r.stopped(err))
 				return
 			}
@@ -475,7 +465,7 @@ func (r *Relay) out() {
 // reconcileOut squares a resumed write direction's state with its sockets' counters: plaintext
 // counted and not consumed is consumed; extra is the bytes of the record under way (d.Intent)
 // already written; a record under way with none written is begun again from scratch.
-func (r *Relay) reconcileOut(d *Dir, buf []byte) (extra uint64, err error) {
+func (r *Relay) reconcileOut(d *Dir) (extra uint64, err error) {
 	read, _, err := counts(r.Plain)
 	if err != nil {
 		return 0, err
@@ -492,7 +482,7 @@ func (r *Relay) reconcileOut(d *Dir, buf []byte) (extra uint64, err error) {
 		if d.From-read > tlsrec.MaxPlaintext || written != d.To || d.Intent != 0 {
 			return 0, fmt.Errorf("tlsrelay: %d bytes of plaintext to consume, %d written past them", d.From-read, written-d.To)
 		}
-		return 0, r.consumeAll(r.Plain, buf, int(d.From-read))
+		return 0, consume(r.Plain, int(d.From-read))
 	}
 	extra = written - d.To
 	if extra > 0 && d.Intent == 0 {

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -163,7 +162,7 @@ func TestKillsUnderLoadLoseNothing(t *testing.T) {
 
 // startKeeper runs `storeguard serve --keeper` (G0) in front of a recording store, until the test
 // ends; its log is in logs.
-func startKeeper(t *testing.T, bin, dir string) (store *storesim.Store, addr, pidFile string, logs *lockedBuffer) {
+func startKeeper(t *testing.T, bin, dir string) (store *storesim.Store, addr, pidFile string, logs *killload.Log) {
 	t.Helper()
 	store, err := storesim.StartRecorder("127.0.0.1:0")
 	if err != nil {
@@ -171,43 +170,11 @@ func startKeeper(t *testing.T, bin, dir string) (store *storesim.Store, addr, pi
 	}
 	t.Cleanup(store.Close)
 	store.Answer(protocol.GenSetting{Gen: protocol.G0})
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr = ln.Addr().String()
-	ln.Close()
+	addr = freeAddr(t)
 	pidFile = filepath.Join(dir, "worker.pid")
-	logs = &lockedBuffer{}
-	keeper := exec.Command(bin, "serve", "--keeper", "--listen", addr, "--upstream", store.Addr(), "--generation", "1.13",
-		"--metrics-listen", "", "--log-format", "text", "--pid-file", pidFile)
-	keeper.Stdout, keeper.Stderr = logs, logs
-	keeper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := keeper.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		keeper.Process.Signal(syscall.SIGTERM)
-		keeper.Wait()
-		if t.Failed() {
-			t.Logf("storeguard's log:\n%s", logs.String())
-		}
-	})
+	logs = killload.Process(t, exec.Command(bin, "serve", "--keeper", "--listen", addr, "--upstream", store.Addr(),
+		"--generation", "1.13", "--metrics-listen", "", "--log-format", "text", "--pid-file", pidFile))
 	return store, addr, pidFile, logs
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // countOps decodes a G0 stream and counts its messages of op.
@@ -268,20 +235,7 @@ func TestUpgradeCommandSaysWhyItFailed(t *testing.T) {
 			if c.keeper {
 				args = append(args, "--keeper")
 			}
-			var logs lockedBuffer
-			srv := exec.Command(installed, args...)
-			srv.Stdout, srv.Stderr = &logs, &logs
-			srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				srv.Process.Signal(syscall.SIGTERM)
-				srv.Wait()
-				if t.Failed() {
-					t.Logf("storeguard's log:\n%s", logs.String())
-				}
-			}()
+			killload.Process(t, exec.Command(installed, args...))
 			client := dialEventually(t, addr)
 			defer client.Close()
 			numKeys(t, client)

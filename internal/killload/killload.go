@@ -1,6 +1,7 @@
 // Package killload is the load and the kills of the tests that kill a guard's forwarding process
 // under its keeper: clients that send a message and read its reply as fast as they come, and a
-// kill -9 of the process a pid file names, until its keeper has started the next.
+// kill -9 of the process a pid file names, until its keeper has started the next; and the
+// guard process itself, with its log (Process).
 package killload
 
 import (

@@ -68,16 +68,19 @@ func finReceived(state uint8) bool {
 }
 
 // Discard takes n bytes that wait in fd's receive queue out of it, without waiting: it fails
-// if fewer are there.
+// if fewer are there. The bytes are dropped, not copied: recv with no buffer and MSG_TRUNC, which
+// a TCP socket takes as "discard" (tcp(7); HAProxy drains sockets so). It never blocks, so it is
+// a raw system call, cheap enough for the proxy's event loops, which consume every byte they
+// peeked with it.
 func Discard(fd int, n uint64) error {
-	var buf [16 << 10]byte
 	for n > 0 {
-		m, _, err := unix.Recvfrom(fd, buf[:min(uint64(len(buf)), n)], unix.MSG_DONTWAIT)
+		m, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), 0, uintptr(min(n, 1<<30)),
+			unix.MSG_TRUNC|unix.MSG_DONTWAIT, 0, 0)
 		switch {
-		case err == unix.EINTR:
+		case e == unix.EINTR:
 			continue
-		case err != nil:
-			return os.NewSyscallError("recv", err)
+		case e != 0:
+			return os.NewSyscallError("recv", e)
 		case m == 0:
 			return errors.New("tcpcount: the stream ended before the bytes to discard")
 		}

@@ -1,0 +1,69 @@
+package tcpcount
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Discard drops exactly the bytes asked for, leaving the rest to be read, counts them as
+// consumed, and fails (dropping what was there) when fewer wait.
+func TestDiscard(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	w, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc, _ := c.(*net.TCPConn).SyscallConn()
+	fd := 0
+	rc.Control(func(f uintptr) { fd = int(f) })
+	w.Write([]byte("dropped!kept"))
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if read, _, _ := Counts(fd, false); read == 0 && waiting(t, fd) == 12 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the bytes never arrived")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := Discard(fd, 8); err != nil {
+		t.Fatal(err)
+	}
+	if read, _, err := Counts(fd, false); read != 8 || err != nil {
+		t.Fatalf("consumed %d, %v; want 8", read, err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "kept" {
+		t.Fatalf("read %q, %v after the discard", got, err)
+	}
+	w.Write([]byte("ab"))
+	for waiting(t, fd) != 2 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := Discard(fd, 3); err == nil {
+		t.Fatal("discarded 3 bytes of 2")
+	}
+}
+
+func waiting(t *testing.T, fd int) int {
+	t.Helper()
+	n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -259,7 +259,14 @@ func closedByPeer(t *testing.T, c net.Conn) {
 // eventually polls cond until it holds or 5 s pass.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	eventuallyWithin(t, 5*time.Second, what, cond)
+}
+
+// eventuallyWithin is eventually with a wait of its own, for a transfer whose time grows with the
+// machine's load (megabytes under -race beside the other packages' tests).
+func eventuallyWithin(t *testing.T, wait time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(wait); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if cond() {
 			return
 		}

@@ -416,11 +416,14 @@ func testUpgradeWhileAStoreDoesNotRead(t *testing.T, m mode, fail bool) {
 	idle.Write(get)
 	busy.Write(get)
 	want := append(append(append([]byte{}, get...), sent...), get...)
-	eventually(t, "every byte of both connections", func() bool {
-		a, b := h.store.Received(0), h.store.Received(1)
-		return len(a)+len(b) == len(want)+2*len(get) &&
-			(bytes.Equal(a, want) || bytes.Equal(b, want))
+	// Waiting on the lengths: copying 16 MiB every few milliseconds (Received) holds the store's
+	// lock and slows the very transfer waited for.
+	eventuallyWithin(t, 30*time.Second, "every byte of both connections", func() bool {
+		return h.store.ReceivedLen(0)+h.store.ReceivedLen(1) == len(want)+2*len(get)
 	})
+	if a, b := h.store.Received(0), h.store.Received(1); !bytes.Equal(a, want) && !bytes.Equal(b, want) {
+		t.Fatalf("neither store connection got the busy connection's bytes as sent (%d and %d bytes)", len(a), len(b))
+	}
 	// Between messages again, the connections hold no budget: what the write left pending gave
 	// its carry's budget back once written.
 	eventually(t, "no budget held", func() bool { return serving.buf.inUse() == 0 })

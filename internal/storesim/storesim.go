@@ -169,6 +169,17 @@ func (s *Store) Received(i int) []byte {
 	return append([]byte(nil), s.conns[i].received.Bytes()...)
 }
 
+// ReceivedLen is how many bytes connection i (in accept order) sent so far: a cheap wait for a
+// large transfer, where Received copies every byte.
+func (s *Store) ReceivedLen(i int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i >= len(s.conns) {
+		return 0
+	}
+	return s.conns[i].received.Len()
+}
+
 // Forget drops what ended connections sent (Received is then empty for them; NumConns still
 // counts them), for a fuzz target that takes each connection's bytes from Ended and runs for
 // long.

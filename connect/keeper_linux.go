@@ -3,6 +3,7 @@ package connect
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"time"
@@ -16,7 +17,7 @@ import (
 // Under a keeper (connect --keeper), each relay's state is a slot of a ledger in shared memory
 // (tlsrelay.NewSharedLedger), which the keeper holds with the listening socket, and each relay's
 // two sockets go to the keeper as it starts (the rank's as the client's, the master's as the
-// store's), with its slot and the master's identity. When this process dies, the keeper starts
+// connection's own), with its slot and the master's identity. When this process dies, the keeper starts
 // another with them all, and each relay goes on from its slot and its sockets' byte counts
 // (tlsrelay.Restore): the rank's connection and its TLS session stay open.
 
@@ -53,7 +54,7 @@ func (c *Client) keep(r *tlsrelay.Relay, info relayInfo) {
 	if err != nil {
 		return
 	}
-	c.opt.Keeper.Relayed(info.id, info.src, info.dst, plainFd, tlsFd, data)
+	c.opt.Keeper.OpenedWith(info.id, info.src, info.dst, plainFd, data, tlsFd)
 }
 
 // KeeperListeners gives the keeper the listening socket and the ledger, says the process took
@@ -133,20 +134,7 @@ func Restore(opt Options) (*Client, error) {
 		c.nextID.Store(ln.NextID)
 		return nil
 	}, func(kc keeper.Conn, cfd, ufd int, extra []int) {
-		fdpass.CloseFds(extra) // none expected
-		var kr keptRelay
-		tlsSock, plain, err := tlsrelay.FromFds(ufd, cfd)
-		if err == nil {
-			if err = json.Unmarshal(kc.Data, &kr); err != nil {
-				closeAll(plain, tlsSock)
-			}
-		}
-		var r *tlsrelay.Relay
-		if err == nil {
-			if r, err = tlsrelay.Restore(tlsSock, plain, c.ledger, kr.Slot, kc.ID); err != nil {
-				closeAll(plain, tlsSock)
-			}
-		}
+		r, kr, err := c.restoreRelay(kc, cfd, ufd, extra)
 		if err != nil {
 			bad = errors.Join(bad, err)
 			opt.Keeper.Ended(kc.ID)
@@ -171,4 +159,29 @@ func Restore(opt Options) (*Client, error) {
 	}
 	c.opt.Log.Info("restart: took every relay back from the keeper", "relays", n)
 	return c, nil
+}
+
+// restoreRelay makes the relay of kc, which the keeper gave back after a crash: the rank's socket
+// cfd, the master's (the relay's one socket of its own) and its slot in the ledger. The sockets
+// are closed if it cannot.
+func (c *Client) restoreRelay(kc keeper.Conn, cfd, ufd int, extra []int) (*tlsrelay.Relay, keptRelay, error) {
+	var kr keptRelay
+	fds := append([]int{cfd}, extra...)
+	if ufd >= 0 {
+		fds = append(fds, ufd)
+	}
+	if ufd >= 0 || len(extra) != 1 {
+		fdpass.CloseFds(fds)
+		return nil, kr, fmt.Errorf("relay %d: %d sockets besides the rank's, not the master's alone", kc.ID, len(fds)-1)
+	}
+	if err := json.Unmarshal(kc.Data, &kr); err != nil {
+		fdpass.CloseFds(fds)
+		return nil, kr, fmt.Errorf("relay %d: %w", kc.ID, err)
+	}
+	tlsSock, plain, err := tlsrelay.FromFds(extra[0], cfd)
+	if err != nil {
+		return nil, kr, err
+	}
+	r, err := tlsrelay.Restore(tlsSock, plain, c.ledger, kr.Slot, kc.ID)
+	return r, kr, err
 }

@@ -184,7 +184,8 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 	err = n.Receive(func(cs upgrade.Conn) {
 		tlsSock, plain, err := tlsrelay.FromFds(cs.StoreFd, cs.ClientFd)
 		if err == nil && cs.TLS == nil {
-			closeAll(plain, tlsSock)
+			tlsSock.Close()
+			plain.Close()
 			err = errors.New("upgrade: a connection without its relay")
 		}
 		if err != nil {
@@ -194,7 +195,6 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, c.ledger)
 		if err != nil {
 			bad = errors.Join(bad, err)
-			closeAll(plain, tlsSock)
 			return
 		}
 		relays = append(relays, taken{r, relayInfo{id: cs.TLS.Relay.ID, src: cs.Src, dst: cs.Dst, peer: cs.TLS.Identity}})
@@ -218,12 +218,4 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 	c.mu.Unlock()
 	c.opt.Log.Info("upgrade: took over", "relays", len(relays), "from_pid", n.From.PID)
 	return c, nil
-}
-
-func closeAll(ss ...tlsrelay.Sock) {
-	for _, s := range ss {
-		if s != nil {
-			s.Close()
-		}
-	}
 }

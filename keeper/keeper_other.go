@@ -32,7 +32,6 @@ func Dial(*os.File, *slog.Logger) (*Link, error) { return nil, errors.New("keepe
 
 func (*Link) Opened(uint64, netip.AddrPort, netip.AddrPort, int)                              {}
 func (*Link) Connected(uint64, int)                                                           {}
-func (*Link) Relayed(uint64, netip.AddrPort, netip.AddrPort, int, int, json.RawMessage)       {}
 func (*Link) Ended(uint64)                                                                    {}
 func (*Link) Listen(Listeners, ...int)                                                        {}
 func (*Link) TookOver()                                                                       {}

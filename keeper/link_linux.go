@@ -187,36 +187,13 @@ func (l *Link) Opened(id uint64, src, dst netip.AddrPort, fd int) {
 	l.give('O', Conn{ID: id, Src: src, Dst: dst}, fd)
 }
 
-// Relayed gives the keeper a new connection whose two sockets are known at once: the client's,
-// cfd, and the one it is carried to, ufd (duplicates: the caller keeps them), with the worker's
-// record of it, data.
-func (l *Link) Relayed(id uint64, src, dst netip.AddrPort, cfd, ufd int, data json.RawMessage) {
-	if l == nil {
-		return
-	}
-	l.give('O', Conn{ID: id, Src: src, Dst: dst, Data: data}, cfd)
-	l.give('U', Conn{ID: id}, ufd)
-}
-
 // OpenedWith is Opened for a connection with sockets of its own besides its client's, extra (a
 // TLS relay's), and the worker's record of it, data: Restore gives them back together.
 func (l *Link) OpenedWith(id uint64, src, dst netip.AddrPort, fd int, data json.RawMessage, extra ...int) {
 	if l == nil {
 		return
 	}
-	fds := make([]int, 0, 1+len(extra))
-	for _, f := range append([]int{fd}, extra...) {
-		d := fdpass.Dup(f)
-		if d < 0 {
-			fdpass.CloseFds(fds)
-			if l.allowLog() {
-				l.log.Error("keeper link: cannot duplicate a socket (out of descriptors?); a crash now closes that connection")
-			}
-			return
-		}
-		fds = append(fds, d)
-	}
-	l.post('O', Conn{ID: id, Src: src, Dst: dst, Data: data, Extra: len(extra)}, fds...)
+	l.give('O', Conn{ID: id, Src: src, Dst: dst, Data: data, Extra: len(extra)}, append([]int{fd}, extra...)...)
 }
 
 // Connected gives the keeper a connection's store socket, fd (a duplicate: the caller keeps fd).
@@ -227,14 +204,20 @@ func (l *Link) Connected(id uint64, fd int) {
 	l.give('U', Conn{ID: id}, fd)
 }
 
-func (l *Link) give(kind byte, v Conn, fd int) {
-	if fd = fdpass.Dup(fd); fd < 0 {
-		if l.allowLog() {
-			l.log.Error("keeper link: cannot duplicate a socket (out of descriptors?); a crash now closes that connection")
+func (l *Link) give(kind byte, v Conn, fds ...int) {
+	dups := make([]int, 0, len(fds))
+	for _, fd := range fds {
+		d := fdpass.Dup(fd)
+		if d < 0 {
+			fdpass.CloseFds(dups)
+			if l.allowLog() {
+				l.log.Error("keeper link: cannot duplicate a socket (out of descriptors?); a crash now closes that connection")
+			}
+			return
 		}
-		return
+		dups = append(dups, d)
 	}
-	l.post(kind, v, fd)
+	l.post(kind, v, dups...)
 }
 
 // Ended tells the keeper a connection ended: it closes its copies.

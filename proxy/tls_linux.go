@@ -38,8 +38,6 @@ func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
 	}
 	r, err := tlsrelay.Resume(tlsSock, plain, t.Relay, c.s.cont.ledger)
 	if err != nil {
-		tlsSock.Close()
-		plain.Close()
 		return err
 	}
 	c.setTLS(&tlsConn{relay: r, info: t.Info, id: t.Identity})
@@ -86,8 +84,6 @@ func (s *Server) restoreTLS(id uint64, data []byte, tlsFd, plainFd int) (*tlsCon
 	}
 	r, err := tlsrelay.Restore(tlsSock, plain, s.cont.ledger, k.Slot, id)
 	if err != nil {
-		tlsSock.Close()
-		plain.Close()
 		return nil, err
 	}
 	return &tlsConn{relay: r, info: k.Info, id: k.Identity}, nil

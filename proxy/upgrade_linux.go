@@ -339,8 +339,6 @@ func (s *Server) startConn(ac *adoptedConn) {
 			}
 			return
 		}
-		addr, id := c.release, s.gate.AdoptIdentity(t.Identity)
-		c.release = func() { id(); addr() }
 		if c.kept() { // its state is in this process's ledger now: the keeper learns the new slot
 			c.keepTLS(ac.st.ClientFd)
 			if ac.st.StoreFd >= 0 {
@@ -351,7 +349,9 @@ func (s *Server) startConn(ac *adoptedConn) {
 	if t := ac.tls; t != nil { // restored after a crash: its relay goes on from its slot
 		c.setTLS(t)
 		t.relay.Run()
-		addr, id := c.release, s.gate.AdoptIdentity(t.id)
+	}
+	if c.tls != nil {
+		addr, id := c.release, s.gate.AdoptIdentity(c.tls.id)
 		c.release = func() { id(); addr() }
 	}
 	if c.g.Talked() {

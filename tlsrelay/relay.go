@@ -84,18 +84,31 @@ func New(tlsSock, plain Sock, s *tlsrec.Session, ledger *Ledger, id uint64) (*Re
 
 // Resume makes a relay from the State a previous owner left (an upgrade), in a slot of ledger
 // (nil: a ledger of its own). It finishes what the previous owner had under way when it stopped.
+// The sockets are the relay's from the call: if it cannot be made, they are closed.
 func Resume(tlsSock, plain Sock, st State, ledger *Ledger) (*Relay, error) {
-	return adopt(tlsSock, plain, st, ledger)
+	r, err := adopt(tlsSock, plain, st, ledger)
+	return r, closedOn(err, tlsSock, plain)
 }
 
 // Restore makes a relay from its slot ix in a keeper's shared ledger, which says it belongs to
-// connection id (a crash: its process was killed).
+// connection id (a crash: its process was killed). The sockets are the relay's from the call: if
+// it cannot be made, they are closed.
 func Restore(tlsSock, plain Sock, ledger *Ledger, ix int, id uint64) (*Relay, error) {
 	s, st, err := ledger.claim(ix, id)
-	if err != nil {
-		return nil, err
+	var r *Relay
+	if err == nil {
+		r, err = newRelay(tlsSock, plain, st, ledger, ix, s)
 	}
-	return newRelay(tlsSock, plain, st, ledger, ix, s)
+	return r, closedOn(err, tlsSock, plain)
+}
+
+// closedOn closes tlsSock and plain if err is not nil, and returns err.
+func closedOn(err error, tlsSock, plain Sock) error {
+	if err != nil {
+		tlsSock.Close()
+		plain.Close()
+	}
+	return err
 }
 
 // adopt gives st a slot of ledger: of a ledger of its own when ledger is nil or full (the relay

@@ -95,11 +95,7 @@ environment stay unchanged.`,
 			return err
 		}
 		pids := pidfile.NewWriter(*pidFile)
-		failed := func(err error) { // an upgrade failed: the record tells storeguard upgrade at once
-			if werr := pids.Failed(err); werr != nil {
-				log.Warn("could not record the failed upgrade beside the pid file", "err", werr)
-			}
-		}
+		failed := upgradeFailed(pids, log)
 		if kf != nil {
 			opt.Keeper, err = keeper.Dial(kf, log)
 			kf.Close()
@@ -146,11 +142,7 @@ environment stay unchanged.`,
 				return fmt.Errorf("metrics-listen: %w", err)
 			}
 		}
-		keeperPID := 0
-		if opt.Keeper != nil {
-			keeperPID = os.Getppid()
-		}
-		if err := pids.Write(keeperPID); err != nil {
+		if err := writePid(pids, opt.Keeper != nil); err != nil {
 			return fmt.Errorf("pid-file: %w", err)
 		}
 		log.Info("storeguard connect listening", "listen", c.Addr().String(), "server", *server,

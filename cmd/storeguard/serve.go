@@ -91,11 +91,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	}()
 
 	pids := pidfile.NewWriter(pidFile)
-	failed := func(err error) { // an upgrade failed: the record tells storeguard upgrade at once
-		if werr := pids.Failed(err); werr != nil {
-			log.Warn("could not record the failed upgrade beside the pid file", "err", werr)
-		}
-	}
+	failed := upgradeFailed(pids, log)
 	var ids identity.Source
 	if cfg.TLS.On() {
 		if ids, err = identitySource(ctx, cfg.TLS, log); err != nil {
@@ -136,11 +132,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 		}
 	}
 	srv.KeeperListeners(peer != nil)
-	keeperPID := 0
-	if kf != nil {
-		keeperPID = os.Getppid()
-	}
-	if err := pids.Write(keeperPID); err != nil {
+	if err := writePid(pids, kf != nil); err != nil {
 		log.Warn("could not write the pid file", "err", err)
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)

@@ -300,6 +300,13 @@ def test_torchrun_c10d_rendezvous_through_guard(procs, binary, tmp_path, version
     assert p.returncode == 0 and res and res["ok"], f"{p.stdout[-3000:]} {p.stderr[-3000:]}"
     guard.assert_clean()
     assert guard.total("storeguard_messages_total") > 0
+    # The ranks' own store is not the rendezvous endpoint (a TCPStore on a free port: the rank-0
+    # agent's from 2.6, worker rank 0's before): the guard counts the round and logs where it went.
+    ports = {r["worker_store"].rsplit(":", 1)[1] for r in res["ranks"]}
+    assert len(ports) == 1 and ports != {str(guard.port)}, res["ranks"]
+    assert guard.total("storeguard_unguarded_job_stores_total") == 1
+    log = Path(guard.log.name).read_text()
+    assert "sends its ranks to a store this guard does not front" in log and f"master_port={ports.pop()}" in log, log[-3000:]
 
 
 # --- real attacks against a real store, while a benign client runs -------------------------------

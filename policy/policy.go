@@ -99,6 +99,7 @@ type Policy struct {
 	lookup    Lookup
 	quota     *Quota
 	count     Count
+	jobStores *JobStores
 }
 
 // New compiles c. Its errors name the rule and what is wrong.
@@ -199,7 +200,8 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	broke, warned := false, false
 	var marks []string // write-once keys this message writes first
 	var chArr [4]change
-	changes := chArr[:0] // what the message does to the quota's account
+	changes := chArr[:0]     // what the message does to the quota's account
+	var jobs []jobStoreWrite // the rounds' MASTER_ADDR and MASTER_PORT it writes
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
 	report := func(x Finding) bool {
 		if x.Mode == Monitor {
@@ -237,6 +239,9 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		if p.quotaOn() {
 			changes = p.quota.note(&fld, changes)
 		}
+		if p.jobStores != nil {
+			jobs = noteJobStore(&fld, jobs)
+		}
 		return true
 	})
 	if !broke && len(changes) > 0 {
@@ -247,6 +252,9 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	if !broke {
 		for _, k := range marks {
 			p.written.add(k)
+		}
+		if len(jobs) > 0 {
+			p.jobStores.tell(jobs, m)
 		}
 	}
 	if p.cfg.Learn != nil {

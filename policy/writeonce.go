@@ -95,12 +95,14 @@ type Store struct {
 	Lookup  Lookup   // asks the store about keys not seen written; nil: no store to ask (replay)
 	Quota   *Quota   // the store quota's account; nil: no quota
 	Count   Count    // asks the store how many keys it holds, when the quota refuses; nil: never
+	// JobStores is told where each rendezvous round sends its ranks (jobstore.go); nil: nobody asks
+	JobStores *JobStores
 }
 
 // WithStore returns a copy of p that keeps what it learns of the store in s.
 func (p *Policy) WithStore(s Store) *Policy {
 	q := *p
-	q.written, q.lookup, q.quota, q.count = s.Written, s.Lookup, s.Quota, s.Count
+	q.written, q.lookup, q.quota, q.count, q.jobStores = s.Written, s.Lookup, s.Quota, s.Count, s.JobStores
 	return &q
 }
 

@@ -60,6 +60,7 @@ type metrics struct {
 	handoverConns   prometheus.Gauge
 	restoreLost     *prometheus.CounterVec
 	handoverFrozen  prometheus.Gauge
+	unguardedStores prometheus.Counter
 }
 
 // readings are what the gauges and counters that others count read.
@@ -199,6 +200,8 @@ func newMetrics(read readings) *metrics {
 		[]string{"reason"})
 	m.handoverFrozen = prometheus.NewGauge(prometheus.GaugeOpts(f("handover_frozen_seconds",
 		"How long the upgrade that started this process held traffic: from the previous process's freeze to this one forwarding (0: it started afresh).")))
+	m.unguardedStores = prometheus.NewCounter(prometheus.CounterOpts(f("unguarded_job_stores_total",
+		"Rendezvous rounds that sent their ranks to a store this guard does not front (a MASTER_PORT written under torch.rendezvous.<run_id>.<round>/ that is neither this guard's port nor its store's): torchrun's c10d rendezvous does, the ranks' own traffic then passes no guard.")))
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
@@ -206,7 +209,7 @@ func newMetrics(read readings) *metrics {
 	m.reg.MustRegister(m.accepted, m.active, m.refused, m.handshakes, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
-		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen,
+		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen, m.unguardedStores,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, log := range auditLogs {
 		// How long each set keeps its records: a rate of rotations times max-backups.

@@ -202,3 +202,37 @@ func closedAfterReplies(t *testing.T, c net.Conn) {
 		t.Fatalf("connection not closed: %v", err)
 	}
 }
+
+// TestUnguardedJobStore: a rendezvous round whose MASTER_PORT is neither the guard's nor its
+// store's (torchrun's c10d rendezvous: the ranks' own store on a free port) is counted once, and
+// forwarded like any write; one on the guarded store's port is not counted, nor a rewrite that
+// write-once refused.
+func TestUnguardedJobStore(t *testing.T) { run(t, testUnguardedJobStore) }
+
+func testUnguardedJobStore(t *testing.T, m mode) {
+	store, err := storesim.Start("127.0.0.1:0", protocol.G3, protocol.BackendLibuv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	h := startOn(t, m, store.Addr(), func(c *config.Config) { c.Generation = "2.6" })
+	_, storePort, _ := net.SplitHostPort(store.Addr())
+	set := func(key, value string) []byte {
+		return enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(key), Value: []byte(value)})
+	}
+	c := h.dial()
+	c.Write(protocol.AppendHandshake(nil, protocol.G3, 1))
+	c.Write(set("torch.rendezvous.job.0/MASTER_ADDR", "10.0.0.7"))
+	c.Write(set("torch.rendezvous.job.0/MASTER_PORT", "41234"))
+	c.Write(set("torch.rendezvous.job2.0/MASTER_PORT", storePort))
+	eventually(t, "the three writes stored", func() bool { return store.NumKeys() == 3 })
+	if v := h.metric("storeguard_unguarded_job_stores_total"); v != "1" {
+		t.Fatalf("unguarded job stores %q, want 1", v)
+	}
+	intruder := h.dial()
+	intruder.Write(append(protocol.AppendHandshake(nil, protocol.G3, 1), set("torch.rendezvous.job.0/MASTER_PORT", "4444")...))
+	closedAfterReplies(t, intruder)
+	if v := h.metric("storeguard_unguarded_job_stores_total"); v != "1" {
+		t.Fatalf("unguarded job stores %q after a refused rewrite, want 1", v)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,12 +166,13 @@ type Server struct {
 // store goes away (storeGone): the write-once keys written through the guard, and the quota's
 // account.
 type policyState struct {
-	written *policy.Written
-	quota   *policy.Quota
+	written   *policy.Written
+	quota     *policy.Quota
+	jobStores *policy.JobStores
 }
 
 // rateLogs are the log lines a flood could otherwise fill: each at most once a second.
-type rateLogs struct{ dial, accept, audit, budget, evict everySecond }
+type rateLogs struct{ dial, accept, audit, budget, evict, jobStore everySecond }
 
 // listeners are the server's listening sockets: the clients', and the metrics endpoint's (nil: none).
 type listeners struct{ clients, metrics net.Listener }
@@ -206,6 +208,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	}
 	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
 	s.learned.written, s.learned.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
+	s.learned.jobStores = policy.NewJobStores(jobStoreRounds, s.jobStore)
 	s.ids = opts.Identity
 	if cfg.TLS.On() && s.ids == nil {
 		return nil, errors.New("tls.mode is on and no identity source was given")
@@ -544,7 +547,43 @@ func (s *Server) reload(cfg config.Config) error {
 
 // policyStore is what the policy of every configuration shares about the store.
 func (s *Server) policyStore() policy.Store {
-	return policy.Store{Written: s.learned.written, Lookup: s.store.Exists, Quota: s.learned.quota, Count: s.store.Count}
+	return policy.Store{Written: s.learned.written, Lookup: s.store.Exists, Quota: s.learned.quota, Count: s.store.Count,
+		JobStores: s.learned.jobStores}
+}
+
+// jobStoreRounds bounds the rendezvous rounds whose MASTER_ADDR is remembered until their MASTER_PORT.
+const jobStoreRounds = 256
+
+// jobStore is told of each rendezvous round's store (policy.JobStores) by the message that wrote
+// its MASTER_PORT. A port that is neither this guard's nor its store's is a store no guard here
+// fronts: torchrun's c10d rendezvous sends its ranks to one on a free port of group rank 0's host,
+// so their own traffic (the NCCL unique id included) never passes this guard. Counted always,
+// logged at most once a second.
+func (s *Server) jobStore(js policy.JobStore, m policy.Message) {
+	cfg := s.set.Load().cfg
+	if portOf(cfg.Upstream) == js.Port || portOf(cfg.Listen) == js.Port {
+		return
+	}
+	s.m.unguardedStores.Inc()
+	if s.every.jobStore.allow(s.now()) {
+		s.log.Warn("a rendezvous round sends its ranks to a store this guard does not front: their own traffic "+
+			"(the NCCL unique id included) passes no guard; torchrun's static rendezvous (--master-addr, --master-port, "+
+			"--node-rank) keeps them on the guarded port (README, Deploy)",
+			"round", js.Round, "master_addr", js.Addr, "master_port", js.Port, "source", m.Src, "identity", m.Identity)
+	}
+}
+
+// portOf is the port of a host:port, 0 if it has none.
+func portOf(hostport string) uint16 {
+	_, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return 0
+	}
+	return uint16(n)
 }
 
 // storeGone forgets what the guard knew of the store's keys: the store went away (a restarted

@@ -122,6 +122,12 @@ T('audit write errors', [
 T('log lines dropped; quiet while none are', [
     S('storeguard_log_lines_dropped_total', '0 0 0 4 4'),
 ], [('2m', 'StoreguardLogLinesDropped', []), ('4m', 'StoreguardLogLinesDropped', [exp('StoreguardLogLinesDropped')])])
+T('a rendezvous round sending its ranks to an unguarded store fires for an hour; a flat counter is quiet', [
+    S('storeguard_unguarded_job_stores_total', '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'),
+    S('storeguard_unguarded_job_stores_total', '0x70', instance='master-1:9529'),
+], [('1m', 'StoreguardUnguardedJobStore', []),
+    ('3m', 'StoreguardUnguardedJobStore', [exp('StoreguardUnguardedJobStore')]),
+    ('65m', 'StoreguardUnguardedJobStore', [])])
 missing = set(rules) - {e['alertname'] for t in tests for e in t['alert_rule_test'] if e['exp_alerts']}
 assert not missing, missing
 class D(yaml.SafeDumper): pass

@@ -147,6 +147,8 @@ func (p *Policy) Wants(op protocol.Op) bool {
 	switch op {
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpAppend, protocol.OpMultiSet, protocol.OpQueuePush:
 		return true
+	case protocol.OpGet, protocol.OpMultiGet, protocol.OpCheck, protocol.OpWait:
+		return p.jobStores != nil && p.jobStores.Asked != nil // reads of a round's MASTER_PORT (jobstore.go)
 	case protocol.OpAdd, protocol.OpDeleteKey, protocol.OpQueuePop:
 		return p.written != nil && len(p.writeOnce) > 0 || p.quotaOn()
 	}
@@ -200,8 +202,8 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	broke, warned := false, false
 	var marks []string // write-once keys this message writes first
 	var chArr [4]change
-	changes := chArr[:0]     // what the message does to the quota's account
-	var jobs []jobStoreWrite // the rounds' MASTER_ADDR and MASTER_PORT it writes
+	changes := chArr[:0]   // what the message does to the quota's account
+	var jobs []jobStoreKey // what it does with the rounds' MASTER_ADDR and MASTER_PORT
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
 	report := func(x Finding) bool {
 		if x.Mode == Monitor {

@@ -235,4 +235,32 @@ func testUnguardedJobStore(t *testing.T, m mode) {
 	if v := h.metric("storeguard_unguarded_job_stores_total"); v != "1" {
 		t.Fatalf("unguarded job stores %q after a refused rewrite, want 1", v)
 	}
+
+	// Rank 0 past the guard (a transparent sidecar's own host), an agent reading through it: the
+	// guard asks the store. The read may come first: asked again until the write.
+	direct, err := net.Dial("tcp", store.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	direct.Write(protocol.AppendHandshake(nil, protocol.G3, 1))
+	get := func(key string) []byte {
+		return enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte(key)})
+	}
+	c.Write(get("torch.rendezvous.job.0/MASTER_PORT")) // told by the write above: nothing to ask
+	c.Write(enc(t, protocol.G3, protocol.Request{Op: protocol.OpCheck, Keys: [][]byte{[]byte("/torch.rendezvous.job3.0/MASTER_PORT")}}))
+	time.Sleep(700 * time.Millisecond)
+	if v := h.metric("storeguard_unguarded_job_stores_total"); v != "1" {
+		t.Fatalf("unguarded job stores %q before rank 0 wrote the round, want 1", v)
+	}
+	direct.Write(set("/torch.rendezvous.job3.0/MASTER_ADDR", "10.0.0.9"))
+	direct.Write(set("/torch.rendezvous.job3.0/MASTER_PORT", "45678"))
+	eventually(t, "the store asked about the round read through the guard", func() bool {
+		return h.metric("storeguard_unguarded_job_stores_total") == "2"
+	})
+	c.Write(get("/torch.rendezvous.job3.0/MASTER_PORT")) // asked once per round
+	time.Sleep(700 * time.Millisecond)
+	if v := h.metric("storeguard_unguarded_job_stores_total"); v != "2" {
+		t.Fatalf("unguarded job stores %q after a second read of the round, want 2", v)
+	}
 }

@@ -4,6 +4,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -146,6 +147,7 @@ type Server struct {
 	// store learns, in auto mode, the generation the store speaks, and asks it about keys.
 	store   *storeinfo.Learner
 	learned policyState // what the policy learns of the store
+	jobAsks chan jobAsk // rounds' MASTER_PORT to ask the store about (jobStoreLoop)
 
 	every     rateLogs
 	listeners listeners
@@ -209,6 +211,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
 	s.learned.written, s.learned.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
 	s.learned.jobStores = policy.NewJobStores(jobStoreRounds, s.jobStore)
+	s.learned.jobStores.Asked = s.askJobStore
+	s.jobAsks = make(chan jobAsk, jobAsksQueued)
 	s.ids = opts.Identity
 	if cfg.TLS.On() && s.ids == nil {
 		return nil, errors.New("tls.mode is on and no identity source was given")
@@ -315,6 +319,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		go httpSrv.Serve(s.listeners.metrics)
 	}
 	go s.sweepLoop(ctx)
+	go s.jobStoreLoop(ctx)
 	if n := st.cfg.EventLoops; n >= 0 {
 		if n == 0 {
 			n = startProcs
@@ -551,15 +556,18 @@ func (s *Server) policyStore() policy.Store {
 		JobStores: s.learned.jobStores}
 }
 
-// jobStoreRounds bounds the rendezvous rounds whose MASTER_ADDR is remembered until their MASTER_PORT.
-const jobStoreRounds = 256
+// jobStoreRounds bounds the rendezvous rounds remembered (policy.JobStores); jobAsksQueued the
+// questions about them that wait for the store (more are dropped: a client that reads the
+// MASTER_PORT of made-up rounds costs the store one CHECK each at most).
+const jobStoreRounds, jobAsksQueued = 256, 16
 
-// jobStore is told of each rendezvous round's store (policy.JobStores) by the message that wrote
-// its MASTER_PORT. A port that is neither this guard's nor its store's is a store no guard here
-// fronts: torchrun's c10d rendezvous sends its ranks to one on a free port of group rank 0's host,
-// so their own traffic (the NCCL unique id included) never passes this guard. Counted always,
-// logged at most once a second.
-func (s *Server) jobStore(js policy.JobStore, m policy.Message) {
+// jobStore is told of a rendezvous round's store (policy.JobStores): by the message that wrote
+// its MASTER_PORT through the guard, or by the store when a client read it (askJobStore). A port
+// that is neither this guard's nor its store's is a store no guard here fronts: torchrun's c10d
+// rendezvous sends its ranks to one on a free port of group rank 0's host, so their own traffic
+// (the NCCL unique id included) never passes this guard. Counted always, logged at most once a
+// second.
+func (s *Server) jobStore(js policy.JobStore) {
 	cfg := s.set.Load().cfg
 	if portOf(cfg.Upstream) == js.Port || portOf(cfg.Listen) == js.Port {
 		return
@@ -569,7 +577,71 @@ func (s *Server) jobStore(js policy.JobStore, m policy.Message) {
 		s.log.Warn("a rendezvous round sends its ranks to a store this guard does not front: their own traffic "+
 			"(the NCCL unique id included) passes no guard; torchrun's static rendezvous (--master-addr, --master-port, "+
 			"--node-rank) keeps them on the guarded port (README, Deploy)",
-			"round", js.Round, "master_addr", js.Addr, "master_port", js.Port, "source", m.Src, "identity", m.Identity)
+			"round", js.Round, "master_addr", js.Addr, "master_port", js.Port, "source", js.Src, "identity", js.Identity)
+	}
+}
+
+// jobAsk is a round's MASTER_PORT that a client read before any write through the guard told it.
+type jobAsk struct {
+	key []byte // as the wire has it
+	js  policy.JobStore
+}
+
+// askJobStore queues a question about a round's MASTER_PORT for jobStoreLoop; on the judging
+// goroutine, so it never waits: a full queue drops it.
+func (s *Server) askJobStore(key []byte, js policy.JobStore) {
+	select {
+	case s.jobAsks <- jobAsk{key, js}:
+	default:
+	}
+}
+
+// jobStoreLoop asks the store about the rounds queued, one at a time, until ctx ends. In a
+// transparent sidecar the master host's own agent writes past the guard, and when it is group
+// rank 0 the other hosts' agents only read the round's store through it.
+func (s *Server) jobStoreLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case a := <-s.jobAsks:
+			s.lookUpJobStore(ctx, a)
+		}
+	}
+}
+
+// lookUpJobStore asks the store for a round's MASTER_PORT (and MASTER_ADDR), and tells jobStore
+// unless a write through the guard did first. A read may come before rank 0's write: asked every
+// 500 ms, 6 times at most.
+func (s *Server) lookUpJobStore(ctx context.Context, a jobAsk) {
+	for try := 0; try < 6; try++ {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		v, exists, err := s.store.Value(a.key, 16)
+		if err != nil || !exists {
+			continue
+		}
+		port, ok := policy.ParsePort(v)
+		if !ok {
+			return
+		}
+		js := a.js
+		js.Port, js.Addr = port, s.learned.jobStores.Addr(js.Round)
+		if js.Addr == "" {
+			addrKey := append(bytes.TrimSuffix(bytes.Clone(a.key), []byte("MASTER_PORT")), "MASTER_ADDR"...)
+			if v, ok, err := s.store.Value(addrKey, 255); err == nil && ok {
+				js.Addr = protocol.ShowKey(v)
+			}
+		}
+		if !s.learned.jobStores.Told(js.Round) {
+			s.jobStore(js)
+		}
+		return
 	}
 }
 

@@ -17,12 +17,19 @@
 #      C1 storeguard stopped   -> the worker's connection to STORE_PORT is refused (it lands on the closed proxy port)
 #      C2 redirect removed     -> the worker's connection times out (the input drop catches the bypass)
 #      C3 positive control     -> with no rules at all the worker does reach the store directly (so C1/C2 are meaningful)
+#   D  torchrun across the two namespaces (a 2.x torchrun: TORCHRUN_PY), the rules back, a guard with --generation auto:
+#      D1 static rendezvous (--master-addr/--master-port): rank 0's agent hosts the ranks' store on STORE_PORT, the
+#         worker's agent and rank reach it only through storeguard, which counts no unguarded store
+#      D2 c10d rendezvous through storeguard: the ranks' own store is on a free port of rank 0's host; storeguard
+#         counts it (storeguard_unguarded_job_stores_total 1) and logs that port
 #
 # Env: STOREGUARD_BIN   storeguard binary (default: go build ./cmd/storeguard into a temp dir)
 #      TORCH_PY         python with torch (default /usr/bin/python3, Debian's python3-torch 1.13)
 #      E2E_FW           nft | iptables (default nft when the nft command exists, else iptables);
 #                       with iptables, IPTABLES=iptables-legacy selects the legacy backend
 #      STORE_PORT=29500 PROXY_PORT=29499 METRICS_PORT=9529
+#      TORCHRUN_PY      python of a torch 2.x with torchrun beside it, for D (default: the 2.15.0 env of scripts/torch-envs.sh;
+#                       D is skipped, with a line saying so, when it is missing)
 #      E2E_KEEP=1       keep the work dir (audit log, process logs) after the run
 #      E2E_NO_INSTALL=1 do not apt-get install nftables when neither nft nor iptables is present (then: SKIP)
 # Exit: 0 on pass, or with a line starting "SKIP" when namespaces cannot be made here; 1 on failure.
@@ -33,6 +40,7 @@ STORE_PORT=${STORE_PORT:-29500}
 PROXY_PORT=${PROXY_PORT:-29499}
 METRICS_PORT=${METRICS_PORT:-9529}
 TORCH_PY=${TORCH_PY:-/usr/bin/python3}
+TORCHRUN_PY=${TORCHRUN_PY:-/var/cache/storeguard/torch/2.15.0/bin/python}   # D: Debian 1.13's torchrun does not run on Python 3.11
 M_ADDR=10.77.0.1
 W_ADDR=10.77.0.2
 TAG=$$
@@ -314,11 +322,12 @@ fw_count() {
 	esac
 }
 
+# start_storeguard [GENERATION]: the guard for TORCH_PY's release unless told
 start_storeguard() {
 	# Background jobs call "ip netns exec" directly (not through inm): $! must be the process itself.
 	# As the sidecar runs it (configs/kubernetes/pod-sidecar.yaml): under its keeper, with a pid file.
 	ip netns exec "$NS_M" "$STOREGUARD_BIN" serve --keeper --listen ":$PROXY_PORT" --upstream "127.0.0.1:$STORE_PORT" \
-		--metrics-listen "127.0.0.1:$METRICS_PORT" --audit-log "$AUDIT" --generation "$TORCH_MM" --mode enforce \
+		--metrics-listen "127.0.0.1:$METRICS_PORT" --audit-log "$AUDIT" --generation "${1:-$TORCH_MM}" --mode enforce \
 		--pid-file "$WORK/worker.pid" >>"$WORK/storeguard.log" 2>&1 &
 	SG_PID=$!
 	PIDS+=("$SG_PID")
@@ -485,5 +494,83 @@ got=$(inw "$TORCH_PY" "$WORK/client.py" "$M_ADDR" "$STORE_PORT" bare)
 	|| fail "C3 positive control (no rules): $got (want ok: otherwise C1/C2 prove nothing)"
 
 stop_pid "$STORE_PID"
+
+# --- D: torchrun across the hosts, and the ranks' own store ---------------------------------
+cat >"$WORK/trun.py" <<'EOF'
+# trun.py OUTDIR: a torchrun worker: gloo all_reduce; writes rank<R>.json with the sum and the store it was given.
+import datetime, json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+r = dist.get_rank()
+t = torch.tensor([float(r + 1)])
+dist.all_reduce(t)
+dist.barrier()
+with open(os.path.join(sys.argv[1], "rank%d.json" % r), "w") as fh:
+    json.dump({"rank": r, "reduced": t.item(), "store": "%s:%s" % (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])}, fh)
+dist.destroy_process_group()
+EOF
+# trun static|c10d: one torchrun agent per namespace (node 0 on the master, node 1 on the worker; they share a
+# hostname, hence --local-addr); waits for both. Sets TRUN_OK (both rc 0, both ranks' sum 3.0) and TRUN_STORE (the
+# ranks' MASTER_ADDR:MASTER_PORT, from rank 1's environment).
+trun() {
+	local mode=$1 out=$WORK/trun-$1 node ns addr dev pids=() rc=0 args
+	mkdir -p "$out"
+	for node in 0 1; do
+		if [ $node = 0 ]; then ns=$NS_M addr=$M_ADDR dev=$VM; else ns=$NS_W addr=$W_ADDR dev=$VW; fi
+		case $mode in
+			static) args=(--node-rank "$node" --master-addr "$M_ADDR" --master-port "$STORE_PORT");;
+			c10d) args=(--rdzv-backend c10d --rdzv-endpoint "$M_ADDR:$STORE_PORT" --rdzv-id "e2e$TAG" --rdzv-conf is_host=false);;
+		esac
+		ip netns exec "$ns" env GLOO_SOCKET_IFNAME="$dev" timeout 180 "$TORCHRUN" --nnodes 2 --nproc-per-node 1 \
+			--local-addr "$addr" --max-restarts 0 --monitor-interval 1 "${args[@]}" "$WORK/trun.py" "$out" \
+			>"$WORK/trun-$mode-$node.log" 2>&1 &
+		pids+=("$!"); PIDS+=("$!")
+		# static: node 0's agent hosts the store; a client redirected to storeguard before it listens is closed
+		# (the guard cannot dial it), not refused, which torch would retry
+		if [ "$mode" = static ] && [ $node = 0 ]; then
+			wait_listen "$NS_M" "$STORE_PORT" 60 || log "D: node 0's store never listened on :$STORE_PORT"
+		fi
+	done
+	for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+	TRUN_OK=no
+	TRUN_STORE=$("$TORCH_PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["store"])' "$out/rank1.json" 2>/dev/null) || TRUN_STORE="?"
+	if [ $rc = 0 ] && "$TORCH_PY" -c 'import json,sys; assert all(json.load(open(f))["reduced"] == 3.0 for f in sys.argv[1:])' \
+		"$out/rank0.json" "$out/rank1.json" 2>/dev/null; then TRUN_OK=yes; fi
+}
+TORCHRUN=$(dirname "$TORCHRUN_PY")/torchrun
+if [ ! -x "$TORCHRUN" ] || ! "$TORCHRUN_PY" -c 'import torch.distributed' 2>/dev/null; then
+	log "D skipped: no torch 2.x torchrun at $TORCHRUN (TORCHRUN_PY; scripts/torch-envs.sh installs one)"
+else
+	fw_add || die "installing the $E2E_FW rules again failed"
+	: >"$WORK/storeguard.log"
+	start_storeguard auto
+	A0=$(metric storeguard_connections_accepted_total) || A0=-1
+	trun static
+	A1=$(metric storeguard_connections_accepted_total) || A1=-1
+	U=$(metric storeguard_unguarded_job_stores_total) || U=-1
+	if [ $TRUN_OK = yes ] && [ "$TRUN_STORE" = "$M_ADDR:$STORE_PORT" ] && [ $((A1 - A0)) -ge 2 ] && [ "$U" = 0 ]; then
+		pass "D1 torchrun static rendezvous across the hosts: all_reduce 3.0, the ranks' store $TRUN_STORE, the worker's agent and rank through storeguard ($((A1 - A0)) connections), 0 unguarded stores"
+	else
+		fail "D1 torchrun static: ok=$TRUN_OK store=$TRUN_STORE connections through the guard $A0 -> $A1, unguarded $U"
+		tail -n 8 "$WORK/trun-static-0.log" "$WORK/trun-static-1.log" >&2
+	fi
+	ip netns exec "$NS_M" timeout 600 "$TORCHRUN_PY" "$WORK/store.py" "$STORE_PORT" 300 >"$WORK/store-d.log" 2>&1 &
+	STORE_PID=$!
+	PIDS+=("$STORE_PID")
+	wait_listen "$NS_M" "$STORE_PORT" 30 || die "the rendezvous TCPStore did not listen on :$STORE_PORT"
+	trun c10d
+	U=$(metric storeguard_unguarded_job_stores_total) || U=-1
+	port=${TRUN_STORE##*:}
+	if [ $TRUN_OK = yes ] && [ "$port" != "$STORE_PORT" ] && [ "$U" = 1 ] \
+		&& grep 'does not front' "$WORK/storeguard.log" | grep -Eq "master_port[^0-9]{1,3}$port([^0-9]|\$)"; then
+		pass "D2 torchrun c10d rendezvous through storeguard: all_reduce 3.0; the ranks' own store $TRUN_STORE passes no guard, and storeguard says so (storeguard_unguarded_job_stores_total $U, its log names port $port)"
+	else
+		fail "D2 torchrun c10d: ok=$TRUN_OK ranks' store $TRUN_STORE, unguarded $U, log: $(grep 'does not front' "$WORK/storeguard.log" | head -1 | cut -c1-400)"
+		tail -n 8 "$WORK/trun-c10d-0.log" "$WORK/trun-c10d-1.log" >&2
+	fi
+	stop_pid "$STORE_PID"
+	stop_pid "$SG_PID"
+	fw_remove_all
+fi
 summary
 [ "$FAILED" = 0 ] || exit 1

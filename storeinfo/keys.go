@@ -81,16 +81,47 @@ func (o *keyOracle) count() (int64, error) {
 	return n, nil
 }
 
-// ask sends r and reads its reply, of len(reply) bytes. A connection kept from an earlier question
-// that fails, but for a timeout, is replaced once: the store may have restarted since.
+// Value asks the store for key's value, as the wire has it, if key exists (CHECK first: a GET of
+// a missing key waits for it) and the value is at most limit bytes long.
+func (l *Learner) Value(key []byte, limit int) (value []byte, exists bool, err error) {
+	if exists, err = l.keys.exists(key); !exists || err != nil {
+		return nil, exists, err
+	}
+	err = l.keys.exchangeWith(protocol.Request{Op: protocol.OpGet, Key: key}, func(r io.Reader) error {
+		var n [8]byte // the value's length, then the value (TCPStore's sendVector)
+		if _, err := io.ReadFull(r, n[:]); err != nil {
+			return err
+		}
+		size := binary.LittleEndian.Uint64(n[:])
+		if size > uint64(limit) {
+			return fmt.Errorf("the value is %d bytes, more than %d", size, limit)
+		}
+		value = make([]byte, size)
+		_, err := io.ReadFull(r, value)
+		return err
+	})
+	return value, err == nil, err
+}
+
+// ask sends r and reads its reply, of len(reply) bytes.
 func (o *keyOracle) ask(r protocol.Request, reply []byte) error {
+	return o.exchangeWith(r, func(rd io.Reader) error {
+		_, err := io.ReadFull(rd, reply)
+		return err
+	})
+}
+
+// exchangeWith sends r and reads its reply with read. A connection kept from an earlier question
+// that fails, but for a timeout, is replaced once: the store may have restarted since. A failed
+// question closes the connection (its reply may be half read).
+func (o *keyOracle) exchangeWith(r protocol.Request, read func(io.Reader) error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	reused := o.conn != nil
-	err := o.exchange(r, reply)
+	err := o.exchange(r, read)
 	if ne := net.Error(nil); err != nil && reused && !(errors.As(err, &ne) && ne.Timeout()) {
 		o.drop()
-		err = o.exchange(r, reply)
+		err = o.exchange(r, read)
 	}
 	if err != nil {
 		o.drop()
@@ -98,7 +129,7 @@ func (o *keyOracle) ask(r protocol.Request, reply []byte) error {
 	return err
 }
 
-func (o *keyOracle) exchange(r protocol.Request, reply []byte) error {
+func (o *keyOracle) exchange(r protocol.Request, read func(io.Reader) error) error {
 	t := o.l.target()
 	gen := t.Gen
 	if t.Auto {
@@ -135,8 +166,7 @@ func (o *keyOracle) exchange(r protocol.Request, reply []byte) error {
 	if _, err := o.conn.Write(msg); err != nil {
 		return err
 	}
-	_, err = io.ReadFull(o.conn, reply)
-	return err
+	return read(o.conn)
 }
 
 func (o *keyOracle) drop() {

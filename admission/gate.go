@@ -51,10 +51,9 @@ type Config struct {
 	ServingRate  float64
 	ServingBurst int
 
-	// Identities (AdmitIdentity, ViolationBy): a connection whose TLS handshake proved an identity
-	// matching DenyIdentities is refused; at most PerIdentityConnections of one identity are open
-	// at once (0 = unlimited); BanViolations of an identity's within BanWindow ban it for
-	// BanDuration, whatever hosts they came from.
+	// Identities (AdmitIdentity): a connection whose TLS handshake proved an identity matching
+	// DenyIdentities is refused; at most PerIdentityConnections of one identity are open at once
+	// (0 = unlimited). Violations ban sources, not identities.
 	DenyIdentities         idpattern.Set
 	PerIdentityConnections int
 }
@@ -63,8 +62,8 @@ type Config struct {
 type Stats struct {
 	Active     int // admitted connections not yet released
 	Sources    int // sources with per-source state
-	Identities int // identities with state (AdmitIdentity, ViolationBy)
-	ActiveBans int // sources, IPv6 networks and identities banned right now
+	Identities int // identities with connections counted (AdmitIdentity)
+	ActiveBans int // sources and IPv6 networks banned right now
 }
 
 const (
@@ -98,11 +97,7 @@ type Gate struct {
 	lastFull   time.Duration              // when a full table last triggered a sweep
 	sweptFull  bool                       // lastFull is set
 
-	identities       map[string]*identityState
-	bannedIdentities map[string]*identityState // identities whose ban has not been seen to expire
-	// anyIdentityState: identities is not empty, or was not at the last sweep; read unlocked,
-	// so that AdmitIdentity takes no lock while no identity has anything to remember.
-	anyIdentityState atomic.Bool
+	identities map[string]*identityState
 }
 
 // sourceState is what the gate remembers about one source address.
@@ -151,8 +146,7 @@ func New(cfg Config, now func() time.Time) *Gate {
 		bannedNets: make(map[netip.Prefix]*netState),
 		maxSources: defaultMaxSources,
 
-		identities:       make(map[string]*identityState),
-		bannedIdentities: make(map[string]*identityState),
+		identities: make(map[string]*identityState),
 	}
 	g.Update(cfg)
 	return g
@@ -466,11 +460,6 @@ func (g *Gate) Stats() Stats {
 			s.ActiveBans++
 		}
 	}
-	for _, is := range g.bannedIdentities {
-		if now < is.bannedUntil {
-			s.ActiveBans++
-		}
-	}
 	return s
 }
 
@@ -498,12 +487,10 @@ func (g *Gate) sweepLocked(cfg *Config, now time.Duration) {
 		}
 	}
 	for id, is := range g.identities {
-		g.identityBannedLocked(id, is, now)
-		if is.idle(cfg, now) {
+		if is.conns == 0 {
 			delete(g.identities, id)
 		}
 	}
-	g.anyIdentityState.Store(len(g.identities) > 0)
 }
 
 // newSourceLocked adds state for src, sweeping first if the table is full.

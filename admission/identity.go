@@ -1,24 +1,20 @@
 package admission
 
-import (
-	"net/netip"
-	"time"
-)
+import "time"
 
 // Reasons a connection whose TLS handshake proved an identity was refused (AdmitIdentity).
+// Violations never ban an identity, only the source (Gate.Violation): a job's ranks often share one
+// identity (a service account's SPIFFE ID), and its ban would refuse every host of the job, where a
+// source's ban throttles a source serving a job instead of refusing it.
 const (
 	IdentityDenied      Reason = "identity_denied"      // identity matches access.deny-identities
-	IdentityBanned      Reason = "identity_banned"      // identity is serving a ban
 	IdentityConnections Reason = "identity_connections" // caps.per-identity-connections
 	IdentityTable       Reason = "identity_table_full"  // no room to track a new identity
 )
 
-// identityState is what the gate remembers of one identity: its open connections, and its
-// violations and ban, which follow it from host to host.
+// identityState is what the gate counts of one identity: its open connections.
 type identityState struct {
 	conns int
-	ban
-	violations []time.Duration // as sourceState.violations
 }
 
 // AdmitIdentity admits a connection, already admitted by address (Admit), whose TLS handshake
@@ -27,9 +23,8 @@ type identityState struct {
 // release; calling it again does nothing. When refused, release is nil and the caller releases
 // Admit's.
 //
-// Checks run in this order: access.deny-identities, the identity's ban, caps.per-identity-
-// connections. A banned identity is refused outright, wherever it comes from: unlike an address, a
-// certificate is not shared by a scanner behind NAT with a job.
+// Checks run in this order: access.deny-identities, caps.per-identity-connections. Without that
+// cap it takes no lock.
 func (g *Gate) AdmitIdentity(id string) (release func(), reason Reason) {
 	if id == "" {
 		return noRelease, ""
@@ -38,21 +33,14 @@ func (g *Gate) AdmitIdentity(id string) (release func(), reason Reason) {
 	if cfg.DenyIdentities.Match(id) {
 		return nil, IdentityDenied
 	}
-	if cfg.PerIdentityConnections <= 0 && !g.anyIdentityState.Load() {
-		return noRelease, "" // nothing to count and no identity ever violated: no lock
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := g.since()
-	is := g.identities[id]
-	if is != nil && g.identityBannedLocked(id, is, now) {
-		return nil, IdentityBanned
-	}
 	if cfg.PerIdentityConnections <= 0 {
 		return noRelease, ""
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	is := g.identities[id]
 	if is == nil {
-		if is = g.newIdentityLocked(id, cfg, now); is == nil {
+		if is = g.newIdentityLocked(id, cfg, g.since()); is == nil {
 			return nil, IdentityTable
 		}
 	}
@@ -79,46 +67,6 @@ func (g *Gate) identityReleaser(is *identityState) func() {
 	}
 }
 
-// ViolationBy records a violation by src, as Violation does, and, when the violating connection
-// had proved identity id, by the identity too: BanViolations of them within BanWindow ban the
-// identity (identityBanned), from whichever hosts they came, so that a certificate that hops
-// hosts stays banned. A source in BanExempt counts for neither: its traffic is trusted not to be
-// banned, identities included. Failed handshakes count for the source alone (Violation(src)).
-func (g *Gate) ViolationBy(src netip.Addr, id string) (banned netip.Prefix, identityBanned bool) {
-	banned = g.Violation(src)
-	if id == "" {
-		return banned, false
-	}
-	cfg := g.cfg.Load()
-	if cfg.BanViolations <= 0 || containsAddr(cfg.BanExempt, src.Unmap()) {
-		return banned, false
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := g.since()
-	is := g.identities[id]
-	if is == nil {
-		if is = g.newIdentityLocked(id, cfg, now); is == nil {
-			return banned, false
-		}
-	}
-	if g.identityBannedLocked(id, is, now) {
-		return banned, false
-	}
-	if !violationLog(&is.violations, cfg, now) {
-		return banned, false
-	}
-	is.violations = nil
-	is.bannedAt, is.bannedUntil = now, banEnd(cfg, now)
-	g.bannedIdentities[id] = is
-	return banned, true
-}
-
-// identityBannedLocked reports whether is is banned at now, clearing a ban that has run out.
-func (g *Gate) identityBannedLocked(id string, is *identityState, now time.Duration) bool {
-	return inForce(&is.ban, g.bannedIdentities, id, now)
-}
-
 // newIdentityLocked adds state for id, as newSourceLocked does for a source.
 func (g *Gate) newIdentityLocked(id string, cfg *Config, now time.Duration) *identityState {
 	if !g.roomLocked(func() int { return len(g.identities) }, cfg, now) {
@@ -126,16 +74,7 @@ func (g *Gate) newIdentityLocked(id string, cfg *Config, now time.Duration) *ide
 	}
 	is := &identityState{}
 	g.identities[id] = is
-	g.anyIdentityState.Store(true)
 	return is
-}
-
-func (is *identityState) idle(cfg *Config, now time.Duration) bool {
-	if is.conns > 0 || is.bannedUntil != 0 {
-		return false
-	}
-	n := len(is.violations)
-	return n == 0 || now-is.violations[n-1] >= cfg.BanWindow
 }
 
 // AdoptIdentity counts a connection of identity id that another process admitted and hands over,
@@ -154,7 +93,6 @@ func (g *Gate) AdoptIdentity(id string) (release func()) {
 	if is == nil { // beyond maxSources if need be: the connection exists
 		is = &identityState{}
 		g.identities[id] = is
-		g.anyIdentityState.Store(true)
 	}
 	is.conns++
 	return g.identityReleaser(is)

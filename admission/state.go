@@ -5,13 +5,14 @@ import (
 	"time"
 )
 
-// SourceState is what a Gate remembers of one source, of one IPv6 network (Net set, Addr not) or
-// of one identity (Identity set: its ban and violations), as one process hands its gate to the
-// next (serve's upgrade in place). Times are absolute: the two processes share the host's clock.
+// SourceState is what a Gate remembers of one source, or of one IPv6 network (Net set, Addr not),
+// as one process hands its gate to the next (serve's upgrade in place). Times are absolute: the
+// two processes share the host's clock. (Earlier builds also sent identities' bans, with an
+// Identity and no Addr: decoding drops the field and Restore the entry, as no violation bans an
+// identity.)
 type SourceState struct {
 	Addr        netip.Addr
 	Net         netip.Prefix
-	Identity    string `json:",omitempty"`
 	Tokens      float64
 	Refilled    time.Time
 	Filled      bool
@@ -57,19 +58,6 @@ func (g *Gate) State() []SourceState {
 		}
 		out = append(out, ss)
 	}
-	for id, is := range g.identities {
-		if is.bannedUntil == 0 && len(is.violations) == 0 {
-			continue // a count of connections only
-		}
-		ss := SourceState{Identity: id}
-		if is.bannedUntil != 0 {
-			ss.BannedUntil, ss.BannedAt = abs(is.bannedUntil), abs(is.bannedAt)
-		}
-		for _, v := range is.violations {
-			ss.Violations = append(ss.Violations, abs(v))
-		}
-		out = append(out, ss)
-	}
 	return out
 }
 
@@ -82,10 +70,6 @@ func (g *Gate) Restore(states []SourceState) {
 	for _, ss := range states {
 		if ss.Net.IsValid() {
 			g.restoreNet(ss, rel)
-			continue
-		}
-		if ss.Identity != "" {
-			g.restoreIdentity(ss, rel)
 			continue
 		}
 		src := ss.Addr.Unmap()
@@ -130,27 +114,6 @@ func (g *Gate) restoreNet(ss SourceState, rel func(time.Time) time.Duration) {
 		nt.violations = append(nt.violations, netViolation{at: rel(v), addr: ss.ViolationAddrs[i]})
 	}
 	g.nets[p] = nt
-}
-
-// restoreIdentity adds an identity's state, as Restore does a source's.
-func (g *Gate) restoreIdentity(ss SourceState, rel func(time.Time) time.Duration) {
-	if g.identities[ss.Identity] != nil || len(g.identities) >= g.maxSources {
-		return
-	}
-	is := &identityState{}
-	if !ss.BannedUntil.IsZero() {
-		if is.bannedUntil = rel(ss.BannedUntil); is.bannedUntil <= 0 {
-			is.bannedUntil = 0
-		} else {
-			is.bannedAt = rel(ss.BannedAt)
-			g.bannedIdentities[ss.Identity] = is
-		}
-	}
-	for _, v := range ss.Violations {
-		is.violations = append(is.violations, rel(v))
-	}
-	g.identities[ss.Identity] = is
-	g.anyIdentityState.Store(true)
 }
 
 // Adopt counts a connection from src that another process admitted and hands over, whatever the

@@ -91,7 +91,7 @@ func tlsKinds(t *testing.T, obs *audit.Observer) []doc {
 	blocked := audit.ViolationEvent(keyTooLong, true, srcV4, dstV4, audit.ActionBlocked, audit.ModeEnforce, []byte{3, 0, 0, 0x0b}, 4)
 	blocked.TLS = session
 	write("blocked (tls)", blocked)
-	banned := audit.AdmissionEvent(srcV4, dstV4, audit.ActionBanned, "identity_banned")
+	banned := audit.AdmissionEvent(srcV4, dstV4, audit.ActionBanned, string(protocol.RuleKeyTooLong)) // a source banned, its last connection over TLS
 	banned.TLS = session
 	write("banned (tls)", banned)
 	fl := audit.Flow{ConnID: 300, Src: srcV4, Dst: dstV4, Start: now.Add(-time.Minute), End: now, Verdict: audit.VerdictPassed,

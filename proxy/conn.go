@@ -504,9 +504,7 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 	if !o.Bans() {
 		return
 	}
-	// Violations ban the source, never the identity (Gate.ViolationBy): the ranks of a job often
-	// share one identity, and a ban of it would refuse every host of the job, where a source's ban
-	// throttles a source serving a job instead of refusing it.
+	// Violations ban the source, never the identity (admission's identity reasons say why).
 	if banned := s.gate.Violation(c.src.Addr()); banned.IsValid() {
 		s.m.bans.Inc()
 		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))

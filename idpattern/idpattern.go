@@ -20,6 +20,8 @@ package idpattern
 import (
 	"fmt"
 	"strings"
+
+	"github.com/storeguard/storeguard/internal/glob"
 )
 
 type kind uint8
@@ -123,7 +125,7 @@ func (p Pattern) Match(id string) bool {
 		return ok && matchSegments(p.segs, strings.ToLower(name), '.')
 	case kindCN:
 		name, ok := strings.CutPrefix(id, cnPrefix)
-		return ok && glob(p.segs[0], name)
+		return ok && glob.Star(p.segs[0], name)
 	}
 	return false
 }
@@ -154,37 +156,11 @@ func matchSegments(pat []string, s string, sep byte) bool {
 			continue
 		}
 		for j := len(segs); j >= 1; j-- {
-			ok[j] = ok[j-1] && glob(ps, segs[j-1])
+			ok[j] = ok[j-1] && glob.Star(ps, segs[j-1])
 		}
 		ok[0] = false
 	}
 	return ok[len(segs)]
-}
-
-// glob matches pattern (* any run of bytes) against s, in O(len(pattern)·len(s)).
-func glob(pattern, s string) bool {
-	p, i := 0, 0
-	star, mark := -1, 0
-	for i < len(s) {
-		switch {
-		case p < len(pattern) && pattern[p] == '*':
-			star, mark = p, i
-			p++
-		case p < len(pattern) && pattern[p] == s[i]:
-			p++
-			i++
-		case star >= 0:
-			p = star + 1
-			mark++
-			i = mark
-		default:
-			return false
-		}
-	}
-	for p < len(pattern) && pattern[p] == '*' {
-		p++
-	}
-	return p == len(pattern)
 }
 
 // Set is a list of patterns; it matches an identity any of them matches.

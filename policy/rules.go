@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/storeguard/storeguard/idpattern"
+	"github.com/storeguard/storeguard/internal/glob"
 	"github.com/storeguard/storeguard/pickle"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -272,7 +273,7 @@ func (c *compiled) matches(m *Message, v *fieldView) bool {
 	// pattern may leave out.
 	bare := bytes.TrimPrefix(v.key, []byte("/"))
 	for _, k := range c.keys {
-		if glob(k, v.key) || glob(k, bare) {
+		if glob.Match(k, v.key) || glob.Match(k, bare) {
 			return true
 		}
 	}
@@ -351,32 +352,6 @@ func newGlobalAllow(entries []string) (globalAllow, error) {
 
 func (a globalAllow) allowed(g pickle.Global) bool {
 	return g.Resolved && (a.names[g.Module+"."+g.Name] || a.modules[g.Module])
-}
-
-// glob matches pattern (* any bytes, ? one byte) against s in O(len(pattern)·len(s)).
-func glob(pattern, s []byte) bool {
-	p, i := 0, 0
-	star, mark := -1, 0
-	for i < len(s) {
-		switch {
-		case p < len(pattern) && pattern[p] == '*': // before the literal case: a * of the key is not the star's end
-			star, mark = p, i
-			p++
-		case p < len(pattern) && (pattern[p] == '?' || pattern[p] == s[i]):
-			p++
-			i++
-		case star >= 0:
-			p = star + 1
-			mark++
-			i = mark
-		default:
-			return false
-		}
-	}
-	for p < len(pattern) && pattern[p] == '*' {
-		p++
-	}
-	return p == len(pattern)
 }
 
 func opByName(name string) (protocol.Op, bool) {

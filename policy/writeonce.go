@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"sync"
 
+	"github.com/storeguard/storeguard/internal/glob"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -116,7 +117,7 @@ type writeOnce struct {
 func (r *writeOnce) matches(key []byte) bool {
 	bare := bytes.TrimPrefix(key, []byte("/"))
 	for _, k := range r.keys {
-		if glob(k, bare) || glob(k, key) {
+		if glob.Match(k, bare) || glob.Match(k, key) {
 			return true
 		}
 	}

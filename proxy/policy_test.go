@@ -126,12 +126,7 @@ func testPolicyMonitorRuleForwardsAndGoesOn(t *testing.T, m mode) {
 func TestWriteOnceKeys(t *testing.T) { run(t, testWriteOnceKeys) }
 
 func testWriteOnceKeys(t *testing.T, m mode) {
-	store, err := storesim.Start("127.0.0.1:0", protocol.G3, protocol.BackendLibuv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	h := startOn(t, m, store.Addr(), func(c *config.Config) { c.Generation = "2.6" })
+	h, store := startSim(t, m, nil)
 	hs := protocol.AppendHandshake(nil, protocol.G3, 1)
 	set := func(key, value string) []byte {
 		return append(append([]byte{}, hs...), enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(key), Value: []byte(value)})...)
@@ -193,6 +188,23 @@ func testWriteOnceKeys(t *testing.T, m mode) {
 	}
 }
 
+// startSim starts a server forwarding in mode m, configured for 2.6 (and by mutate), in front of a
+// simulated 2.6 libuv store, which answers.
+func startSim(t *testing.T, m mode, mutate func(*config.Config)) (*harness, *storesim.Store) {
+	t.Helper()
+	store, err := storesim.Start("127.0.0.1:0", protocol.G3, protocol.BackendLibuv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	return startOn(t, m, store.Addr(), func(c *config.Config) {
+		c.Generation = "2.6"
+		if mutate != nil {
+			mutate(c)
+		}
+	}), store
+}
+
 // closedAfterReplies waits for the proxy to close c, which may first pass on the replies to the
 // messages before the one it refused.
 func closedAfterReplies(t *testing.T, c net.Conn) {
@@ -210,12 +222,7 @@ func closedAfterReplies(t *testing.T, c net.Conn) {
 func TestUnguardedJobStore(t *testing.T) { run(t, testUnguardedJobStore) }
 
 func testUnguardedJobStore(t *testing.T, m mode) {
-	store, err := storesim.Start("127.0.0.1:0", protocol.G3, protocol.BackendLibuv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	h := startOn(t, m, store.Addr(), func(c *config.Config) { c.Generation = "2.6" })
+	h, store := startSim(t, m, nil)
 	_, storePort, _ := net.SplitHostPort(store.Addr())
 	set := func(key, value string) []byte {
 		return enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(key), Value: []byte(value)})

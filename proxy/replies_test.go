@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/config"
-	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -18,13 +17,7 @@ import (
 func TestRepliesNobodyReads(t *testing.T) { run(t, testRepliesNobodyReads) }
 
 func testRepliesNobodyReads(t *testing.T, m mode) {
-	store, err := storesim.Start("127.0.0.1:0", protocol.G3, protocol.BackendLibuv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	h := startOn(t, m, store.Addr(), func(c *config.Config) {
-		c.Generation = "2.6"
+	h, store := startSim(t, m, func(c *config.Config) {
 		c.Limits.MaxPendingReplies = config.Default().Limits.MaxPendingReplies
 		c.Caps.ReplyBufferBytes = 1 << 20
 	})

@@ -46,4 +46,3 @@ func TestNoAllocation(t *testing.T) {
 		t.Fatalf("Match allocates %v times", n)
 	}
 }
-

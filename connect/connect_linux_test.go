@@ -3,18 +3,9 @@ package connect
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/netip"
-	"net/url"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -23,6 +14,7 @@ import (
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/internal/storesim"
+	"github.com/storeguard/storeguard/internal/testpki"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/proxy"
 )
@@ -31,33 +23,9 @@ import (
 func pki(t *testing.T, ids map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
-	write := func(name, typ string, der []byte) {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "CA"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour)}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("ca.pem", "CERTIFICATE", caDER)
+	ca := testpki.NewCA(t, "CA")
 	for name, id := range ids {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		u, _ := url.Parse(id)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(len(name)) + 2), URIs: []*url.URL{u},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caTmpl, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, _ := x509.MarshalPKCS8PrivateKey(k)
-		write(name+".pem", "CERTIFICATE", der)
-		write(name+".key", "PRIVATE KEY", kder)
+		ca.Files(t, dir, name, ca.Issue(t, testpki.Leaf{URIs: []string{id}}))
 	}
 	return dir
 }

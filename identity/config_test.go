@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/storeguard/storeguard/internal/testpki"
 )
 
 // handshake runs a real crypto/tls handshake over loopback TCP and a one-byte exchange after it:
@@ -71,35 +73,35 @@ func mustAllow(t *testing.T, patterns ...string) Allow {
 }
 
 func TestServerRefusals(t *testing.T) {
-	ours, theirs := newCA(t, "ours"), newCA(t, "theirs")
-	server := source(ours.issue(t, leafSpec{dns: []string{"store.example"}}), ours)
+	ours, theirs := testpki.NewCA(t, "ours"), testpki.NewCA(t, "theirs")
+	server := source(ours.Issue(t, testpki.Leaf{DNS: []string{"store.example"}}), ours)
 	past := time.Now().Add(-48 * time.Hour)
-	workerSpec := leafSpec{uris: []string{"spiffe://job.example/ns/train/worker"}}
+	workerSpec := testpki.Leaf{URIs: []string{"spiffe://job.example/ns/train/worker"}}
 	for _, tc := range []struct {
 		name   string
 		allow  []string
-		from   *testCA // nil: the client sends no certificate
-		spec   leafSpec
+		from   *testpki.CA // nil: the client sends no certificate
+		spec   testpki.Leaf
 		want   Reason // "": accepted
 		wantID string
 	}{
 		{"ours, any allowed", nil, ours, workerSpec, "", "spiffe://job.example/ns/train/worker"},
 		{"ours, on the list", []string{"spiffe://job.example/ns/*/worker"}, ours, workerSpec, "", "spiffe://job.example/ns/train/worker"},
-		{"dns SAN on the list", []string{"dns:*.hosts.example"}, ours, leafSpec{dns: []string{"w1.hosts.example"}}, "", "dns:w1.hosts.example"},
-		{"cn only, on the list", []string{"cn:rank-host"}, ours, leafSpec{cn: "rank-host"}, "", "cn:rank-host"},
-		{"no certificate", nil, nil, leafSpec{}, NoCertificate, ""},
+		{"dns SAN on the list", []string{"dns:*.hosts.example"}, ours, testpki.Leaf{DNS: []string{"w1.hosts.example"}}, "", "dns:w1.hosts.example"},
+		{"cn only, on the list", []string{"cn:rank-host"}, ours, testpki.Leaf{CN: "rank-host"}, "", "cn:rank-host"},
+		{"no certificate", nil, nil, testpki.Leaf{}, NoCertificate, ""},
 		{"another CA", nil, theirs, workerSpec, UnknownCA, "spiffe://job.example/ns/train/worker"},
-		{"expired", nil, ours, leafSpec{cn: "old", notBefore: past, notAfter: past.Add(time.Hour)}, Expired, "cn:old"},
-		{"not yet valid", nil, ours, leafSpec{cn: "early", notBefore: time.Now().Add(time.Hour), notAfter: time.Now().Add(2 * time.Hour)}, Expired, "cn:early"},
-		{"expired, another CA", nil, theirs, leafSpec{cn: "old", notBefore: past, notAfter: past.Add(time.Hour)}, UnknownCA, "cn:old"},
-		{"server-only usage", nil, ours, leafSpec{cn: "srv", usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, UnknownCA, "cn:srv"},
+		{"expired", nil, ours, testpki.Leaf{CN: "old", NotBefore: past, NotAfter: past.Add(time.Hour)}, Expired, "cn:old"},
+		{"not yet valid", nil, ours, testpki.Leaf{CN: "early", NotBefore: time.Now().Add(time.Hour), NotAfter: time.Now().Add(2 * time.Hour)}, Expired, "cn:early"},
+		{"expired, another CA", nil, theirs, testpki.Leaf{CN: "old", NotBefore: past, NotAfter: past.Add(time.Hour)}, UnknownCA, "cn:old"},
+		{"server-only usage", nil, ours, testpki.Leaf{CN: "srv", Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, UnknownCA, "cn:srv"},
 		{"not on the list", []string{"spiffe://job.example/ns/other/*"}, ours, workerSpec, NotAllowed, "spiffe://job.example/ns/train/worker"},
-		{"cn not on a dns list", []string{"dns:rank-host"}, ours, leafSpec{cn: "rank-host"}, NotAllowed, "cn:rank-host"},
+		{"cn not on a dns list", []string{"dns:rank-host"}, ours, testpki.Leaf{CN: "rank-host"}, NotAllowed, "cn:rank-host"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			client := &tls.Config{RootCAs: ours.pool(), ServerName: "store.example"}
+			client := &tls.Config{RootCAs: ours.Pool(), ServerName: "store.example"}
 			if tc.from != nil {
-				client.Certificates = []tls.Certificate{tc.from.issue(t, tc.spec).tls}
+				client.Certificates = []tls.Certificate{tc.from.Issue(t, tc.spec).TLS}
 			}
 			serverErr, clientErr, saw := handshake(t, ServerConfig(server, mustAllow(t, tc.allow...)), client)
 			if got := Classify(serverErr); got != tc.want {
@@ -131,15 +133,15 @@ func TestServerRefusals(t *testing.T) {
 }
 
 func TestClientRefusals(t *testing.T) {
-	ours, theirs := newCA(t, "ours"), newCA(t, "theirs")
-	me := source(ours.issue(t, leafSpec{uris: []string{"spiffe://job.example/worker"}}), ours)
+	ours, theirs := testpki.NewCA(t, "ours"), testpki.NewCA(t, "theirs")
+	me := source(ours.Issue(t, testpki.Leaf{URIs: []string{"spiffe://job.example/worker"}}), ours)
 	past := time.Now().Add(-48 * time.Hour)
-	store := ours.issue(t, leafSpec{dns: []string{"store.example"}, uris: []string{"spiffe://job.example/store"}})
+	store := ours.Issue(t, testpki.Leaf{DNS: []string{"store.example"}, URIs: []string{"spiffe://job.example/store"}})
 	for _, tc := range []struct {
 		name       string
 		allow      []string
 		serverName string
-		server     testLeaf
+		server     testpki.Issued
 		want       Reason
 	}{
 		{"host name matches", nil, "store.example", store, ""},
@@ -147,12 +149,12 @@ func TestClientRefusals(t *testing.T) {
 		{"host name differs", nil, "other.example", store, NotAllowed},
 		{"no host name, no list", nil, "", store, NotAllowed},
 		{"not on the list", []string{"spiffe://job.example/other"}, "store.example", store, NotAllowed},
-		{"another CA", nil, "store.example", theirs.issue(t, leafSpec{dns: []string{"store.example"}}), UnknownCA},
-		{"expired", nil, "store.example", ours.issue(t, leafSpec{dns: []string{"store.example"}, notBefore: past, notAfter: past.Add(time.Hour)}), Expired},
-		{"client-only usage", nil, "store.example", ours.issue(t, leafSpec{dns: []string{"store.example"}, usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}), UnknownCA},
+		{"another CA", nil, "store.example", theirs.Issue(t, testpki.Leaf{DNS: []string{"store.example"}}), UnknownCA},
+		{"expired", nil, "store.example", ours.Issue(t, testpki.Leaf{DNS: []string{"store.example"}, NotBefore: past, NotAfter: past.Add(time.Hour)}), Expired},
+		{"client-only usage", nil, "store.example", ours.Issue(t, testpki.Leaf{DNS: []string{"store.example"}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}), UnknownCA},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			server := &tls.Config{Certificates: []tls.Certificate{tc.server.tls}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ours.pool()}
+			server := &tls.Config{Certificates: []tls.Certificate{tc.server.TLS}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ours.Pool()}
 			serverErr, clientErr, _ := handshake(t, server, ClientConfig(me, mustAllow(t, tc.allow...), tc.serverName))
 			if got := Classify(clientErr); got != tc.want {
 				t.Fatalf("client: %v (%q), want %q", clientErr, got, tc.want)
@@ -165,9 +167,9 @@ func TestClientRefusals(t *testing.T) {
 }
 
 func TestBothGuards(t *testing.T) {
-	ca := newCA(t, "ca")
-	store := source(ca.issue(t, leafSpec{uris: []string{"spiffe://td/store"}}), ca)
-	worker := source(ca.issue(t, leafSpec{uris: []string{"spiffe://td/worker/1"}}), ca)
+	ca := testpki.NewCA(t, "ca")
+	store := source(ca.Issue(t, testpki.Leaf{URIs: []string{"spiffe://td/store"}}), ca)
+	worker := source(ca.Issue(t, testpki.Leaf{URIs: []string{"spiffe://td/worker/1"}}), ca)
 	server := ServerConfig(store, mustAllow(t, "spiffe://td/worker/*"))
 	client := ClientConfig(worker, mustAllow(t, "spiffe://td/store"), "")
 	// What our record layer does: a Clone with a KeyLogWriter must verify the same way.
@@ -185,7 +187,7 @@ func TestBothGuards(t *testing.T) {
 		t.Errorf("key logs differ or lack traffic secrets:\n%s\n%s", serverKeys.String(), clientKeys.String())
 	}
 	// The clone keeps refusing too.
-	stranger := source(newCA(t, "x").issue(t, leafSpec{uris: []string{"spiffe://td/worker/1"}}), ca)
+	stranger := source(testpki.NewCA(t, "x").Issue(t, testpki.Leaf{URIs: []string{"spiffe://td/worker/1"}}), ca)
 	serverErr, _, _ = handshake(t, server, ClientConfig(stranger, mustAllow(t, "spiffe://td/store"), ""))
 	if Classify(serverErr) != UnknownCA {
 		t.Errorf("clone accepted a stranger: %v", serverErr)
@@ -193,8 +195,8 @@ func TestBothGuards(t *testing.T) {
 }
 
 func TestServerNotTLSTimeoutOldVersion(t *testing.T) {
-	ca := newCA(t, "ca")
-	server := ServerConfig(source(ca.issue(t, leafSpec{cn: "store"}), ca), Allow{})
+	ca := testpki.NewCA(t, "ca")
+	server := ServerConfig(source(ca.Issue(t, testpki.Leaf{CN: "store"}), ca), Allow{})
 	serve := func(client func(net.Conn)) error {
 		sc, cc := tcpPair(t)
 		go func() { client(cc); cc.Close() }()

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/storeguard/storeguard/internal/testpki"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -42,10 +44,10 @@ func echo(c net.Conn) {
 
 // dial makes a handshake with the echo server and returns the connection and the serial of
 // the certificate the server presented.
-func dial(t *testing.T, addr string, client testLeaf, roots *tls.Config) (*tls.Conn, string, error) {
+func dial(t *testing.T, addr string, client testpki.Issued, roots *tls.Config) (*tls.Conn, string, error) {
 	t.Helper()
 	cfg := roots.Clone()
-	cfg.Certificates = []tls.Certificate{client.tls}
+	cfg.Certificates = []tls.Certificate{client.TLS}
 	c, err := tls.Dial("tcp", addr, cfg)
 	if err != nil {
 		return nil, "", err
@@ -111,14 +113,14 @@ func nextReload(t *testing.T, reloads <-chan error) error {
 }
 
 func TestFilesRotation(t *testing.T) {
-	ca := newCA(t, "ca")
+	ca := testpki.NewCA(t, "ca")
 	dir := t.TempDir()
 	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
-	spec := leafSpec{dns: []string{"store.example"}}
-	l1, l2, l3 := ca.issue(t, spec), ca.issue(t, spec), ca.issue(t, spec)
-	writeFile(t, certFile, l1.certPEM)
-	writeFile(t, keyFile, l1.keyPEM)
-	writeFile(t, caFile, ca.pem)
+	spec := testpki.Leaf{DNS: []string{"store.example"}}
+	l1, l2, l3 := ca.Issue(t, spec), ca.Issue(t, spec), ca.Issue(t, spec)
+	writeFile(t, certFile, l1.CertPEM)
+	writeFile(t, keyFile, l1.KeyPEM)
+	writeFile(t, caFile, ca.PEM())
 
 	reloads := make(chan error, 64)
 	src, err := Files(certFile, keyFile, caFile, FileOptions{Poll: 10 * time.Millisecond, Log: quiet, OnReload: func(err error) { reloads <- err }})
@@ -127,45 +129,45 @@ func TestFilesRotation(t *testing.T) {
 	}
 	defer src.Close()
 	addr := echoServer(t, src, Allow{})
-	worker := ca.issue(t, leafSpec{cn: "worker"})
-	client := &tls.Config{RootCAs: ca.pool(), ServerName: "store.example"}
+	worker := ca.Issue(t, testpki.Leaf{CN: "worker"})
+	client := &tls.Config{RootCAs: ca.Pool(), ServerName: "store.example"}
 
 	old, serial, err := dial(t, addr, worker, client)
-	if err != nil || serial != l1.serial {
-		t.Fatalf("first handshake: serial %s, %v; want %s", serial, err, l1.serial)
+	if err != nil || serial != l1.Serial {
+		t.Fatalf("first handshake: serial %s, %v; want %s", serial, err, l1.Serial)
 	}
 	roundTrip(t, old, "before")
 
 	// cert-manager style: the certificate, then the key, each written in place.
-	writeFile(t, certFile, l2.certPEM)
-	writeFile(t, keyFile, l2.keyPEM)
+	writeFile(t, certFile, l2.CertPEM)
+	writeFile(t, keyFile, l2.KeyPEM)
 	for nextReload(t, reloads) != nil { // the certificate with the old key may be seen first
 	}
-	if _, serial, err = dial(t, addr, worker, client); err != nil || serial != l2.serial {
-		t.Fatalf("after rotation: serial %s, %v; want %s", serial, err, l2.serial)
+	if _, serial, err = dial(t, addr, worker, client); err != nil || serial != l2.Serial {
+		t.Fatalf("after rotation: serial %s, %v; want %s", serial, err, l2.Serial)
 	}
 	roundTrip(t, old, "established connections keep their keys")
 
 	// A half-written certificate keeps the last good pair and names the file.
-	replaceFile(t, certFile, l3.certPEM[:len(l3.certPEM)/2])
+	replaceFile(t, certFile, l3.CertPEM[:len(l3.CertPEM)/2])
 	var fe *FileError
 	if err := nextReload(t, reloads); !errors.As(err, &fe) || fe.File != certFile {
 		t.Fatalf("half-written certificate reported as %v, want a FileError for %s", err, certFile)
 	}
 	// The whole new certificate with the old key: never served, the key file is named.
-	replaceFile(t, certFile, l3.certPEM)
+	replaceFile(t, certFile, l3.CertPEM)
 	if err := nextReload(t, reloads); !errors.As(err, &fe) || fe.File != keyFile {
 		t.Fatalf("mismatched pair reported as %v, want a FileError for %s", err, keyFile)
 	}
-	if _, serial, err = dial(t, addr, worker, client); err != nil || serial != l2.serial {
-		t.Fatalf("after bad writes: serial %s, %v; want the last good %s", serial, err, l2.serial)
+	if _, serial, err = dial(t, addr, worker, client); err != nil || serial != l2.Serial {
+		t.Fatalf("after bad writes: serial %s, %v; want the last good %s", serial, err, l2.Serial)
 	}
-	replaceFile(t, keyFile, l3.keyPEM)
+	replaceFile(t, keyFile, l3.KeyPEM)
 	if err := nextReload(t, reloads); err != nil {
 		t.Fatalf("complete pair: %v", err)
 	}
-	if _, serial, err = dial(t, addr, worker, client); err != nil || serial != l3.serial {
-		t.Fatalf("after the key: serial %s, %v; want %s", serial, err, l3.serial)
+	if _, serial, err = dial(t, addr, worker, client); err != nil || serial != l3.Serial {
+		t.Fatalf("after the key: serial %s, %v; want %s", serial, err, l3.Serial)
 	}
 	roundTrip(t, old, "still")
 }
@@ -174,17 +176,17 @@ func TestFilesRotation(t *testing.T) {
 // symlink through ..data, and ..data is swapped to a new timestamped directory in one rename.
 // The renewal also rotates the CA: the bundle gains a new CA that issued the new certificate.
 func TestFilesKubernetesSwap(t *testing.T) {
-	oldCA, newCA := newCA(t, "old ca"), newCA(t, "new ca")
-	spec := leafSpec{dns: []string{"store.example"}}
-	l1, l2 := oldCA.issue(t, spec), newCA.issue(t, spec)
+	oldCA, newCA := testpki.NewCA(t, "old ca"), testpki.NewCA(t, "new ca")
+	spec := testpki.Leaf{DNS: []string{"store.example"}}
+	l1, l2 := oldCA.Issue(t, spec), newCA.Issue(t, spec)
 	vol := t.TempDir()
-	version := func(name string, l testLeaf, bundle []byte) {
+	version := func(name string, l testpki.Issued, bundle []byte) {
 		d := filepath.Join(vol, name)
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		writeFile(t, filepath.Join(d, "tls.crt"), l.certPEM)
-		writeFile(t, filepath.Join(d, "tls.key"), l.keyPEM)
+		writeFile(t, filepath.Join(d, "tls.crt"), l.CertPEM)
+		writeFile(t, filepath.Join(d, "tls.key"), l.KeyPEM)
 		writeFile(t, filepath.Join(d, "ca.crt"), bundle)
 		if err := os.Symlink(name, filepath.Join(vol, "..data_tmp")); err != nil {
 			t.Fatal(err)
@@ -193,7 +195,7 @@ func TestFilesKubernetesSwap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	version("..2026_11_26_10_00_00.1", l1, oldCA.pem)
+	version("..2026_11_26_10_00_00.1", l1, oldCA.PEM())
 	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
 		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(vol, f)); err != nil {
 			t.Fatal(err)
@@ -205,12 +207,12 @@ func TestFilesKubernetesSwap(t *testing.T) {
 	}
 	defer src.Close()
 	addr := echoServer(t, src, Allow{})
-	oldWorker, newWorker := oldCA.issue(t, leafSpec{cn: "w"}), newCA.issue(t, leafSpec{cn: "w"})
-	trustBoth := &tls.Config{RootCAs: oldCA.pool(), ServerName: "store.example"}
-	trustBoth.RootCAs.AddCert(newCA.cert)
+	oldWorker, newWorker := oldCA.Issue(t, testpki.Leaf{CN: "w"}), newCA.Issue(t, testpki.Leaf{CN: "w"})
+	trustBoth := &tls.Config{RootCAs: oldCA.Pool(), ServerName: "store.example"}
+	trustBoth.RootCAs.AddCert(newCA.Cert)
 
 	old, serial, err := dial(t, addr, oldWorker, trustBoth)
-	if err != nil || serial != l1.serial {
+	if err != nil || serial != l1.Serial {
 		t.Fatalf("first handshake: serial %s, %v", serial, err)
 	}
 	roundTrip(t, old, "x")
@@ -222,26 +224,26 @@ func TestFilesKubernetesSwap(t *testing.T) {
 		t.Fatal("a worker of the new CA was accepted before the bundle had it")
 	}
 
-	version("..2026_11_26_11_00_00.2", l2, bytes.Join([][]byte{oldCA.pem, newCA.pem}, nil))
+	version("..2026_11_26_11_00_00.2", l2, bytes.Join([][]byte{oldCA.PEM(), newCA.PEM()}, nil))
 	os.RemoveAll(filepath.Join(vol, "..2026_11_26_10_00_00.1"))
-	eventually(t, "the swapped certificate", func() bool { return servedSerial(src) == l2.serial })
+	eventually(t, "the swapped certificate", func() bool { return servedSerial(src) == l2.Serial })
 	eventually(t, "the new CA", func() bool {
 		roots, _ := src.Roots()
-		_, err := newWorker.tls.Leaf.Verify(x509VerifyOptions(roots))
+		_, err := newWorker.TLS.Leaf.Verify(x509VerifyOptions(roots))
 		return err == nil
 	})
 	c, serial, err = dial(t, addr, newWorker, trustBoth)
-	if err != nil || serial != l2.serial {
-		t.Fatalf("after the swap: serial %s, %v; want %s", serial, err, l2.serial)
+	if err != nil || serial != l2.Serial {
+		t.Fatalf("after the swap: serial %s, %v; want %s", serial, err, l2.Serial)
 	}
 	roundTrip(t, c, "new CA accepted")
 	roundTrip(t, old, "old connection kept")
 }
 
 func TestFilesErrorsNameTheFile(t *testing.T) {
-	ca := newCA(t, "ca")
+	ca := testpki.NewCA(t, "ca")
 	dir := t.TempDir()
-	l, other := ca.issue(t, leafSpec{cn: "a"}), ca.issue(t, leafSpec{cn: "b"})
+	l, other := ca.Issue(t, testpki.Leaf{CN: "a"}), ca.Issue(t, testpki.Leaf{CN: "b"})
 	path := func(name string, data []byte) string {
 		p := filepath.Join(dir, name)
 		if data != nil {
@@ -249,17 +251,17 @@ func TestFilesErrorsNameTheFile(t *testing.T) {
 		}
 		return p
 	}
-	cert, key, bundle := path("tls.crt", l.certPEM), path("tls.key", l.keyPEM), path("ca.crt", ca.pem)
+	cert, key, bundle := path("tls.crt", l.CertPEM), path("tls.key", l.KeyPEM), path("ca.crt", ca.PEM())
 	for _, tc := range []struct {
 		name          string
 		cert, key, ca string
 		wantFile      string
 	}{
 		{"missing certificate", path("absent.crt", nil), key, bundle, path("absent.crt", nil)},
-		{"key where the certificate goes", path("key-as.crt", l.keyPEM), key, bundle, path("key-as.crt", nil)},
-		{"the key of another certificate", cert, path("other.key", other.keyPEM), bundle, path("other.key", nil)},
+		{"key where the certificate goes", path("key-as.crt", l.KeyPEM), key, bundle, path("key-as.crt", nil)},
+		{"the key of another certificate", cert, path("other.key", other.KeyPEM), bundle, path("other.key", nil)},
 		{"empty CA bundle", cert, key, path("empty.crt", []byte{}), path("empty.crt", nil)},
-		{"truncated CA bundle", cert, key, path("cut.crt", ca.pem[:len(ca.pem)-30]), path("cut.crt", nil)},
+		{"truncated CA bundle", cert, key, path("cut.crt", ca.PEM()[:len(ca.PEM())-30]), path("cut.crt", nil)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src, err := Files(tc.cert, tc.key, tc.ca, FileOptions{Log: quiet})

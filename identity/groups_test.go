@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"reflect"
 	"testing"
+
+	"github.com/storeguard/storeguard/internal/testpki"
 )
 
 func TestParseGroups(t *testing.T) {
@@ -37,9 +39,9 @@ func TestParseGroups(t *testing.T) {
 // crypto/tls's own (a hybrid first) meets a server that takes x25519 only, and the other way
 // round; two guards with no group in common do not connect.
 func TestKeyExchangeGroups(t *testing.T) {
-	ca := newCA(t, "ca")
-	store := source(ca.issue(t, leafSpec{uris: []string{"spiffe://td/store"}}), ca)
-	worker := source(ca.issue(t, leafSpec{uris: []string{"spiffe://td/worker/1"}}), ca)
+	ca := testpki.NewCA(t, "ca")
+	store := source(ca.Issue(t, testpki.Leaf{URIs: []string{"spiffe://td/store"}}), ca)
+	worker := source(ca.Issue(t, testpki.Leaf{URIs: []string{"spiffe://td/worker/1"}}), ca)
 	for _, tc := range []struct {
 		name           string
 		server, client []tls.CurveID

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/storeguard/storeguard/internal/testpki"
 )
 
 // openssl runs the openssl command line with args and returns its stdout as lines. Its stdin
@@ -76,10 +78,10 @@ func waitLine(t *testing.T, lines <-chan string, want string) bool {
 }
 
 // pemFiles writes a leaf's certificate and key and a CA bundle for openssl.
-func pemFiles(t *testing.T, l testLeaf, ca *testCA) (cert, key, bundle string) {
+func pemFiles(t *testing.T, l testpki.Issued, ca *testpki.CA) (cert, key, bundle string) {
 	dir := t.TempDir()
-	cert, key, bundle = filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem"), filepath.Join(dir, "ca.pem")
-	for path, data := range map[string][]byte{cert: l.certPEM, key: l.keyPEM, bundle: ca.pem} {
+	cert, key, bundle = filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem"), filepath.Join(dir, "ca.PEM()")
+	for path, data := range map[string][]byte{cert: l.CertPEM, key: l.KeyPEM, bundle: ca.PEM()} {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -89,9 +91,9 @@ func pemFiles(t *testing.T, l testLeaf, ca *testCA) (cert, key, bundle string) {
 
 // TestOpenSSLClient: openssl s_client against ServerConfig, with and without a certificate.
 func TestOpenSSLClient(t *testing.T) {
-	ca := newCA(t, "ca")
-	store := source(ca.issue(t, leafSpec{dns: []string{"store.example"}}), ca)
-	cert, key, bundle := pemFiles(t, ca.issue(t, leafSpec{uris: []string{"spiffe://td/worker/openssl"}}), ca)
+	ca := testpki.NewCA(t, "ca")
+	store := source(ca.Issue(t, testpki.Leaf{DNS: []string{"store.example"}}), ca)
+	cert, key, bundle := pemFiles(t, ca.Issue(t, testpki.Leaf{URIs: []string{"spiffe://td/worker/openssl"}}), ca)
 	for _, tc := range []struct {
 		name   string
 		args   []string
@@ -137,20 +139,20 @@ func TestOpenSSLClient(t *testing.T) {
 
 // TestOpenSSLServer: ClientConfig against openssl s_server, which requires a client certificate.
 func TestOpenSSLServer(t *testing.T) {
-	ours, theirs := newCA(t, "ours"), newCA(t, "theirs")
-	me := source(ours.issue(t, leafSpec{uris: []string{"spiffe://td/worker/go"}}), ours)
-	spec := leafSpec{dns: []string{"store.example"}, uris: []string{"spiffe://td/store"}}
+	ours, theirs := testpki.NewCA(t, "ours"), testpki.NewCA(t, "theirs")
+	me := source(ours.Issue(t, testpki.Leaf{URIs: []string{"spiffe://td/worker/go"}}), ours)
+	spec := testpki.Leaf{DNS: []string{"store.example"}, URIs: []string{"spiffe://td/store"}}
 	for _, tc := range []struct {
 		name   string
-		issuer *testCA
+		issuer *testpki.CA
 		want   Reason
 	}{
 		{"server of our CA", ours, ""},
 		{"server of another CA", theirs, UnknownCA},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cert, key, _ := pemFiles(t, tc.issuer.issue(t, spec), tc.issuer)
-			_, _, clientCA := pemFiles(t, testLeaf{}, ours)
+			cert, key, _ := pemFiles(t, tc.issuer.Issue(t, spec), tc.issuer)
+			_, _, clientCA := pemFiles(t, testpki.Issued{}, ours)
 			addr := freePort(t)
 			lines := openssl(t, "s_server", "-accept", addr, "-naccept", "1", "-tls1_3",
 				"-cert", cert, "-key", key, "-CAfile", clientCA, "-Verify", "1", "-verify_return_error")

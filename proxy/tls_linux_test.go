@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storeguard/storeguard/internal/testpki"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -14,10 +15,10 @@ import (
 func TestUpgradeKeepsMutualTLSConnections(t *testing.T) { run(t, testUpgradeKeepsMutualTLSConnections) }
 
 func testUpgradeKeepsMutualTLSConnections(t *testing.T, m mode) {
-	ca := newTestCA(t, "sg.test CA")
+	ca := testpki.NewCA(t, "sg.test CA")
 	h := startTLS(t, m, ca)
 	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
-	c, err := h.dialTLS(ca, ca.leaf(t, workerID, time.Now().Add(-time.Minute)))
+	c, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func testUpgradeKeepsMutualTLSConnections(t *testing.T, m mode) {
 		t.Fatalf("%d store connections, want 1", n)
 	}
 	// The new server goes on accepting mutual TLS.
-	c2, err := h.dialTLS(ca, ca.leaf(t, workerID, time.Now().Add(-time.Minute)))
+	c2, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute)))
 	if err != nil {
 		t.Fatal(err)
 	}

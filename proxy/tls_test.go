@@ -2,80 +2,21 @@ package proxy
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net/netip"
-	"net/url"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/identity"
+	"github.com/storeguard/storeguard/internal/testpki"
 	"github.com/storeguard/storeguard/protocol"
 )
 
-// testCA issues the certificates of the mutual-TLS tests.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	der  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
+// leaf issues a certificate of ca for a SPIFFE ID, valid from notBefore for an hour.
+func leaf(t *testing.T, ca *testpki.CA, spiffe string, notBefore time.Time) tls.Certificate {
 	t.Helper()
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return &testCA{cert: c, key: k, der: der}
-}
-
-// leaf issues a certificate for a SPIFFE ID, valid from notBefore for an hour.
-func (ca *testCA) leaf(t *testing.T, spiffe string, notBefore time.Time) tls.Certificate {
-	t.Helper()
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	u, _ := url.Parse(spiffe)
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, URIs: []*url.URL{u}, NotBefore: notBefore,
-		NotAfter: notBefore.Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &k.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-}
-
-// files writes cert, its key and ca's certificate as PEM files.
-func (ca *testCA) files(t *testing.T, cert tls.Certificate) (certFile, keyFile, caFile string) {
-	t.Helper()
-	dir := t.TempDir()
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return write("cert.pem", "CERTIFICATE", cert.Certificate[0]), write("key.pem", "PRIVATE KEY", kder),
-		write("ca.pem", "CERTIFICATE", ca.der)
+	return ca.Issue(t, testpki.Leaf{URIs: []string{spiffe}, NotBefore: notBefore, NotAfter: notBefore.Add(time.Hour)}).TLS
 }
 
 const (
@@ -85,10 +26,11 @@ const (
 
 // startTLS starts a server with mutual TLS on for every source (none may speak plaintext),
 // allowing spiffe://sg.test/worker/*, in front of a recorder.
-func startTLS(t *testing.T, m mode, ca *testCA) *harness {
+func startTLS(t *testing.T, m mode, ca *testpki.CA) *harness {
 	t.Helper()
 	store := recorder(t, reservedAddr(t))
-	cert, key, caFile := ca.files(t, ca.leaf(t, masterID, time.Now().Add(-time.Minute)))
+	nb := time.Now().Add(-time.Minute)
+	cert, key, caFile := ca.Files(t, t.TempDir(), "master", ca.Issue(t, testpki.Leaf{URIs: []string{masterID}, NotBefore: nb, NotAfter: nb.Add(time.Hour)}))
 	ids, err := identity.Files(cert, key, caFile, identity.FileOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -103,10 +45,8 @@ func startTLS(t *testing.T, m mode, ca *testCA) *harness {
 }
 
 // dialTLS connects to h with cert, as a client guard does.
-func (h *harness) dialTLS(ca *testCA, cert tls.Certificate) (*tls.Conn, error) {
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
-	c, err := tls.Dial("tcp", h.addr, &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots,
+func (h *harness) dialTLS(ca *testpki.CA, cert tls.Certificate) (*tls.Conn, error) {
+	c, err := tls.Dial("tcp", h.addr, &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(),
 		InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
 	if err == nil {
 		h.t.Cleanup(func() { c.Close() })
@@ -119,9 +59,9 @@ func (h *harness) dialTLS(ca *testCA, cert tls.Certificate) (*tls.Conn, error) {
 func TestMutualTLSForwardsAndNamesThePeer(t *testing.T) { run(t, testMutualTLSForwardsAndNamesThePeer) }
 
 func testMutualTLSForwardsAndNamesThePeer(t *testing.T, m mode) {
-	ca := newTestCA(t, "sg.test CA")
+	ca := testpki.NewCA(t, "sg.test CA")
 	h := startTLS(t, m, ca)
-	c, err := h.dialTLS(ca, ca.leaf(t, workerID, time.Now().Add(-time.Minute)))
+	c, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,8 +92,8 @@ func testMutualTLSForwardsAndNamesThePeer(t *testing.T, m mode) {
 func TestMutualTLSRefusals(t *testing.T) { run(t, testMutualTLSRefusals, loopsOnly) }
 
 func testMutualTLSRefusals(t *testing.T, m mode) {
-	ca := newTestCA(t, "sg.test CA")
-	other := newTestCA(t, "other CA")
+	ca := testpki.NewCA(t, "sg.test CA")
+	other := testpki.NewCA(t, "other CA")
 	h := startTLS(t, m, ca)
 	probe := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte("/torchelastic/rdzv/state"), Value: []byte("x")})
 	for _, tc := range []struct {
@@ -162,9 +102,9 @@ func testMutualTLSRefusals(t *testing.T, m mode) {
 	}{
 		{"plaintext", "tls_not_tls", nil},
 		{"no certificate", "tls_no_certificate", &tls.Certificate{}},
-		{"another CA", "tls_unknown_ca", ptr(other.leaf(t, workerID, time.Now().Add(-time.Minute)))},
-		{"expired", "tls_expired", ptr(ca.leaf(t, workerID, time.Now().Add(-2*time.Hour)))},
-		{"not allowed", "tls_identity_not_allowed", ptr(ca.leaf(t, "spiffe://sg.test/other", time.Now().Add(-time.Minute)))},
+		{"another CA", "tls_unknown_ca", ptr(leaf(t, other, workerID, time.Now().Add(-time.Minute)))},
+		{"expired", "tls_expired", ptr(leaf(t, ca, workerID, time.Now().Add(-2*time.Hour)))},
+		{"not allowed", "tls_identity_not_allowed", ptr(leaf(t, ca, "spiffe://sg.test/other", time.Now().Add(-time.Minute)))},
 	} {
 		if tc.cert == nil {
 			c := h.dial()

@@ -601,7 +601,14 @@ job_finish() {
 	fi
 	local ma
 	ma=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["master"])' "$JOB_OUT/rank1.json" 2>/dev/null) || ma="?"
-	note "job $JOB_N: the ranks' default store (MASTER_ADDR:MASTER_PORT) is $ma, the rank-0 agent's own TCPStore (torch 2.15's c10d rendezvous shares it with the workers): their init traffic does not use the rendezvous port, so no guard sees it"
+	# Not the issue's target, but where its promise ends: the ranks' default store is the rank-0 agent's own TCPStore
+	# (torch 2.15's c10d rendezvous shares it with the workers), on a free port no guard fronts. The master guard saw
+	# its port written (or read) through it, and must say so.
+	if grep 'does not front' "$WORK/master-guard.log" | grep -Eq "master_port[^0-9]{1,3}${ma##*:}([^0-9]|\$)"; then
+		pass "job $JOB_N: the ranks' own store $ma passes no guard, and the master guard's log says so"
+	else
+		fail "job $JOB_N: the master guard did not report the ranks' own store $ma as unguarded"
+	fi
 	JOB_M=""; JOB_W=""
 }
 

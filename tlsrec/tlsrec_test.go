@@ -2,18 +2,15 @@ package tlsrec
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"io"
-	"math/big"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/storeguard/storeguard/internal/testpki"
 )
 
 // testPKI is a CA with one server and one client certificate.
@@ -30,29 +27,11 @@ func newPKI(t testing.TB) testPKI {
 // newPKIWithCA also returns the CA's certificate.
 func newPKIWithCA(t testing.TB) (testPKI, []byte) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
+	ca := testpki.NewCA(t, "test CA")
+	leaf := func(eku x509.ExtKeyUsage) tls.Certificate {
+		return ca.Issue(t, testpki.Leaf{CN: "leaf", DNS: []string{"localhost"}, Usages: []x509.ExtKeyUsage{eku}}).TLS
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leaf := func(serial int64, eku x509.ExtKeyUsage) tls.Certificate {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "leaf"},
-			DNSNames: []string{"localhost"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			ExtKeyUsage: []x509.ExtKeyUsage{eku}, KeyUsage: x509.KeyUsageDigitalSignature}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-	}
-	p := testPKI{roots: x509.NewCertPool(), server: leaf(2, x509.ExtKeyUsageServerAuth), client: leaf(3, x509.ExtKeyUsageClientAuth)}
-	p.roots.AddCert(ca)
-	return p, caDER
+	return testPKI{roots: ca.Pool(), server: leaf(x509.ExtKeyUsageServerAuth), client: leaf(x509.ExtKeyUsageClientAuth)}, ca.DER
 }
 
 func tlsSuiteName(id uint16) string { return tls.CipherSuiteName(id) }
@@ -150,7 +129,7 @@ func TestServerAgainstCryptoTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cs.PeerCertificates) != 1 || cs.PeerCertificates[0].SerialNumber.Int64() != 3 {
+	if len(cs.PeerCertificates) != 1 || cs.PeerCertificates[0].SerialNumber.Cmp(p.client.Leaf.SerialNumber) != 0 {
 		t.Fatalf("peer certificates %v", cs.PeerCertificates)
 	}
 	b.SetDeadline(time.Now().Add(20 * time.Second)) // a lost record fails the test instead of hanging it
@@ -190,7 +169,7 @@ func TestClientAgainstCryptoTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cs.PeerCertificates[0].SerialNumber.Int64() != 2 {
+	if cs.PeerCertificates[0].SerialNumber.Cmp(p.server.Leaf.SerialNumber) != 0 {
 		t.Fatal("not the server's certificate")
 	}
 	a.SetDeadline(time.Now().Add(20 * time.Second))

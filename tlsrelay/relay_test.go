@@ -1,38 +1,24 @@
 package tlsrelay
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"io"
-	"math/big"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/storeguard/storeguard/internal/testpki"
 	"github.com/storeguard/storeguard/tlsrec"
 )
 
 func configs(t *testing.T) (srv, cli *tls.Config) {
 	t.Helper()
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "x"}, DNSNames: []string{"x"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(c)
-	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert},
-		&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "x"}
+	ca := testpki.NewCA(t, "x CA")
+	cert := ca.Issue(t, testpki.Leaf{CN: "x", DNS: []string{"x"}}).TLS
+	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert},
+		&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), ServerName: "x"}
 }
 
 func tcpPair(t *testing.T) (a, b *net.TCPConn) {

@@ -15,7 +15,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/identity"
+	"github.com/storeguard/storeguard/internal/killload"
 	"github.com/storeguard/storeguard/internal/storesim"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -119,16 +119,8 @@ func run(t *testing.T, f func(t *testing.T, m mode), opts ...runOption) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
+// syncBuffer is the audit log of a test's server, read while the server writes it.
+type syncBuffer struct{ killload.Log }
 
 // events are the audit events but flow records and scan notices (flows).
 func (s *syncBuffer) events(t *testing.T) []map[string]any {
@@ -145,10 +137,8 @@ func (s *syncBuffer) flows(t *testing.T) []map[string]any {
 }
 
 func (s *syncBuffer) select_(t *testing.T, keep func(map[string]any) bool) []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(s.b.Bytes()))
+	sc := bufio.NewScanner(strings.NewReader(s.String()))
 	for sc.Scan() {
 		var m map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {

@@ -46,20 +46,30 @@ func (l *Learner) Count() (int64, error) { return l.keys.count() }
 // CloseKeys closes the connection kept to ask the store about keys (a later question opens another).
 func (l *Learner) CloseKeys() { l.keys.close() }
 
+// exists is check, counted as the write-once rule's lookup (Observer.KeyLookup).
 func (o *keyOracle) exists(key []byte) (bool, error) {
-	var reply [1]byte // CheckResponseType: READY 0, NOT_READY 1
-	err := o.ask(protocol.Request{Op: protocol.OpCheck, Keys: [][]byte{key}}, reply[:])
+	ok, err := o.check(key)
 	result := "absent"
 	switch {
 	case err != nil:
 		result = "error"
-	case reply[0] == 0:
+	case ok:
 		result = "exists"
-	case reply[0] != 1:
-		result, err = "error", fmt.Errorf("CHECK answered %#x", reply[0])
 	}
 	o.l.obs.KeyLookup(result)
-	return result == "exists", err
+	return ok, err
+}
+
+// check asks the store whether key exists (CHECK).
+func (o *keyOracle) check(key []byte) (bool, error) {
+	var reply [1]byte // CheckResponseType: READY 0, NOT_READY 1
+	if err := o.ask(protocol.Request{Op: protocol.OpCheck, Keys: [][]byte{key}}, reply[:]); err != nil {
+		return false, err
+	}
+	if reply[0] > 1 {
+		return false, fmt.Errorf("CHECK answered %#x", reply[0])
+	}
+	return reply[0] == 0, nil
 }
 
 // count asks the store how many keys it holds, or answers as it did less than a second ago.
@@ -84,7 +94,7 @@ func (o *keyOracle) count() (int64, error) {
 // Value asks the store for key's value, as the wire has it, if key exists (CHECK first: a GET of
 // a missing key waits for it) and the value is at most limit bytes long.
 func (l *Learner) Value(key []byte, limit int) (value []byte, exists bool, err error) {
-	if exists, err = l.keys.exists(key); !exists || err != nil {
+	if exists, err = l.keys.check(key); !exists || err != nil {
 		return nil, exists, err
 	}
 	err = l.keys.exchangeWith(protocol.Request{Op: protocol.OpGet, Key: key}, func(r io.Reader) error {

@@ -12,12 +12,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/replay/internal/gencap"
 )
@@ -633,5 +635,36 @@ func TestTrailingStreamsBounded(t *testing.T) {
 	}
 	if ended != 3 || open != 2 {
 		t.Errorf("%d flows ended early and %d open at the capture's end, want 3 and 2", ended, open)
+	}
+}
+
+// TestJobStoresInSummary: a rendezvous round's MASTER_PORT written in the capture on a port it is
+// not replayed for (torchrun's c10d rendezvous: the ranks' own store) is in the summary with the
+// round's MASTER_ADDR; one on the replayed port is not, nor a rewrite that write-once refused.
+func TestJobStoresInSummary(t *testing.T) {
+	set := func(key, value string) []byte {
+		return mustAppend(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: []byte(key), Value: []byte(value)})
+	}
+	rank0 := bytes.Join([][]byte{set("torch.rendezvous.job.0/MASTER_ADDR", "10.0.0.2"),
+		set("torch.rendezvous.job.0/MASTER_PORT", "41234"), set("torch.rendezvous.job2.0/MASTER_PORT", "29500")}, nil)
+	var buf bytes.Buffer
+	w, err := gencap.NewWriter(&buf, gencap.Pcap, gencap.Ethernet)
+	must(t, err)
+	session(t, w, client(0), server, sec(0), rank0)
+	session(t, w, client(1), server, sec(1), set("torch.rendezvous.job.0/MASTER_PORT", "4444"))
+	must(t, w.Flush())
+	cfg := config.Default()
+	cfg.Generation = "1.13"
+	r, err := New(cfg, Options{})
+	must(t, err)
+	must(t, r.ReadCapture(context.Background(), "job.cap", &buf))
+	must(t, r.Close())
+	sum := r.Summary()
+	want := []policy.JobStore{{Round: "torch.rendezvous.job.0", Addr: "10.0.0.2", Port: 41234, Src: client(0).Addr()}}
+	if !reflect.DeepEqual(sum.JobStores, want) || sum.Reject != 1 {
+		t.Fatalf("job stores %+v, %d rejected; want %+v and the rewrite rejected", sum.JobStores, sum.Reject, want)
+	}
+	if s := sum.String(); !strings.Contains(s, "rendezvous round torch.rendezvous.job.0 sends its ranks to 10.0.0.2:41234, a store no guard of these ports fronts (written by 10.0.0.2)") {
+		t.Fatalf("summary %q", s)
 	}
 }

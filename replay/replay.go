@@ -185,13 +185,15 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 			return nil, err
 		}
 	}
+	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen}, opts: opts,
+		adm: cfg.Admission(), monitor: cfg.Mode == config.ModeMonitor}
 	if rules != nil {
 		// Replay has no store to ask: a write-once key is known written when the capture wrote it,
-		// and the quota counts what the capture wrote from its start.
-		rules = rules.WithStore(policy.Store{Written: policy.NewWritten(1 << 16), Quota: policy.NewQuota()})
+		// the quota counts what the capture wrote from its start, and a round's store is known when
+		// the capture wrote its MASTER_PORT.
+		r.pol.Rules = rules.WithStore(policy.Store{Written: policy.NewWritten(1 << 16), Quota: policy.NewQuota(),
+			JobStores: policy.NewJobStores(1<<10, r.jobStore)})
 	}
-	r := &Replayer{cfg: cfg, dec: dec, pol: guard.Policy{Deadlines: cfg.Deadlines(), Configured: dec.Gen, Rules: rules}, opts: opts,
-		adm: cfg.Admission(), monitor: cfg.Mode == config.ModeMonitor}
 	ports := opts.Ports
 	if len(ports) == 0 {
 		ports = cfg.Replay.Ports
@@ -221,6 +223,19 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 }
 
 func (r *Replayer) isPort(p uint16) bool { return r.ports[p/64]&(1<<(p%64)) != 0 }
+
+// jobStore records a rendezvous round's store (policy.JobStores) on a port that is not one of
+// the capture's guarded ports: torchrun's c10d rendezvous sends its ranks there, past the guard.
+func (r *Replayer) jobStore(js policy.JobStore) {
+	if r.isPort(js.Port) {
+		return
+	}
+	if len(r.sum.JobStores) < maxJobStores {
+		r.sum.JobStores = append(r.sum.JobStores, js)
+	} else {
+		r.sum.MoreJobStores++
+	}
+}
 
 // Summary counts what has been replayed so far.
 func (r *Replayer) Summary() Summary { return r.sum }

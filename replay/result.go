@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -96,7 +97,15 @@ type Summary struct {
 	Incomplete int
 	Refused    int
 	HalfOpen   int
+	// JobStores are the rendezvous rounds' stores the capture wrote on ports it was not replayed
+	// for: the ranks' own stores of torchrun's c10d rendezvous, which no guard of those ports
+	// fronts. At most maxJobStores; MoreJobStores counts the rest.
+	JobStores     []policy.JobStore
+	MoreJobStores int
 }
+
+// maxJobStores bounds Summary.JobStores.
+const maxJobStores = 64
 
 func (s *Summary) add(r *StreamResult) {
 	s.Streams++
@@ -119,6 +128,17 @@ func (s Summary) String() string {
 		s.Streams, s.Files, s.Packets, s.Pass, s.Reject, s.Incomplete, s.Refused)
 	if s.HalfOpen > 0 {
 		out += fmt.Sprintf(", %d half_open", s.HalfOpen)
+	}
+	for _, js := range s.JobStores {
+		addr := js.Addr
+		if addr == "" {
+			addr = "?"
+		}
+		out += fmt.Sprintf("\nrendezvous round %s sends its ranks to %s:%d, a store no guard of these ports fronts (written by %s)",
+			js.Round, addr, js.Port, js.Src)
+	}
+	if s.MoreJobStores > 0 {
+		out += fmt.Sprintf("\n%d more rounds send their ranks to stores no guard of these ports fronts", s.MoreJobStores)
 	}
 	return out
 }

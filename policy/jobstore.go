@@ -38,9 +38,7 @@ type JobStores struct {
 	Asked func(key []byte, js JobStore)
 
 	mu     sync.Mutex
-	rounds map[string]*round
-	ring   []string
-	next   int
+	rounds recent[*round]
 }
 
 type round struct {
@@ -50,21 +48,16 @@ type round struct {
 
 // NewJobStores remembers at most n rounds.
 func NewJobStores(n int, notify func(JobStore)) *JobStores {
-	return &JobStores{Notify: notify, rounds: make(map[string]*round), ring: make([]string, max(n, 1))}
+	return &JobStores{Notify: notify, rounds: newRecent[*round](n)}
 }
 
 // roundLocked returns the round named r, remembered from now on if it was not.
 func (j *JobStores) roundLocked(r string) *round {
-	if x, ok := j.rounds[r]; ok {
-		return x
+	x, ok := j.rounds.get(r)
+	if !ok {
+		x = &round{}
+		j.rounds.put(r, x)
 	}
-	if old := j.ring[j.next]; old != "" {
-		delete(j.rounds, old)
-	}
-	j.ring[j.next] = r
-	j.next = (j.next + 1) % len(j.ring)
-	x := &round{}
-	j.rounds[r] = x
 	return x
 }
 
@@ -72,10 +65,16 @@ func (j *JobStores) roundLocked(r string) *round {
 func (j *JobStores) Addr(r string) string {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if x, ok := j.rounds[r]; ok {
+	if x, ok := j.rounds.get(r); ok {
 		return x.addr
 	}
 	return ""
+}
+
+// AddrKey is the key of the MASTER_ADDR of the round whose MASTER_PORT is portKey, as the wire has
+// them: what a caller asked (Asked) looks up beside the port.
+func AddrKey(portKey []byte) []byte {
+	return append(bytes.TrimSuffix(bytes.Clone(portKey), portSuffix[1:]), addrSuffix[1:]...)
 }
 
 // jobStoreKey is one message's use of a round's MASTER_ADDR or MASTER_PORT.

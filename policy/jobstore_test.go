@@ -87,6 +87,9 @@ func TestJobStores(t *testing.T) {
 	if w := []string{"/torch.rendezvous.job-12.0/MASTER_PORT by 10.0.0.7", "torch.rendezvous.job-13.0/MASTER_PORT by 10.0.0.7"}; !reflect.DeepEqual(asked, w) {
 		t.Fatalf("asked %q, want %q", asked, w)
 	}
+	if k := AddrKey([]byte("/torch.rendezvous.job-12.0/MASTER_PORT")); string(k) != "/torch.rendezvous.job-12.0/MASTER_ADDR" {
+		t.Fatalf("AddrKey = %q", k)
+	}
 	// Who asked tells once (Told); a round a write told is told already.
 	if js.Told("torch.rendezvous.job-12.0") || !js.Told("torch.rendezvous.job-12.0") || !js.Told("torch.rendezvous.job-9.0") {
 		t.Fatal("Told")

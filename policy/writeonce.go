@@ -37,51 +37,37 @@ func modifies(op protocol.Op) bool {
 // forgotten key is looked up in the store again.
 type Written struct {
 	mu   sync.Mutex
-	set  map[string]struct{}
-	ring []string
-	next int
+	keys recent[struct{}]
 }
 
 // NewWritten remembers at most n keys.
-func NewWritten(n int) *Written {
-	return &Written{set: make(map[string]struct{}), ring: make([]string, max(n, 1))}
-}
+func NewWritten(n int) *Written { return &Written{keys: newRecent[struct{}](n)} }
 
 func (w *Written) has(key []byte) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	_, ok := w.set[string(key)]
+	_, ok := w.keys.get(string(key))
 	return ok
 }
 
 func (w *Written) add(key string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.set[key]; ok {
-		return
-	}
-	if old := w.ring[w.next]; old != "" {
-		delete(w.set, old)
-	}
-	w.ring[w.next] = key
-	w.next = (w.next + 1) % len(w.ring)
-	w.set[key] = struct{}{}
+	w.keys.put(key, struct{}{})
 }
 
 // Reset forgets every key: the store went away.
 func (w *Written) Reset() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	clear(w.set)
-	clear(w.ring)
-	w.next = 0
+	w.keys.reset()
 }
 
 // Len is how many keys w remembers.
 func (w *Written) Len() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.set)
+	return len(w.keys.m)
 }
 
 // Lookup asks the store whether key (as the wire has it) exists. In a transparent sidecar the

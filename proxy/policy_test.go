@@ -245,12 +245,6 @@ func testUnguardedJobStore(t *testing.T, m mode) {
 
 	// Rank 0 past the guard (a transparent sidecar's own host), an agent reading through it: the
 	// guard asks the store. The read may come first: asked again until the write.
-	direct, err := net.Dial("tcp", store.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	direct.Write(protocol.AppendHandshake(nil, protocol.G3, 1))
 	get := func(key string) []byte {
 		return enc(t, protocol.G3, protocol.Request{Op: protocol.OpGet, Key: []byte(key)})
 	}
@@ -260,8 +254,8 @@ func testUnguardedJobStore(t *testing.T, m mode) {
 	if v := h.metric("storeguard_unguarded_job_stores_total"); v != "1" {
 		t.Fatalf("unguarded job stores %q before rank 0 wrote the round, want 1", v)
 	}
-	direct.Write(set("/torch.rendezvous.job3.0/MASTER_ADDR", "10.0.0.9"))
-	direct.Write(set("/torch.rendezvous.job3.0/MASTER_PORT", "45678"))
+	store.Set("/torch.rendezvous.job3.0/MASTER_ADDR", []byte("10.0.0.9"))
+	store.Set("/torch.rendezvous.job3.0/MASTER_PORT", []byte("45678"))
 	eventually(t, "the store asked about the round read through the guard", func() bool {
 		return h.metric("storeguard_unguarded_job_stores_total") == "2"
 	})

@@ -4,7 +4,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -633,8 +632,7 @@ func (s *Server) lookUpJobStore(ctx context.Context, a jobAsk) {
 		js := a.js
 		js.Port, js.Addr = port, s.learned.jobStores.Addr(js.Round)
 		if js.Addr == "" {
-			addrKey := append(bytes.TrimSuffix(bytes.Clone(a.key), []byte("MASTER_PORT")), "MASTER_ADDR"...)
-			if v, ok, err := s.store.Value(addrKey, 255); err == nil && ok {
+			if v, ok, err := s.store.Value(policy.AddrKey(a.key), 255); err == nil && ok {
 				js.Addr = protocol.ShowKey(v)
 			}
 		}

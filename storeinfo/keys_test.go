@@ -1,7 +1,6 @@
 package storeinfo
 
 import (
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -24,20 +23,8 @@ func TestValue(t *testing.T) {
 	s := storesim.StartT(t, "127.0.0.1:0", protocol.G3, protocol.BackendLibuv)
 	obs := &lookups{}
 	l := NewLearner(func() Target { return Target{Addr: s.Addr(), Gen: protocol.G3} }, obs, time.Now)
-	c, err := net.Dial("tcp", s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.Write(protocol.AppendHandshake(nil, protocol.G3, 1))
-	for k, v := range map[string]string{"/r.0/MASTER_PORT": "41234", "/long": strings.Repeat("x", 40)} {
-		m, _ := protocol.Append(nil, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(k), Value: []byte(v)})
-		c.Write(m)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for s.NumKeys() < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	s.Set("/r.0/MASTER_PORT", []byte("41234"))
+	s.Set("/long", []byte(strings.Repeat("x", 40)))
 	if v, ok, err := l.Value([]byte("/r.0/MASTER_PORT"), 16); string(v) != "41234" || !ok || err != nil {
 		t.Fatalf("Value = %q, %v, %v", v, ok, err)
 	}

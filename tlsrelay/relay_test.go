@@ -22,18 +22,12 @@ func configs(t *testing.T) (srv, cli *tls.Config) {
 }
 
 func tcpPair(t *testing.T) (a, b *net.TCPConn) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	t.Helper()
+	a, b, err := LoopbackPair()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	ch := make(chan net.Conn)
-	go func() { c, _ := ln.Accept(); ch <- c }()
-	x, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return x.(*net.TCPConn), (<-ch).(*net.TCPConn)
+	return a, b
 }
 
 // handshake runs mutual TLS between a crypto/tls client on remote and tlsrec on tlsSide.

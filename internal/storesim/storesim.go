@@ -566,6 +566,13 @@ func (s *Store) allSetLocked(keys []string) bool {
 	return true
 }
 
+// Set stores v under k, as a client's SET would (a test's write past the guard).
+func (s *Store) Set(k string, v []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.setLocked(k, v)
+}
+
 // setLocked stores v under k and wakes the connections waiting only for keys now all set.
 func (s *Store) setLocked(k string, v []byte) {
 	s.data[k] = v

@@ -1,38 +1,31 @@
-package tcpcount
+package tcpcount_test
 
 import (
 	"io"
-	"net"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/storeguard/storeguard/internal/tcpcount"
+	"github.com/storeguard/storeguard/tlsrelay"
 )
 
 // Discard drops exactly the bytes asked for, leaving the rest to be read, counts them as
 // consumed, and fails (dropping what was there) when fewer wait.
 func TestDiscard(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	w, err := net.Dial("tcp", ln.Addr().String())
+	w, c, err := tlsrelay.LoopbackPair()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer c.Close()
-	rc, _ := c.(*net.TCPConn).SyscallConn()
+	rc, _ := c.SyscallConn()
 	fd := 0
 	rc.Control(func(f uintptr) { fd = int(f) })
 	w.Write([]byte("dropped!kept"))
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		if read, _, _ := Counts(fd, false); read == 0 && waiting(t, fd) == 12 {
+		if read, _, _ := tcpcount.Counts(fd, false); read == 0 && waiting(t, fd) == 12 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -40,10 +33,10 @@ func TestDiscard(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if err := Discard(fd, 8); err != nil {
+	if err := tcpcount.Discard(fd, 8); err != nil {
 		t.Fatal(err)
 	}
-	if read, _, err := Counts(fd, false); read != 8 || err != nil {
+	if read, _, err := tcpcount.Counts(fd, false); read != 8 || err != nil {
 		t.Fatalf("consumed %d, %v; want 8", read, err)
 	}
 	got := make([]byte, 4)
@@ -54,7 +47,7 @@ func TestDiscard(t *testing.T) {
 	for waiting(t, fd) != 2 {
 		time.Sleep(time.Millisecond)
 	}
-	if err := Discard(fd, 3); err == nil {
+	if err := tcpcount.Discard(fd, 3); err == nil {
 		t.Fatal("discarded 3 bytes of 2")
 	}
 }

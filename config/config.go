@@ -312,6 +312,9 @@ type TLS struct {
 	// KeyExchange: the key exchange groups, most preferred first (identity.ParseGroups); empty
 	// = crypto/tls's own, a post-quantum hybrid first.
 	KeyExchange []string `mapstructure:"key-exchange"`
+	// Resumption: session tickets for client guards that have talked to this one before
+	// (identity.TicketKeys).
+	Resumption bool `mapstructure:"resumption"`
 }
 
 // On reports whether mutual TLS is on.

@@ -159,6 +159,7 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"tls.plaintext-sources":             prefixes(c.TLS.PlaintextSources),
 		"tls.handshake-timeout":             dur(c.TLS.HandshakeTimeout),
 		"tls.key-exchange":                  list(strs(c.TLS.KeyExchange)),
+		"tls.resumption":                    boolean(c.TLS.Resumption),
 		"caps.max-connections":              num(int64(c.Caps.MaxConnections)),
 		"caps.per-source-connections":       num(int64(c.Caps.PerSourceConnections)),
 		"caps.per-source-rate":              rate(c.Caps.PerSourceRate),

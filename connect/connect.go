@@ -36,10 +36,13 @@ type Options struct {
 	Transparent bool
 	// Mark is set (SO_MARK) on the connections to the master, so that the redirect rule lets
 	// them pass; 0: none (the rule skips this process's uid instead).
-	Mark             int
-	Identity         identity.Source
-	Allow            identity.Allow // the identities the master's guard may have
-	KeyExchange      []tls.CurveID  // the key exchange groups, most preferred first; nil: crypto/tls's
+	Mark        int
+	Identity    identity.Source
+	Allow       identity.Allow // the identities the master's guard may have
+	KeyExchange []tls.CurveID  // the key exchange groups, most preferred first; nil: crypto/tls's
+	// Resumption: resume sessions with the master's guard from the tickets it sends (its
+	// certificate is still checked on each); off, every connection makes a full handshake.
+	Resumption       bool
 	HandshakeTimeout time.Duration
 	DialTimeout      time.Duration
 	Log              *slog.Logger
@@ -51,6 +54,7 @@ type Options struct {
 // Stats are a client guard's counters.
 type Stats struct {
 	Accepted, Relayed, Refused, HandshakeFailed, DialFailed atomic.Uint64
+	Resumed                                                 atomic.Uint64 // handshakes that resumed a session
 	Active                                                  atomic.Int64
 }
 
@@ -61,6 +65,8 @@ type Client struct {
 	Stats  Stats
 	nextID atomic.Uint64    // the relays' ids
 	ledger *tlsrelay.Ledger // the relays' state: shared with the keeper, or nil (each relay its own)
+	// sessions are the master guards' tickets (Options.Resumption), by server name or address.
+	sessions tls.ClientSessionCache
 
 	mu     sync.Mutex
 	relays map[*tlsrelay.Relay]relayInfo
@@ -111,7 +117,11 @@ func newClient(opt Options, ln *net.TCPListener) *Client {
 	if opt.DialTimeout <= 0 {
 		opt.DialTimeout = 10 * time.Second
 	}
-	return &Client{opt: opt, ln: ln, relays: make(map[*tlsrelay.Relay]relayInfo), handedOver: make(chan struct{})}
+	c := &Client{opt: opt, ln: ln, relays: make(map[*tlsrelay.Relay]relayInfo), handedOver: make(chan struct{})}
+	if opt.Resumption {
+		c.sessions = tls.NewLRUClientSessionCache(sessionsCached)
+	}
+	return c
 }
 
 // Addr is where the client guard listens.
@@ -212,6 +222,9 @@ func (c *Client) handle(tc *net.TCPConn) {
 	started = true
 	c.started(r, relayInfo{id: id, src: src, dst: up.RemoteAddr().(*net.TCPAddr).AddrPort(), peer: peer.ID})
 	c.Stats.Relayed.Add(1)
+	if cs.DidResume {
+		c.Stats.Resumed.Add(1)
+	}
 }
 
 // started ends a connection's start: its relay r (nil: it failed) runs, tracked until it ends.
@@ -243,6 +256,10 @@ func (c *Client) run(r *tlsrelay.Relay, id uint64) {
 	r.Run()
 }
 
+// sessionsCached is how many master guards' tickets a client guard keeps: one per master it
+// reaches (a transparent guard may reach several jobs' masters).
+const sessionsCached = 64
+
 // attempts is how many times a connection to the master's guard is tried: the rank's bytes wait
 // in its socket meanwhile, so a master guard that restarts or upgrades (and cuts a handshake
 // short) costs the rank a delay, not its connection.
@@ -254,6 +271,7 @@ func (c *Client) reach(addr string) (*net.TCPConn, *tlsrec.Session, tls.Connecti
 	host, _, _ := net.SplitHostPort(addr)
 	cfg := identity.ClientConfig(c.opt.Identity, c.opt.Allow, host)
 	cfg.CurvePreferences = c.opt.KeyExchange
+	cfg.ClientSessionCache = c.sessions // nil: no resumption
 	wait := 50 * time.Millisecond
 	for i := 1; ; i++ {
 		up, err := c.dial(addr)

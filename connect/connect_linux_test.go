@@ -155,3 +155,62 @@ func enc(t *testing.T, rs ...protocol.Request) []byte {
 	}
 	return b
 }
+
+// TestClientGuardResumes: with resumption at both guards, a rank's second and third connections
+// resume the session: the relay of the first handed crypto/tls the master's ticket from the
+// records it read, and the master counted the ticket it sent (else no reply could be opened).
+// Off at the client guard, every connection makes a full handshake.
+func TestClientGuardResumes(t *testing.T) {
+	dir := pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})
+	store, err := storesim.StartRecorder("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	cfg := config.Default()
+	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", store.Addr(), "", "1.13"
+	cfg.TLS = config.TLS{Mode: "on", CertFile: "x", KeyFile: "x", CAFile: "x", Allow: []string{"spiffe://sg.test/worker/*"},
+		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second,
+		Resumption: true}
+	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, dir, "master")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go srv.Serve(ctx)
+	allow, _ := identity.ParseAllow([]string{"spiffe://sg.test/master"})
+	add := enc(t, protocol.Request{Op: protocol.OpAdd, Key: []byte("/n"), Int: 1})
+	for _, resume := range []bool{true, false} {
+		opt := Options{Listen: "127.0.0.1:0", Server: srv.Addr().String(), Identity: files(t, dir, "worker"), Allow: allow,
+			Resumption: resume}
+		c, err := New(opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go c.Serve(ctx, time.Second)
+		for i := 0; i < 3; i++ {
+			rank, err := net.Dial("tcp", c.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rank.SetDeadline(time.Now().Add(10 * time.Second))
+			rank.Write(add)
+			if _, err := io.ReadFull(rank, make([]byte, 8)); err != nil {
+				t.Fatalf("resumption %v, connection %d: %v", resume, i, err)
+			}
+			rank.Close()
+		}
+		want := uint64(0)
+		if resume {
+			want = 2
+		}
+		if got := c.Stats.Resumed.Load(); got != want {
+			t.Fatalf("resumption %v: %d connections resumed, want %d", resume, got, want)
+		}
+	}
+}

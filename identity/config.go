@@ -22,7 +22,9 @@ func ServerConfig(src Source, allow Allow) *tls.Config {
 			_, err := verifyPeer(src, allow, cs.PeerCertificates, x509.ExtKeyUsageClientAuth)
 			return err
 		},
-		// A resumed session would skip VerifyConnection's fresh look at roots and allow list.
+		// Off until TicketKeys.Resume: handshakes run on clones, which would each make keys of
+		// their own. VerifyConnection runs on resumed handshakes too (with the peer's
+		// certificates from the ticket), so a resumption is judged as a full handshake is.
 		SessionTicketsDisabled: true,
 	}
 }

@@ -23,6 +23,7 @@ type metrics struct {
 	active          prometheus.Gauge
 	refused         *prometheus.CounterVec
 	handshakes      *prometheus.CounterVec
+	resumed         prometheus.Counter
 	messages        *prometheus.CounterVec
 	byOp            [protocol.LatestGeneration + 1][32]prometheus.Counter // [generation][op], resolved once: no map lookup per message
 	bytesC2S        prometheus.Counter
@@ -117,6 +118,8 @@ func newMetrics(read readings) *metrics {
 		"Client connections refused at accept, by reason.")), []string{"reason"})
 	m.handshakes = prometheus.NewCounterVec(prometheus.CounterOpts(f("tls_handshakes_total",
 		"Mutual TLS handshakes, by result: ok, or why the client was refused (identity.Reason).")), []string{"result"})
+	m.resumed = prometheus.NewCounter(prometheus.CounterOpts(f("tls_resumed_total",
+		"Mutual TLS handshakes that resumed a session (tls.resumption); each is also a result=\"ok\" handshake.")))
 	m.messages = prometheus.NewCounterVec(prometheus.CounterOpts(f("messages_total",
 		"Complete client messages forwarded (or, in monitor mode, seen), by op and generation.")), []string{"op", "generation"})
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts(f("bytes_total",
@@ -206,7 +209,7 @@ func newMetrics(read readings) *metrics {
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
-	m.reg.MustRegister(m.accepted, m.active, m.refused, m.handshakes, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
+	m.reg.MustRegister(m.accepted, m.active, m.refused, m.handshakes, m.resumed, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
 		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen, m.unguardedStores,

@@ -134,8 +134,9 @@ type Server struct {
 	set      atomic.Pointer[settings]
 	gate     *admission.Gate
 	ids      identity.Source // Options.Identity
-	flows    *verdict.Flows  // where flow records go (flow.go)
-	peeks    verdict.Peeks   // banned connections being read (peek.go)
+	tickets  *identity.TicketKeys
+	flows    *verdict.Flows // where flow records go (flow.go)
+	peeks    verdict.Peeks  // banned connections being read (peek.go)
 	buf      *budget
 	m        *metrics
 	// slots counts the connections to the store against its caps (storelimit.go); storeCaps keeps
@@ -213,6 +214,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.learned.jobStores.Asked = s.askJobStore
 	s.jobAsks = make(chan jobAsk, jobAsksQueued)
 	s.ids = opts.Identity
+	s.tickets = identity.NewTicketKeys(identity.TicketPeriod)
 	if cfg.TLS.On() && s.ids == nil {
 		return nil, errors.New("tls.mode is on and no identity source was given")
 	}

@@ -77,6 +77,11 @@ func (s *Server) serverTLS(tc config.TLS) (*tls.Config, error) {
 	}
 	cfg := identity.ServerConfig(s.ids, a)
 	cfg.CurvePreferences = groups
+	if tc.Resumption {
+		if err := s.tickets.Resume(cfg, s.now()); err != nil {
+			return nil, err
+		}
+	}
 	return cfg, nil
 }
 
@@ -100,6 +105,9 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 			case <-done:
 			}
 		}()
+	}
+	if st.cfg.TLS.Resumption {
+		s.tickets.Rotate(st.tls, start) // a new key when one is due; on failure, the keys it had
 	}
 	sess, cs, err := tlsrec.Server(tc, st.tls, start.Add(st.cfg.TLS.HandshakeTimeout))
 	close(done)
@@ -156,6 +164,9 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		return nil, nil, nil, false
 	}
 	s.m.handshakes.WithLabelValues("ok").Inc()
+	if cs.DidResume {
+		s.m.resumed.Inc()
+	}
 	t.relay.Run()
 	return guardSide, t, release, true
 }

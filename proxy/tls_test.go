@@ -28,6 +28,13 @@ const (
 // allowing spiffe://sg.test/worker/*, in front of a recorder.
 func startTLS(t *testing.T, m mode, ca *testpki.CA) *harness {
 	t.Helper()
+	h, _ := startTLSWith(t, m, ca, func(*config.Config) {})
+	return h
+}
+
+// startTLSWith is startTLS with its configuration changed by mutate first; it returns it too.
+func startTLSWith(t *testing.T, m mode, ca *testpki.CA, mutate func(*config.Config)) (*harness, config.Config) {
+	t.Helper()
 	store := recorder(t, reservedAddr(t))
 	nb := time.Now().Add(-time.Minute)
 	cert, key, caFile := ca.Files(t, t.TempDir(), "master", ca.Issue(t, testpki.Leaf{URIs: []string{masterID}, NotBefore: nb, NotAfter: nb.Add(time.Hour)}))
@@ -39,15 +46,21 @@ func startTLS(t *testing.T, m mode, ca *testpki.CA) *harness {
 	cfg := testConfig(m, store.Addr())
 	cfg.TLS = config.TLS{Mode: "on", CertFile: cert, KeyFile: key, CAFile: caFile, Allow: []string{"spiffe://sg.test/worker/*"},
 		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second}
+	mutate(&cfg)
 	h := startWith(t, cfg, ids)
 	h.store = store
-	return h
+	return h, cfg
 }
 
 // dialTLS connects to h with cert, as a client guard does.
 func (h *harness) dialTLS(ca *testpki.CA, cert tls.Certificate) (*tls.Conn, error) {
+	return h.dialTLSCached(ca, cert, nil)
+}
+
+// dialTLSCached is dialTLS offering a session of cache (nil: none).
+func (h *harness) dialTLSCached(ca *testpki.CA, cert tls.Certificate, cache tls.ClientSessionCache) (*tls.Conn, error) {
 	c, err := tls.Dial("tcp", h.addr, &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(),
-		InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+		InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, ClientSessionCache: cache})
 	if err == nil {
 		h.t.Cleanup(func() { c.Close() })
 	}
@@ -84,6 +97,77 @@ func testMutualTLSForwardsAndNamesThePeer(t *testing.T, m mode) {
 	})
 	if v := h.metric(`storeguard_tls_handshakes_total{result="ok"}`); v != "1" {
 		t.Errorf("handshakes ok = %q, want 1", v)
+	}
+}
+
+// TestMutualTLSResumes: with tls.resumption, a client's second connection resumes its session
+// (no certificate sent) and is forwarded both ways; the ticket the guard's crypto/tls sent under
+// the application keys is counted (else the client could not open the reply), and the resumed
+// connection carries the identity of the certificate in the ticket. A reload that takes that
+// identity off the allow list refuses the next resumption, as it would a full handshake.
+func TestMutualTLSResumes(t *testing.T) { run(t, testMutualTLSResumes) }
+
+func testMutualTLSResumes(t *testing.T, m mode) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h, cfg := startTLSWith(t, m, ca, func(c *config.Config) { c.TLS.Resumption = true })
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	cert := leaf(t, ca, workerID, time.Now().Add(-time.Minute))
+	cache := tls.NewLRUClientSessionCache(4)
+	for i, want := range []bool{false, true, true} {
+		c, err := h.dialTLSCached(ca, cert, cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.ConnectionState().DidResume; got != want {
+			t.Fatalf("connection %d: resumed %v, want %v", i, got, want)
+		}
+		key := []byte{'k', byte('0' + i)}
+		msg := enc(t, protocol.G0, protocol.Request{Op: protocol.OpSet, Key: key, Value: []byte("v")},
+			protocol.Request{Op: protocol.OpGet, Key: key})
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the messages at the store", func() bool { return bytes.Equal(h.store.Received(i), msg) })
+		readReply(t, c, 8) // the GET's reply, sealed after the ticket
+		c.Close()
+	}
+	eventually(t, "three flow records with the identity", func() bool {
+		n := 0
+		for _, f := range h.audit.flows(t) {
+			if f["storeguard.identity"] == workerID {
+				n++
+			}
+		}
+		return n == 3
+	})
+	cfg.TLS.Allow = []string{"spiffe://sg.test/other/*"}
+	if err := h.srv.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c, err := h.dialTLSCached(ca, cert, cache)
+	if err == nil {
+		if !c.ConnectionState().DidResume {
+			t.Fatal("the client did not offer its session again")
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, rerr := c.Read(make([]byte, 8)); rerr == nil {
+			t.Fatalf("read %d bytes after a refused resumption", n)
+		}
+		c.Close()
+	}
+	eventually(t, "the refused resumption", func() bool {
+		for _, e := range h.audit.events(t) {
+			if e["event.action"] == "denied" && e["event.reason"] == "tls_identity_not_allowed" {
+				return true
+			}
+		}
+		return false
+	})
+	if n := h.store.NumConns(); n != 3 {
+		t.Fatalf("the store saw %d connections, want 3", n)
+	}
+	if v := h.metric("storeguard_tls_resumed_total"); v != "2" {
+		t.Errorf("resumed = %q, want 2", v)
 	}
 }
 

@@ -14,13 +14,19 @@ import (
 
 // Server runs crypto/tls's server handshake on raw, which must be fresh, and returns the
 // session that takes the connection over, with the handshake's state (the peer's certificates).
-// cfg is cloned: TLS 1.3 only, session tickets off, its key log read here. Nothing of the
-// connection is read past the client's Finished. The deadline bounds the whole handshake.
+// cfg is cloned: TLS 1.3 only, its key log read here. Nothing of the connection is read past the
+// client's Finished. With session tickets on (cfg.SessionTicketsDisabled false), crypto/tls
+// sends one under the application keys before the hand-off; it is counted (through
+// WrapSession, which then seals tickets with cfg's keys: set them with SetSessionTicketKeys,
+// since each handshake runs on a clone), so the session writes on from the next sequence
+// number. The deadline bounds the whole handshake.
 func Server(raw net.Conn, cfg *tls.Config, deadline time.Time) (*Session, tls.ConnectionState, error) {
 	return handshake(raw, cfg, deadline, true)
 }
 
-// Client is Server's counterpart for the connecting side.
+// Client is Server's counterpart for the connecting side. With cfg.ClientSessionCache set, it
+// offers a cached session, and the session's Ticket gives crypto/tls the server's first ticket
+// when it comes, to cache for the next handshake.
 func Client(raw net.Conn, cfg *tls.Config, deadline time.Time) (*Session, tls.ConnectionState, error) {
 	return handshake(raw, cfg, deadline, false)
 }
@@ -64,26 +70,76 @@ func handshake(raw net.Conn, cfg *tls.Config, deadline time.Time, server bool) (
 	if err != nil {
 		return nil, cs, err
 	}
-	st := State{Suite: cs.CipherSuite, InSecret: client, OutSecret: server13}
+	st := State{Suite: cs.CipherSuite, InSecret: client, OutSecret: server13, OutSeq: kl.ticketsSent()}
 	if !server {
 		st.InSecret, st.OutSecret = server13, client
 	}
 	s, err := New(st)
+	if err == nil && !server && cfg.ClientSessionCache != nil && !cfg.SessionTicketsDisabled {
+		s.Ticket = func(rec []byte) { ticketTo(tc, ex, rec) }
+	}
 	return s, cs, err
 }
 
+// takeOver is cfg for one handshake: cloned, TLS 1.3 only, its key log kl's, and its tickets
+// (a server's) counted in kl.
 func takeOver(cfg *tls.Config, kl *keyLog) *tls.Config {
 	cfg = cfg.Clone()
 	cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS13, tls.VersionTLS13
-	cfg.SessionTicketsDisabled = true
 	cfg.KeyLogWriter = kl
+	if !cfg.SessionTicketsDisabled {
+		c := cfg
+		cfg.WrapSession = func(cs tls.ConnectionState, ss *tls.SessionState) ([]byte, error) {
+			kl.mu.Lock()
+			kl.tickets++
+			kl.mu.Unlock()
+			return c.EncryptTicket(cs, ss)
+		}
+	}
 	return cfg
 }
+
+// ticketTo gives crypto/tls's client tc the sealed record rec, the server's first after the
+// handshake, which carries a NewSessionTicket: tc opens it (at its sequence number 0, as the
+// session did) and caches the session. ex then reads rec and nothing more, so tc stops there;
+// tc is not used again.
+func ticketTo(tc *tls.Conn, ex *exact, rec []byte) {
+	ex.Conn = &fed{Conn: ex.Conn, rest: rec}
+	ex.left, ex.hdrN = 0, 0
+	tc.Read(make([]byte, 1)) // ends at errFed, the ticket taken
+}
+
+// fed is the socket a client's tls.Conn sees after the hand-off: one record, then errFed. Its
+// addresses are the socket's, which the session cache may key on.
+type fed struct {
+	net.Conn
+	rest []byte
+}
+
+var errFed = errors.New("tlsrec: the connection belongs to the session")
+
+func (f *fed) Read(p []byte) (int, error) {
+	if len(f.rest) == 0 {
+		return 0, errFed
+	}
+	n := copy(p, f.rest)
+	f.rest = f.rest[n:]
+	return n, nil
+}
+
+func (f *fed) Write([]byte) (int, error) { return 0, errFed }
 
 // keyLog takes the application traffic secrets from crypto/tls's key log (NSS format).
 type keyLog struct {
 	mu             sync.Mutex
 	client, server []byte
+	tickets        uint64 // NewSessionTickets a server sealed (under the application keys)
+}
+
+func (k *keyLog) ticketsSent() uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.tickets
 }
 
 func (k *keyLog) Write(line []byte) (int, error) {

@@ -6,8 +6,8 @@
 // crypto/tls cannot export a live connection, and kernel TLS (kTLS), which would hold the state,
 // is not built into every kernel. What this package takes from crypto/tls is only what RFC 8446
 // §7.1 defines: after the handshake, each direction is a traffic secret and a sequence number
-// that starts at 0 (session tickets are off, so no record passes under the application keys
-// before the hand-off).
+// that starts at 0, or, on a server that resumes sessions, at the number of NewSessionTickets
+// crypto/tls sent under the application keys before the hand-off (Server counts them).
 package tlsrec
 
 import (
@@ -144,6 +144,11 @@ type Session struct {
 	in   Half
 	out  Half
 	owed chan struct{} // a token: the peer asked for a KeyUpdate
+	// Ticket, on a client that resumes sessions (Client sets it), takes the peer's first
+	// record when it carries a NewSessionTicket, sealed as it came: crypto/tls opens it and
+	// caches the session for the next handshake. Whoever reads the records (Open, a relay)
+	// calls it at most once, for record 0 alone, and drops it.
+	Ticket func(rec []byte)
 }
 
 // New builds a session from its state.
@@ -235,7 +240,7 @@ func (s *Session) Open(buf []byte) (plain []byte, used int, err error) {
 		if n == 0 || used+n > len(buf) {
 			return buf[:w], used, nil
 		}
-		content, asked, err := s.in.OpenRecord(buf[used : used+n])
+		content, asked, err := openTicket(&s.in, buf[used:used+n], &s.Ticket)
 		if err != nil && !errors.Is(err, ErrClosed) {
 			return buf[:w], used, err
 		}
@@ -256,8 +261,9 @@ func (s *Session) Open(buf []byte) (plain []byte, used int, err error) {
 // Half is one direction of a connection: its keys and next sequence number. The read half opens
 // the peer's records one at a time, the write half seals ours; Secret and Seq are its state.
 type Half struct {
-	suite uint16
-	d     direction
+	suite   uint16
+	d       direction
+	tickets int // NewSessionTickets opened
 }
 
 // NewHalf is a direction of suite at traffic secret and sequence number seq.
@@ -282,7 +288,7 @@ func (h *Half) Seq() uint64 { return h.d.seq }
 
 // OpenRecord decrypts rec, one whole record, in place and returns the application data it
 // carried (none for a post-handshake message or a ChangeCipherSpec), which aliases rec. A
-// NewSessionTicket is dropped; a KeyUpdate moves the keys, asked: the peer asked for ours to
+// NewSessionTicket is dropped (OpenTicket can give it to crypto/tls); a KeyUpdate moves the keys, asked: the peer asked for ours to
 // move too. At the peer's close_notify, err is ErrClosed.
 func (h *Half) OpenRecord(rec []byte) (plain []byte, asked bool, err error) {
 	typ := rec[0]
@@ -324,6 +330,31 @@ func (h *Half) OpenRecord(rec []byte) (plain []byte, asked bool, err error) {
 	return nil, false, fmt.Errorf("tlsrec: an inner content type %d", inner[i])
 }
 
+// openTicket is h.OpenRecord that first hands rec, sealed, to *ticket if it is record 0 and
+// carries a NewSessionTicket; *ticket is dropped after the first record either way.
+func openTicket(h *Half, rec []byte, ticket *func([]byte)) (plain []byte, asked bool, err error) {
+	if *ticket == nil {
+		return h.OpenRecord(rec)
+	}
+	sealed := h.d.seq == 0 && rec[0] == typeApplicationData
+	var c []byte
+	if sealed {
+		c = append(c, rec...)
+	}
+	before := h.tickets
+	plain, asked, err = h.OpenRecord(rec)
+	if sealed && err == nil && h.tickets > before {
+		(*ticket)(c)
+	}
+	*ticket = nil
+	return plain, asked, err
+}
+
+// OpenTicket is OpenRecord for a reader of records that holds a Session's Ticket (a relay).
+func (h *Half) OpenTicket(rec []byte, ticket *func([]byte)) (plain []byte, asked bool, err error) {
+	return openTicket(h, rec, ticket)
+}
+
 // postHandshake handles the handshake messages of one record (a peer does not split them
 // across records after the handshake: Go and OpenSSL send each whole).
 func (h *Half) postHandshake(p []byte) (asked bool, err error) {
@@ -337,7 +368,8 @@ func (h *Half) postHandshake(p []byte) (asked bool, err error) {
 		}
 		body := p[4 : 4+n]
 		switch p[0] {
-		case 4: // NewSessionTicket: resumption is never used
+		case 4: // NewSessionTicket: Session.Ticket gives crypto/tls the first; the rest are dropped
+			h.tickets++
 		case 24: // KeyUpdate
 			if n != 1 || body[0] > 1 {
 				return asked, errors.New("tlsrec: a malformed KeyUpdate")

@@ -46,6 +46,7 @@ type Relay struct {
 	outH    *tlsrec.Half
 	resumed bool
 	asked   atomic.Uint64 // the KeyUpdates the peer asked for (In.Updates), for Out
+	ticket  func([]byte)  // the session's Ticket (a client's, until its first record): in's alone
 
 	mu      sync.Mutex
 	frozen  bool
@@ -78,7 +79,7 @@ func New(tlsSock, plain Sock, s *tlsrec.Session, ledger *Ledger, id uint64) (*Re
 	if err != nil {
 		return nil, err
 	}
-	r.resumed = false
+	r.resumed, r.ticket = false, s.Ticket
 	return r, nil
 }
 
@@ -319,7 +320,7 @@ func (r *Relay) in() {
 			continue
 		}
 		ringCopy(rec[:need], ring, d.From)
-		plain, asked, oerr := h.OpenRecord(rec[:need])
+		plain, asked, oerr := h.OpenTicket(rec[:need], &r.ticket)
 		closed := errors.Is(oerr, tlsrec.ErrClosed)
 		if oerr != nil && !closed {
 			r.end(oerr)

@@ -89,7 +89,8 @@ environment stay unchanged.`,
 		}
 		defer ids.Close()
 		opt := connect.Options{Listen: *listen, Server: *server, Transparent: *transparent, Mark: m,
-			Identity: ids, Allow: allow, KeyExchange: groups, HandshakeTimeout: *handshake, Log: log}
+			Identity: ids, Allow: allow, KeyExchange: groups, Resumption: flagBool(cmd, "tls-resumption"),
+			HandshakeTimeout: *handshake, Log: log}
 		peer, err := inheritedFile(keeper.HandoverEnv) // started by an upgrade: take over instead of listening
 		if err != nil {
 			return err
@@ -157,6 +158,11 @@ func flagString(cmd *cobra.Command, name string) string {
 	return v
 }
 
+func flagBool(cmd *cobra.Command, name string) bool {
+	v, _ := cmd.Flags().GetBool(name)
+	return v
+}
+
 // logConfig is a log section from connect's flags.
 func logConfig(level, format string) (config.Log, error) {
 	c := config.Default().Log
@@ -183,6 +189,7 @@ func serveConnectMetrics(ctx context.Context, addr string, c *connect.Client, ta
 	}
 	counter("accepted_total", "Ranks' connections accepted.", c.Stats.Accepted.Load)
 	counter("relayed_total", "Connections carried to the master's guard over mutual TLS.", c.Stats.Relayed.Load)
+	counter("resumed_total", "Of them, those whose handshake resumed a session (--tls-resumption).", c.Stats.Resumed.Load)
 	counter("refused_total", "Connections refused (not redirected in transparent mode).", c.Stats.Refused.Load)
 	counter("handshake_failures_total", "Mutual TLS handshakes with the master's guard that failed.", c.Stats.HandshakeFailed.Load)
 	counter("dial_failures_total", "Connections to the master's guard that failed.", c.Stats.DialFailed.Load)

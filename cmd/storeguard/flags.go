@@ -40,6 +40,7 @@ func addTLSFlags(fs *pflag.FlagSet) {
 	fs.String("tls-spiffe-socket", "", "SPIFFE Workload API socket (unix:///...): SVID and bundle from it instead of the files")
 	fs.StringSlice("tls-allow", nil, "identities allowed (repeatable): spiffe://td/path (* one segment, ** the rest), dns:, uri:, cn:")
 	fs.StringSlice("tls-key-exchange", nil, "key exchange groups, most preferred first (x25519mlkem768, x25519, p-256, ...); none = Go's own, a post-quantum hybrid first")
+	fs.Bool("tls-resumption", true, "TLS session resumption between guards (tickets): no certificate signed or sent again, the peer's still checked")
 }
 
 // flagAliases map flag names that are not keys themselves.
@@ -54,6 +55,7 @@ var flagAliases = map[string]string{
 	"tls-allow":             "tls.allow",
 	"tls-plaintext-sources": "tls.plaintext-sources",
 	"tls-key-exchange":      "tls.key-exchange",
+	"tls-resumption":        "tls.resumption",
 }
 
 // flagKey returns the config key the flag name sets, or "" if it sets none.

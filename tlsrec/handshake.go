@@ -88,12 +88,11 @@ func takeOver(cfg *tls.Config, kl *keyLog) *tls.Config {
 	cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS13, tls.VersionTLS13
 	cfg.KeyLogWriter = kl
 	if !cfg.SessionTicketsDisabled {
-		c := cfg
 		cfg.WrapSession = func(cs tls.ConnectionState, ss *tls.SessionState) ([]byte, error) {
 			kl.mu.Lock()
 			kl.tickets++
 			kl.mu.Unlock()
-			return c.EncryptTicket(cs, ss)
+			return cfg.EncryptTicket(cs, ss) // as crypto/tls would without WrapSession
 		}
 	}
 	return cfg

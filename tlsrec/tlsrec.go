@@ -240,7 +240,7 @@ func (s *Session) Open(buf []byte) (plain []byte, used int, err error) {
 		if n == 0 || used+n > len(buf) {
 			return buf[:w], used, nil
 		}
-		content, asked, err := openTicket(&s.in, buf[used:used+n], &s.Ticket)
+		content, asked, err := s.in.OpenTicket(buf[used:used+n], &s.Ticket)
 		if err != nil && !errors.Is(err, ErrClosed) {
 			return buf[:w], used, err
 		}
@@ -288,8 +288,8 @@ func (h *Half) Seq() uint64 { return h.d.seq }
 
 // OpenRecord decrypts rec, one whole record, in place and returns the application data it
 // carried (none for a post-handshake message or a ChangeCipherSpec), which aliases rec. A
-// NewSessionTicket is dropped (OpenTicket can give it to crypto/tls); a KeyUpdate moves the keys, asked: the peer asked for ours to
-// move too. At the peer's close_notify, err is ErrClosed.
+// NewSessionTicket is dropped (OpenTicket can give it to crypto/tls); a KeyUpdate moves the
+// keys, asked: the peer asked for ours to move too. At the peer's close_notify, err is ErrClosed.
 func (h *Half) OpenRecord(rec []byte) (plain []byte, asked bool, err error) {
 	typ := rec[0]
 	if typ == typeChangeCipherSpec { // a middlebox-compatibility record: never encrypted, no meaning
@@ -330,29 +330,25 @@ func (h *Half) OpenRecord(rec []byte) (plain []byte, asked bool, err error) {
 	return nil, false, fmt.Errorf("tlsrec: an inner content type %d", inner[i])
 }
 
-// openTicket is h.OpenRecord that first hands rec, sealed, to *ticket if it is record 0 and
-// carries a NewSessionTicket; *ticket is dropped after the first record either way.
-func openTicket(h *Half, rec []byte, ticket *func([]byte)) (plain []byte, asked bool, err error) {
-	if *ticket == nil {
+// OpenTicket is OpenRecord for the reader of a session that holds its Ticket: the first sealed
+// record, if it is record 0 and carries a NewSessionTicket, goes to *ticket as it came before it
+// is opened here; *ticket is dropped after that record either way.
+func (h *Half) OpenTicket(rec []byte, ticket *func([]byte)) (plain []byte, asked bool, err error) {
+	if *ticket == nil || rec[0] != typeApplicationData {
 		return h.OpenRecord(rec)
 	}
-	sealed := h.d.seq == 0 && rec[0] == typeApplicationData
-	var c []byte
-	if sealed {
-		c = append(c, rec...)
+	give, first := *ticket, h.d.seq == 0
+	*ticket = nil // the server's first record is its ticket, or no ticket comes to take
+	var sealed []byte
+	if first {
+		sealed = append(sealed, rec...)
 	}
 	before := h.tickets
 	plain, asked, err = h.OpenRecord(rec)
-	if sealed && err == nil && h.tickets > before {
-		(*ticket)(c)
+	if first && err == nil && h.tickets > before {
+		give(sealed)
 	}
-	*ticket = nil
 	return plain, asked, err
-}
-
-// OpenTicket is OpenRecord for a reader of records that holds a Session's Ticket (a relay).
-func (h *Half) OpenTicket(rec []byte, ticket *func([]byte)) (plain []byte, asked bool, err error) {
-	return openTicket(h, rec, ticket)
 }
 
 // postHandshake handles the handshake messages of one record (a peer does not split them

@@ -41,21 +41,24 @@ func files(t *testing.T, dir, name string) identity.Source {
 	return src
 }
 
-// TestClientGuardEndToEndAndUpgrade: a rank's connection through a client guard and a serving
-// guard (mutual TLS, every source) to a store, byte for byte; then the client guard hands its
-// relay over to a new one (an upgrade in place) mid-message, and the connection goes on.
-func TestClientGuardEndToEndAndUpgrade(t *testing.T) {
-	dir := pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})
+// startMaster starts a recording store (answering as torch 1.13's) and a serving guard in
+// front of it with mutual TLS for every source, allowing spiffe://sg.test/worker/*, until ctx
+// ends; resume turns tls.resumption on. It returns the PKI's directory (certificates "master" and
+// "worker"), the store and the guard's address.
+func startMaster(ctx context.Context, t *testing.T, resume bool) (dir string, store *storesim.Store, addr string) {
+	t.Helper()
+	dir = pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})
 	store, err := storesim.StartRecorder("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	t.Cleanup(func() { store.Close() })
 	store.Answer(protocol.GenSetting{Gen: protocol.G0})
 	cfg := config.Default()
 	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", store.Addr(), "", "1.13"
 	cfg.TLS = config.TLS{Mode: "on", CertFile: "x", KeyFile: "x", CAFile: "x", Allow: []string{"spiffe://sg.test/worker/*"},
-		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second}
+		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second,
+		Resumption: resume}
 	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, dir, "master")})
 	if err != nil {
 		t.Fatal(err)
@@ -63,12 +66,19 @@ func TestClientGuardEndToEndAndUpgrade(t *testing.T) {
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
 	}
+	go srv.Serve(ctx)
+	return dir, store, srv.Addr().String()
+}
+
+// TestClientGuardEndToEndAndUpgrade: a rank's connection through a client guard and a serving
+// guard (mutual TLS, every source) to a store, byte for byte; then the client guard hands its
+// relay over to a new one (an upgrade in place) mid-message, and the connection goes on.
+func TestClientGuardEndToEndAndUpgrade(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go srv.Serve(ctx)
-
+	dir, store, srv := startMaster(ctx, t, false)
 	allow, _ := identity.ParseAllow([]string{"spiffe://sg.test/master"})
-	opt := Options{Listen: "127.0.0.1:0", Server: srv.Addr().String(), Identity: files(t, dir, "worker"), Allow: allow}
+	opt := Options{Listen: "127.0.0.1:0", Server: srv, Identity: files(t, dir, "worker"), Allow: allow}
 	c, err := New(opt)
 	if err != nil {
 		t.Fatal(err)
@@ -161,32 +171,13 @@ func enc(t *testing.T, rs ...protocol.Request) []byte {
 // records it read, and the master counted the ticket it sent (else no reply could be opened).
 // Off at the client guard, every connection makes a full handshake.
 func TestClientGuardResumes(t *testing.T) {
-	dir := pki(t, map[string]string{"master": "spiffe://sg.test/master", "worker": "spiffe://sg.test/worker/w1"})
-	store, err := storesim.StartRecorder("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	store.Answer(protocol.GenSetting{Gen: protocol.G0})
-	cfg := config.Default()
-	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", store.Addr(), "", "1.13"
-	cfg.TLS = config.TLS{Mode: "on", CertFile: "x", KeyFile: "x", CAFile: "x", Allow: []string{"spiffe://sg.test/worker/*"},
-		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second,
-		Resumption: true}
-	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, dir, "master")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Listen(); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go srv.Serve(ctx)
+	dir, _, srv := startMaster(ctx, t, true)
 	allow, _ := identity.ParseAllow([]string{"spiffe://sg.test/master"})
 	add := enc(t, protocol.Request{Op: protocol.OpAdd, Key: []byte("/n"), Int: 1})
 	for _, resume := range []bool{true, false} {
-		opt := Options{Listen: "127.0.0.1:0", Server: srv.Addr().String(), Identity: files(t, dir, "worker"), Allow: allow,
+		opt := Options{Listen: "127.0.0.1:0", Server: srv, Identity: files(t, dir, "worker"), Allow: allow,
 			Resumption: resume}
 		c, err := New(opt)
 		if err != nil {

@@ -65,8 +65,9 @@ type Client struct {
 	Stats  Stats
 	nextID atomic.Uint64    // the relays' ids
 	ledger *tlsrelay.Ledger // the relays' state: shared with the keeper, or nil (each relay its own)
-	// sessions are the master guards' tickets (Options.Resumption), by server name or address.
-	sessions tls.ClientSessionCache
+	// sessions are the master guards' tickets (Options.Resumption), by server name, under this
+	// guard's certificate of the moment; nil: no resumption.
+	sessions *identity.SessionCache
 
 	mu     sync.Mutex
 	relays map[*tlsrelay.Relay]relayInfo
@@ -119,7 +120,7 @@ func newClient(opt Options, ln *net.TCPListener) *Client {
 	}
 	c := &Client{opt: opt, ln: ln, relays: make(map[*tlsrelay.Relay]relayInfo), handedOver: make(chan struct{})}
 	if opt.Resumption {
-		c.sessions = tls.NewLRUClientSessionCache(sessionsCached)
+		c.sessions = identity.NewSessionCache(opt.Identity, sessionsCached)
 	}
 	return c
 }
@@ -271,7 +272,9 @@ func (c *Client) reach(addr string) (*net.TCPConn, *tlsrec.Session, tls.Connecti
 	host, _, _ := net.SplitHostPort(addr)
 	cfg := identity.ClientConfig(c.opt.Identity, c.opt.Allow, host)
 	cfg.CurvePreferences = c.opt.KeyExchange
-	cfg.ClientSessionCache = c.sessions // nil: no resumption
+	if c.sessions != nil {
+		cfg.ClientSessionCache = c.sessions
+	}
 	wait := 50 * time.Millisecond
 	for i := 1; ; i++ {
 		up, err := c.dial(addr)
@@ -286,6 +289,13 @@ func (c *Client) reach(addr string) (*net.TCPConn, *tlsrec.Session, tls.Connecti
 			c.Stats.HandshakeFailed.Add(1)
 			err = herr
 			if r := identity.Classify(herr); r != identity.BadHandshake && r != identity.Timeout {
+				if cfg.ClientSessionCache != nil {
+					// A resumption shows the certificates of the session's first handshake: drop
+					// it and try once with a full handshake, which shows the master's current one.
+					c.sessions.Forget(host)
+					cfg.ClientSessionCache = nil
+					continue
+				}
 				return nil, nil, cs, err // the master's certificate was refused: trying again changes nothing
 			}
 		}

@@ -25,7 +25,7 @@ func TestTicketKeys(t *testing.T) {
 		{"two rotations on", 2, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			keys := NewTicketKeys(time.Hour)
+			keys := NewTicketKeys(store, time.Hour)
 			server := ServerConfig(store, mustAllow(t, "spiffe://td/worker/*"))
 			if err := keys.Resume(server, t0); err != nil {
 				t.Fatal(err)

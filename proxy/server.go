@@ -214,7 +214,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.learned.jobStores.Asked = s.askJobStore
 	s.jobAsks = make(chan jobAsk, jobAsksQueued)
 	s.ids = opts.Identity
-	s.tickets = identity.NewTicketKeys(identity.TicketPeriod)
+	s.tickets = identity.NewTicketKeys(opts.Identity, identity.TicketPeriod)
 	if cfg.TLS.On() && s.ids == nil {
 		return nil, errors.New("tls.mode is on and no identity source was given")
 	}

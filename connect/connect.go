@@ -289,13 +289,6 @@ func (c *Client) reach(addr string) (*net.TCPConn, *tlsrec.Session, tls.Connecti
 			c.Stats.HandshakeFailed.Add(1)
 			err = herr
 			if r := identity.Classify(herr); r != identity.BadHandshake && r != identity.Timeout {
-				if cfg.ClientSessionCache != nil {
-					// A resumption shows the certificates of the session's first handshake: drop
-					// it and try once with a full handshake, which shows the master's current one.
-					c.sessions.Forget(host)
-					cfg.ClientSessionCache = nil
-					continue
-				}
 				return nil, nil, cs, err // the master's certificate was refused: trying again changes nothing
 			}
 		}

@@ -25,9 +25,6 @@ func (s *SessionCache) Get(key string) (*tls.ClientSessionState, bool) {
 
 func (s *SessionCache) Put(key string, cs *tls.ClientSessionState) { s.c.Put(s.mine()+key, cs) }
 
-// Forget drops the session kept for key: the master refused it, and a full handshake may not be.
-func (s *SessionCache) Forget(key string) { s.Put(key, nil) }
-
 // mine is the prefix of this guard's certificate of the moment: the first 8 bytes of its leaf's
 // SHA-256.
 func (s *SessionCache) mine() string { return string(fingerprint(s.src)) }

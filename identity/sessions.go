@@ -19,6 +19,7 @@ func NewSessionCache(src Source, n int) *SessionCache {
 	return &SessionCache{src: src, c: tls.NewLRUClientSessionCache(n)}
 }
 
+// Get and Put are tls.ClientSessionCache's, under this guard's certificate of the moment.
 func (s *SessionCache) Get(key string) (*tls.ClientSessionState, bool) {
 	return s.c.Get(s.mine() + key)
 }

@@ -126,6 +126,8 @@ func (f *fed) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// Write refuses: an alert crypto/tls might send about the record would go out under keys that
+// now belong to the session, and break its stream.
 func (f *fed) Write([]byte) (int, error) { return 0, errFed }
 
 // keyLog takes the application traffic secrets from crypto/tls's key log (NSS format).

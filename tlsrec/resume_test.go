@@ -84,6 +84,6 @@ func serveEcho(b net.Conn, cfg *tls.Config, ours bool) error {
 	if len(cs.PeerCertificates) == 0 {
 		return io.ErrUnexpectedEOF
 	}
-	io.Copy(c, c)
+	echo(c)
 	return nil
 }

@@ -44,6 +44,13 @@ func TestKilledClientGuardLosesNothing(t *testing.T) {
 // store socket; the relay goes on from its slot, the connection from its sockets' byte counts.
 func TestKilledServingGuardLosesNothing(t *testing.T) {
 	r := newKillRig(t)
+	r.addAndKill(t, r.servingGuard(t), "took every connection back from the keeper\" connections=4")
+}
+
+// servingGuard runs the binary as `storeguard serve --keeper` with mutual TLS from everywhere but
+// 127.0.0.2, in front of the recording store, and a client guard in this process in front of it;
+// it returns the client guard's address.
+func (r *killRig) servingGuard(t *testing.T) string {
 	guard := freeAddr(t)
 	r.run(t, "serve", "--keeper", "--listen", guard, "--upstream", r.store.Addr(), "--generation", "1.13",
 		"--metrics-listen", "", "--log-format", "text", "--tls-mode", "on", "--tls-plaintext-sources", "127.0.0.2/32",
@@ -55,9 +62,45 @@ func TestKilledServingGuardLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	go c.Serve(ctx, time.Second)
-	r.addAndKill(t, c.Addr().String(), "took every connection back from the keeper\" connections=4")
+	return c.Addr().String()
+}
+
+// TestUpgradedThenKilledClientGuardLosesNothing: `storeguard connect --keeper` is upgraded in
+// place 6 times under 32 ranks' load, and each new process is killed (kill -9): twice within a
+// millisecond of writing its pid file, then at times from before it took over to after
+// (upgradesThenKills). The keeper starts another whenever the new one had taken over, which takes
+// the relays back from the same ledger slots the upgraded one wrote. No request fails; every ADD
+// arrives once.
+func TestUpgradedThenKilledClientGuardLosesNothing(t *testing.T) {
+	r := newKillRig(t)
+	srv := r.inProcessServer(t)
+	addr := freeAddr(t)
+	r.run(t, "connect", "--keeper", "--listen", addr, "--server", srv,
+		"--tls-cert", filepath.Join(r.pki, "worker.pem"), "--tls-key", filepath.Join(r.pki, "worker.key"),
+		"--tls-ca", filepath.Join(r.pki, "ca.pem"), "--tls-allow", "spiffe://sg.test/master")
+	r.addThen(t, addr, 32, r.upgradesThenKills, "took every relay back from the keeper\" relays=32", -2)
+}
+
+// TestUpgradedThenKilledServingGuardLosesNothing: the same with `storeguard serve --keeper`
+// (mutual TLS) behind a client guard in this process.
+func TestUpgradedThenKilledServingGuardLosesNothing(t *testing.T) {
+	r := newKillRig(t)
+	c := r.servingGuard(t)
+	r.addThen(t, c, 32, r.upgradesThenKills, "took every connection back from the keeper\" connections=32", -2)
+}
+
+// upgradesThenKills upgrades the guard in place twice and kills each new worker within a
+// millisecond of its writing the pid file (each time the keeper starts another, which takes every
+// connection back), then 4 times more, killing each new worker 0 to 120 ms after it started:
+// before it took over (the old worker goes on), as it takes over, or after.
+func (r *killRig) upgradesThenKills() error {
+	if err := killload.UpgradeThenKill(r.pidFile, 2, 1100*time.Millisecond); err != nil {
+		return err
+	}
+	delays := []time.Duration{0, 40 * time.Millisecond, 80 * time.Millisecond, 120 * time.Millisecond}
+	return killload.UpgradeThenKillAfter(r.pidFile, r.keeper.Process.Pid, delays, 1100*time.Millisecond)
 }
 
 // build is the binary, built once for the package's tests (TestMain removes it).
@@ -80,6 +123,7 @@ type killRig struct {
 	pki, bin, pidFile string
 	store             *storesim.Store
 	logs              *killload.Log
+	keeper            *exec.Cmd // the binary run (with --keeper: the keeper)
 }
 
 func newKillRig(t *testing.T) *killRig {
@@ -142,15 +186,23 @@ func freeAddr(t *testing.T) string {
 
 // run starts the binary with args and --pid-file, until the test ends.
 func (r *killRig) run(t *testing.T, args ...string) {
-	r.logs = killload.Process(t, exec.Command(r.bin, append(args, "--pid-file", r.pidFile, "--log-format", "text")...))
+	r.keeper = exec.Command(r.bin, append(args, "--pid-file", r.pidFile, "--log-format", "text")...)
+	r.logs = killload.Process(t, r.keeper)
 }
 
 // addAndKill runs 4 ranks that add through addr while the guard's forwarding process is killed 4
 // times; then no rank failed, the store got every ADD exactly once, and the log says restored 4
 // times (restored).
 func (r *killRig) addAndKill(t *testing.T, addr, restored string) {
+	r.addThen(t, addr, 4, func() error { return killload.Kill(r.pidFile, 4, 1100*time.Millisecond) }, restored, 4)
+}
+
+// addThen runs ranks that add through addr while act happens to the guard; then no rank failed,
+// the store got every ADD exactly once, and the log says restored restarts times (at least
+// -restarts times, if negative).
+func (r *killRig) addThen(t *testing.T, addr string, ranks int, act func() error, restored string, restarts int) {
 	add := enc(t, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
-	adds, err := killload.Run(addr, r.pidFile, 4, 4, add, 8)
+	adds, err := killload.RunWith(addr, ranks, add, 8, act)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,8 +213,9 @@ func (r *killRig) addAndKill(t *testing.T, addr, restored string) {
 	if got != adds || adds < 200 {
 		t.Fatalf("the store got %d ADDs; the ranks completed %d", got, adds)
 	}
-	if n := strings.Count(r.logs.String(), restored); n != 4 {
-		t.Errorf("%d restarts with the 4 connections in the log (%s), not 4", n, restored)
+	n := strings.Count(r.logs.String(), restored)
+	if n != restarts && (restarts >= 0 || n < -restarts) {
+		t.Errorf("%d restarts with every connection in the log (%s), want %d (negative: at least)", n, restored, restarts)
 	}
-	t.Logf("%d ADDs through 4 kills", got)
+	t.Logf("%d ADDs through %d restarts", got, n)
 }

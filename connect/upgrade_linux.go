@@ -47,9 +47,15 @@ func (c *Client) HandOver(peer *os.File, exited <-chan struct{}) (int, error) {
 	}
 	st := upgrade.ServerState{Listen: c.ln.Addr().String(), NextID: c.nextID.Load() + 1, Conns: len(relays), Frozen: start,
 		Fds: []int{lnFd}}
+	if c.ledger != nil {
+		o.AddLedger(&st, c.ledger.Fd())
+	}
 	err = o.Send(st, func(i int) (upgrade.Conn, error) { return c.frozenConn(relays[i]) }, func() { c.thaw(relays) })
 	if err != nil {
 		return 0, err
+	}
+	if c.opt.Keeper != nil && !c.opt.Keeper.HandedOver(2*time.Second) { // the new process is the worker before it goes on
+		c.opt.Log.Warn("upgrade: the keeper did not confirm it read the hand-over in time")
 	}
 	o.Go()
 	c.handOnce.Do(func() { close(c.handedOver) }) // before the relays end here: their keeper keeps them
@@ -130,7 +136,7 @@ func (c *Client) frozenConn(r *tlsrelay.Relay) (upgrade.Conn, error) {
 		return upgrade.Conn{}, err
 	}
 	cs := upgrade.Conn{ID: info.id, Src: info.src, Dst: info.dst,
-		TLS: &upgrade.TLSConn{Relay: left, Identity: info.peer, Fd: -1, PlainFd: -1}}
+		TLS: &upgrade.TLSConn{Relay: left, Slot: r.Slot(), Identity: info.peer, Fd: -1, PlainFd: -1}}
 	cs.StoreFd, cs.ClientFd, err = r.Fds()
 	return cs, err
 }
@@ -170,16 +176,28 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 	if n.From.NextID > 0 { // ids stay unique across processes: a keeper knows relays by them
 		c.nextID.Store(n.From.NextID - 1)
 	}
+	// The keeper's ledger, when the old process hands it over: each relay goes on in its slot
+	// there, which the keeper already knows, so that no instant finds the keeper with a slot that
+	// is not its relay's. Else (or if it cannot be mapped) they take slots of a new one.
+	slots := false
+	if fd := n.TakeLedger(); fd >= 0 {
+		if l, err := tlsrelay.OpenLedger(fd); err != nil {
+			opt.Log.Warn("upgrade: the relays' ledger handed over cannot be mapped; they take slots of a new one", "err", err)
+		} else {
+			c.ledger, slots = l, true
+		}
+	}
 	if err := c.shareLedger(); err != nil {
 		n.Refuse(err)
 		ln.Close()
 		return nil, err
 	}
 	type taken struct {
-		r    *tlsrelay.Relay
-		info relayInfo
+		tlsSock, plain tlsrelay.Sock
+		cs             upgrade.Conn
+		r              *tlsrelay.Relay
 	}
-	var relays []taken
+	var relays []*taken
 	var bad error
 	err = n.Receive(func(cs upgrade.Conn) {
 		tlsSock, plain, err := tlsrelay.FromFds(cs.StoreFd, cs.ClientFd)
@@ -192,30 +210,52 @@ func TakeOver(opt Options, peer *os.File) (*Client, error) {
 			bad = errors.Join(bad, err)
 			return
 		}
-		r, err := tlsrelay.Resume(tlsSock, plain, cs.TLS.Relay, c.ledger)
-		if err != nil {
-			bad = errors.Join(bad, err)
-			return
-		}
-		relays = append(relays, taken{r, relayInfo{id: cs.TLS.Relay.ID, src: cs.Src, dst: cs.Dst, peer: cs.TLS.Identity}})
+		relays = append(relays, &taken{tlsSock: tlsSock, plain: plain, cs: cs})
 	})
 	if err != nil {
 		for _, t := range relays {
-			t.r.Close()
+			t.tlsSock.Close()
+			t.plain.Close()
 		}
 		ln.Close()
 		return nil, err
+	}
+	// The relays in their slots first (nothing is written there before one runs), then the
+	// others in new slots, none of which is then one of theirs.
+	for _, inSlots := range []bool{true, false} {
+		for _, t := range relays {
+			if inSlot := slots && t.cs.TLS.Slot >= 0; inSlot != inSlots {
+				continue
+			}
+			if inSlots {
+				t.r, err = tlsrelay.Restore(t.tlsSock, t.plain, c.ledger, t.cs.TLS.Slot, t.cs.TLS.Relay.ID)
+			} else {
+				t.r, err = tlsrelay.Resume(t.tlsSock, t.plain, t.cs.TLS.Relay, c.ledger)
+			}
+			if err != nil {
+				bad = errors.Join(bad, err)
+				opt.Keeper.Ended(t.cs.TLS.Relay.ID)
+			}
+		}
 	}
 	if bad != nil {
 		c.opt.Log.Warn("upgrade: connections that could not go on were closed", "err", bad)
 	}
 	c.mu.Lock()
+	running := 0
 	for _, t := range relays {
-		c.relays[t.r] = t.info
-		c.keep(t.r, t.info)
-		c.run(t.r, t.info.id)
+		if t.r == nil {
+			continue
+		}
+		info := relayInfo{id: t.cs.TLS.Relay.ID, src: t.cs.Src, dst: t.cs.Dst, peer: t.cs.TLS.Identity}
+		c.relays[t.r] = info
+		if !slots || t.cs.TLS.Slot < 0 { // in a new slot: the keeper learns it
+			c.keep(t.r, info)
+		}
+		c.run(t.r, info.id)
+		running++
 	}
 	c.mu.Unlock()
-	c.opt.Log.Info("upgrade: took over", "relays", len(relays), "from_pid", n.From.PID)
+	c.opt.Log.Info("upgrade: took over", "relays", running, "from_pid", n.From.PID)
 	return c, nil
 }

@@ -36,6 +36,8 @@ import (
 //	                 M  many of O, U and D at once ([]Change), with their descriptors in order
 //	                 Q  a restarted worker asks for everything: S, then a C per connection, then E
 //	                 T  a worker started for an upgrade took over: it is the worker now
+//	                 G  the worker handed everything over to the one started for an upgrade (it
+//	                    says go next): that one is the worker now, even if it dies before its T
 //	                 P  please upgrade (the worker got SIGUSR2)
 //	                 F  flush: the keeper answers f once it has read every packet before
 //	                 K  kill the worker started for an upgrade: the hand-over failed after it may
@@ -125,6 +127,10 @@ func (k *Keeper) Run() int {
 		case <-k.upgrades:
 			k.upgrade()
 		case w := <-k.exits:
+			// Every packet it sent is read first: its last closes are done (none of those comes back
+			// to life), and a T it sent before it died (a worker started for an upgrade, killed as
+			// it took over) makes it the worker, and its end a crash.
+			<-w.read
 			k.awaitSuccessor(w)
 			code, again := k.exited(w)
 			if !again {
@@ -144,7 +150,6 @@ func (k *Keeper) Run() int {
 			} else {
 				crashes = 0
 			}
-			<-w.read // its last closes are done: none of those comes back to life
 			k.mu.Lock()
 			stopping := k.stopping
 			k.mu.Unlock()
@@ -181,6 +186,7 @@ func (k *Keeper) awaitSuccessor(w *worker) {
 	select {
 	case <-k.took:
 	case <-next.exited:
+		<-next.read // a T it sent before it died is read: then it is the worker, and w is not
 	case <-time.After(ackWait):
 	}
 }
@@ -204,7 +210,10 @@ func (k *Keeper) exited(w *worker) (code int, again bool) {
 		return -1, false
 	}
 	if k.stopping || status.Success() { // asked to stop, or it stopped by itself (SIGTERM to it): so does the keeper
-		return status.ExitCode(), false
+		if code := status.ExitCode(); code >= 0 {
+			return code, false
+		}
+		return 0, false // the signal passed on ended it before it had a handler: stopped as asked
 	}
 	k.log.Error("keeper: the worker died; restarting it with every connection", "pid", w.cmd.Process.Pid,
 		"status", status.String(), "connections", len(k.conns))
@@ -376,12 +385,11 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		k.lnFds, k.ln = fds, ln
 	case 'T':
 		if w == k.upgrading {
-			k.upgrading, k.current = nil, w
-			k.log.Info("keeper: the new worker took over", "pid", w.cmd.Process.Pid)
-			select {
-			case k.took <- struct{}{}:
-			default:
-			}
+			k.tookOver("keeper: the new worker took over")
+		}
+	case 'G':
+		if k.upgrading != nil && w == k.current {
+			k.tookOver("keeper: the worker handed over to the new one")
 		}
 	case 'P':
 		select {
@@ -404,6 +412,17 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		return fmt.Errorf("unknown packet")
 	}
 	return nil
+}
+
+// tookOver makes the worker started for an upgrade the worker (k.mu held).
+func (k *Keeper) tookOver(msg string) {
+	u := k.upgrading
+	k.upgrading, k.current = nil, u
+	k.log.Info(msg, "pid", u.cmd.Process.Pid)
+	select {
+	case k.took <- struct{}{}:
+	default:
+	}
 }
 
 // conn applies one change to the connections held (k.mu held): O, U or D, with its descriptor.

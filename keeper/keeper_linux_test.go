@@ -307,8 +307,11 @@ func runWorker(role string) int {
 	}
 	f.WriteString(role + " restored=" + strconv.FormatBool(restored) + "\n")
 	f.Close()
-	if role == "exit" {
+	switch role {
+	case "exit":
 		return 0
+	case "term": // SIGTERM's default action ends it: killed by the signal, no exit status
+		select {}
 	}
 	fd, err := strconv.Atoi(os.Getenv(Env))
 	if err != nil {
@@ -385,6 +388,28 @@ func TestKeeperEndsWhenItsWorkerExitsZero(t *testing.T) {
 	code := runKeeper()
 	if got := logged(); code != 0 || !slices.Equal(got, []string{"exit restored=false"}) {
 		t.Fatalf("keeper exited %d after workers %q; want 0 after one, not restarted", code, got)
+	}
+}
+
+// SIGTERM, passed on to a worker that has no handler for it yet (one starting, restored), kills
+// it: the keeper ends too (0: it stopped as asked), rather than wait on with no worker.
+func TestKeeperEndsOnSIGTERMThatKillsItsWorker(t *testing.T) {
+	logged := workers(t, "term")
+	exited := make(chan int, 1)
+	go func() { exited <- runKeeper() }()
+	for end := time.Now().Add(20 * time.Second); logged()[0] == ""; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("no worker started in 20 s")
+		}
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGTERM) // the keeper's (it catches SIGTERM while it runs)
+	select {
+	case code := <-exited:
+		if code != 0 {
+			t.Fatalf("keeper exited %d; want 0", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the keeper still runs 20 s after SIGTERM killed its worker")
 	}
 }
 

@@ -241,6 +241,19 @@ func (l *Link) Listen(ln Listeners, fds ...int) {
 // TookOver says the worker, started for an upgrade, took over.
 func (l *Link) TookOver() { l.post('T', nil) }
 
+// HandedOver tells the keeper that this worker handed everything over to the worker the keeper
+// started for an upgrade, and waits up to timeout until the keeper has read it (false: it did not
+// in time). Call it before saying go: from then on that worker is the worker, before its own T
+// (TookOver) as after, so that its death is a crash the keeper restarts from, not a failed
+// upgrade with nobody left serving. Nothing on a nil Link.
+func (l *Link) HandedOver(timeout time.Duration) bool {
+	if l == nil {
+		return false
+	}
+	l.post('G', nil)
+	return l.Sync(timeout)
+}
+
 // AskUpgrade asks the keeper for an upgrade in place: it starts the new worker.
 func (l *Link) AskUpgrade() { l.post('P', nil) }
 

@@ -22,7 +22,7 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &upgrade.TLSConn{Relay: left, Identity: c.tls.id, Info: c.tls.info}
+	t := &upgrade.TLSConn{Relay: left, Slot: r.Slot(), Identity: c.tls.id, Info: c.tls.info}
 	if t.Fd, t.PlainFd, err = r.Fds(); err != nil {
 		return nil, err
 	}

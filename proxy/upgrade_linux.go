@@ -13,6 +13,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/keeper"
+	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
 )
 
@@ -49,14 +50,18 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		s.log.Warn("upgrade: thawed", "held", time.Since(start).String())
 		return 0, err
 	}
-	err = o.Send(s.serverState(len(conns), start), func(i int) (upgrade.Conn, error) { return conns[i].frozenState() },
-		func() { s.thaw(conns) })
+	st := s.serverState(len(conns), start)
+	if s.cont.ledger != nil {
+		o.AddLedger(&st, s.cont.ledger.Fd())
+	}
+	err = o.Send(st, func(i int) (upgrade.Conn, error) { return conns[i].frozenState() }, func() { s.thaw(conns) })
 	if err != nil {
 		s.m.handovers.WithLabelValues("failed").Inc()
 		return 0, err
 	}
-	if s.cont.kp != nil && !s.cont.kp.Sync(2*time.Second) { // the keeper knows every connection before the new worker goes on
-		s.log.Warn("upgrade: the keeper did not confirm it read every connection in time")
+	// The keeper knows every connection, and that the new worker is the worker, before it goes on.
+	if s.cont.kp != nil && !s.cont.kp.HandedOver(2*time.Second) {
+		s.log.Warn("upgrade: the keeper did not confirm it read every connection and the hand-over in time")
 	}
 	if err := o.Go(); err != nil {
 		s.log.Warn("upgrade: could not say go; the new process goes on when this one exits", "err", err)
@@ -139,7 +144,10 @@ type adoptedConn struct {
 	rebuild bool // restored by a keeper after a crash: no state but the sockets
 	c       *conn
 	st      upgrade.Conn
-	tls     *tlsConn // restored by a keeper: the TLS relay, from its slot in the shared ledger
+	// tls: the TLS relay from its slot in the shared ledger: restored by a keeper, or handed over
+	// in an upgrade with the keeper's ledger (takeSlots)
+	tls  *tlsConn
+	lost error // its relay could not be had from its slot: it is closed
 }
 
 // TakeOver takes everything over from the serving process at the other end of peer, in place of
@@ -152,6 +160,7 @@ func (s *Server) TakeOver(peer *os.File) error {
 		return err
 	}
 	defer n.Close()
+	slots := s.takeLedger(n.TakeLedger())
 	st := n.From
 	a := &adoption{reason: "upgrade", from: st}
 	if err := s.takeListeners(st, st.Fds, a); err != nil {
@@ -168,8 +177,51 @@ func (s *Server) TakeOver(peer *os.File) error {
 		a.abandon()
 		return err
 	}
+	if slots {
+		s.takeSlots(a)
+	}
 	s.cont.adopted = a
 	return nil
+}
+
+// takeLedger maps the keeper's ledger the old process handed over (fd; -1: none), in which its TLS
+// connections' relays go on; it reports whether they do. Without it each relay takes a slot of
+// a ledger of this process's (KeeperListeners), and the keeper learns it (keepTLS).
+func (s *Server) takeLedger(fd int) bool {
+	if fd < 0 {
+		return false
+	}
+	l, err := tlsrelay.OpenLedger(fd)
+	if err != nil {
+		s.log.Warn("upgrade: the TLS relays' ledger handed over cannot be mapped; they take slots of a new one", "err", err)
+		return false
+	}
+	s.cont.ledger = l
+	return true
+}
+
+// takeSlots makes the relays of the TLS connections handed over from their slots in the keeper's
+// ledger (takeLedger), before any relay takes a new slot there (one the old process ran in a
+// ledger of its own, its shared one full). Nothing is written to a slot before a relay runs.
+func (s *Server) takeSlots(a *adoption) {
+	for i := range a.conns {
+		ac := &a.conns[i]
+		t := ac.st.TLS
+		if t == nil || t.Slot < 0 {
+			continue
+		}
+		ac.st.TLS = nil // the relay's sockets are its own from here
+		tlsSock, plain, err := tlsrelay.FromFds(t.Fd, t.PlainFd)
+		var r *tlsrelay.Relay
+		if err == nil {
+			r, err = tlsrelay.Restore(tlsSock, plain, s.cont.ledger, t.Slot, ac.c.id)
+		}
+		if err != nil {
+			ac.lost = err
+			continue
+		}
+		ac.tls = &tlsConn{relay: r, info: t.Info, id: t.Identity}
+	}
 }
 
 // takeListeners adopts the listening sockets, or listens anew where the configuration says
@@ -288,6 +340,12 @@ func (s *Server) startAdopted() {
 				ac.closeFds()
 				continue
 			}
+		}
+		if ac.lost != nil {
+			s.log.Warn("upgrade: a TLS connection's relay cannot go on from its slot; closing it", "conn", ac.c.id, "err", ac.lost)
+			s.cont.kp.Ended(ac.c.id)
+			ac.closeFds()
+			continue
 		}
 		if ac.rebuild && !s.rebuild(ac) {
 			s.log.Warn("restart: the store's generation is not known; closing a restored connection", "conn", ac.c.id)

@@ -38,6 +38,9 @@ import (
 type Ready struct {
 	PID     int
 	Version string
+	// Ledger: this process can take a keeper's shared ledger of TLS relays (ServerState.Ledger).
+	// A build from before it leaves it false, and gets none.
+	Ledger bool `json:",omitempty"`
 }
 
 // ServerState is the S packet: what the whole server carries over, with the listening sockets
@@ -54,9 +57,31 @@ type ServerState struct {
 	Handovers     uint64 // hand-overs before this one
 	Conns         int
 	Frozen        time.Time // when the old process stopped forwarding (handover_frozen_seconds)
+	// Ledger: the last of Fds is the TLS relays' ledger, shared with a keeper, in which each TLS
+	// connection's relay goes on from its slot (TLSConn.Slot): at no instant does the keeper hold
+	// a slot that is not its connection's. Sent only to a process that said Ready.Ledger.
+	Ledger bool `json:",omitempty"`
 	// Fds are the listening socket's descriptor, then the metrics listener's when MetricsListen is
-	// set. Next's are its own to close.
+	// set, then the ledger's when Ledger is. Next's are its own to close.
 	Fds []int `json:"-"`
+}
+
+// AddLedger makes st carry the shared ledger fd (a keeper's; -1: none) if the new process takes it.
+func (o *Old) AddLedger(st *ServerState, fd int) {
+	if fd >= 0 && o.Peer.Ledger {
+		st.Ledger, st.Fds = true, append(st.Fds, fd)
+	}
+}
+
+// TakeLedger is the descriptor of the shared ledger the old process sent, taken out of From.Fds
+// (the caller's to close), or -1.
+func (n *Next) TakeLedger() int {
+	fds := n.From.Fds
+	if !n.From.Ledger || len(fds) < 2 {
+		return -1
+	}
+	n.From.Fds = fds[:len(fds)-1]
+	return fds[len(fds)-1]
 }
 
 // Conn is one frozen connection: the C packet's body, its sockets and its bytes.
@@ -90,7 +115,10 @@ type Conn struct {
 // connection's (its client's socket and, as the store's, the master's). Its bytes (Relay.Rx,
 // the start of a record read) follow the connection's.
 type TLSConn struct {
-	Relay       tlsrelay.State
+	Relay tlsrelay.State
+	// Slot is the relay's slot in the shared ledger (ServerState.Ledger); -1: its state is Relay's
+	// alone (a ledger of its own), and the new process resumes it in a slot of its own.
+	Slot        int
 	Identity    string
 	Info        *audit.TLS
 	Fd, PlainFd int `json:"-"`

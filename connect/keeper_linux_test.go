@@ -30,12 +30,7 @@ import (
 // every ADD exactly once.
 func TestKilledClientGuardLosesNothing(t *testing.T) {
 	r := newKillRig(t)
-	srv := r.inProcessServer(t)
-	addr := freeAddr(t)
-	r.run(t, "connect", "--keeper", "--listen", addr, "--server", srv,
-		"--tls-cert", filepath.Join(r.pki, "worker.pem"), "--tls-key", filepath.Join(r.pki, "worker.key"),
-		"--tls-ca", filepath.Join(r.pki, "ca.pem"), "--tls-allow", "spiffe://sg.test/master")
-	r.addAndKill(t, addr, "took every relay back from the keeper\" relays=4")
+	r.addAndKill(t, r.clientGuard(t), "took every relay back from the keeper\" relays=4")
 }
 
 // TestKilledServingGuardLosesNothing: the same with the other end, `storeguard serve --keeper`
@@ -45,6 +40,17 @@ func TestKilledClientGuardLosesNothing(t *testing.T) {
 func TestKilledServingGuardLosesNothing(t *testing.T) {
 	r := newKillRig(t)
 	r.addAndKill(t, r.servingGuard(t), "took every connection back from the keeper\" connections=4")
+}
+
+// clientGuard runs the binary as `storeguard connect --keeper` in front of a serving guard in this
+// process (mutual TLS), and returns its address.
+func (r *killRig) clientGuard(t *testing.T) string {
+	srv := r.inProcessServer(t)
+	addr := freeAddr(t)
+	r.run(t, "connect", "--keeper", "--listen", addr, "--server", srv,
+		"--tls-cert", filepath.Join(r.pki, "worker.pem"), "--tls-key", filepath.Join(r.pki, "worker.key"),
+		"--tls-ca", filepath.Join(r.pki, "ca.pem"), "--tls-allow", "spiffe://sg.test/master")
+	return addr
 }
 
 // servingGuard runs the binary as `storeguard serve --keeper` with mutual TLS from everywhere but
@@ -75,12 +81,7 @@ func (r *killRig) servingGuard(t *testing.T) string {
 // arrives once.
 func TestUpgradedThenKilledClientGuardLosesNothing(t *testing.T) {
 	r := newKillRig(t)
-	srv := r.inProcessServer(t)
-	addr := freeAddr(t)
-	r.run(t, "connect", "--keeper", "--listen", addr, "--server", srv,
-		"--tls-cert", filepath.Join(r.pki, "worker.pem"), "--tls-key", filepath.Join(r.pki, "worker.key"),
-		"--tls-ca", filepath.Join(r.pki, "ca.pem"), "--tls-allow", "spiffe://sg.test/master")
-	r.addThen(t, addr, 32, r.upgradesThenKills, "took every relay back from the keeper\" relays=32", -2)
+	r.addThen(t, r.clientGuard(t), 32, r.upgradesThenKills, "took every relay back from the keeper\" relays=32", -2)
 }
 
 // TestUpgradedThenKilledServingGuardLosesNothing: the same with `storeguard serve --keeper`

@@ -91,25 +91,18 @@ func (l *Load) Stop() (done int64, errs []error) {
 
 // WaitPid waits up to timeout for pidFile to name a process other than old, and returns it.
 func WaitPid(pidFile string, old int, timeout time.Duration) (int, error) {
-	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	return waitPid(pidFile, old, timeout, 20*time.Millisecond)
+}
+
+// waitPid is WaitPid reading the pid file every poll.
+func waitPid(pidFile string, old int, timeout, poll time.Duration) (int, error) {
+	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(poll) {
 		b, err := os.ReadFile(pidFile)
 		if err != nil {
 			continue
 		}
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 && pid != old {
 			return pid, nil
-		}
-	}
-	return 0, fmt.Errorf("%s names no process but %d after %s", pidFile, old, timeout)
-}
-
-// waitNew is WaitPid polling every millisecond: the caller acts on the new process within one.
-func waitNew(pidFile string, old int, timeout time.Duration) (int, error) {
-	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		if b, err := os.ReadFile(pidFile); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 && pid != old {
-				return pid, nil
-			}
 		}
 	}
 	return 0, fmt.Errorf("%s names no process but %d after %s", pidFile, old, timeout)
@@ -128,7 +121,7 @@ func UpgradeThenKill(pidFile string, times int, gap time.Duration) error {
 		if err := syscall.Kill(pid, syscall.SIGUSR2); err != nil {
 			return errors.Join(fmt.Errorf("kill -USR2 %d", pid), err)
 		}
-		next, err := waitNew(pidFile, pid, 20*time.Second)
+		next, err := waitPid(pidFile, pid, 20*time.Second, time.Millisecond) // act on it within a millisecond
 		if err != nil {
 			return err
 		}
@@ -170,6 +163,7 @@ func UpgradeThenKillAfter(pidFile string, keeper int, delays []time.Duration, ga
 			if next == 0 && time.Now().After(end) {
 				return fmt.Errorf("the keeper %d started no worker for an upgrade in 20 s", keeper)
 			}
+			time.Sleep(200 * time.Microsecond)
 		}
 		time.Sleep(d)
 		// ESRCH: it ended by itself (an upgrade the old worker refused)

@@ -25,8 +25,9 @@
 #      an expired one and one whose identity is not allowed: 0 bytes to the store, audited `denied` with tls_<why>; the
 #      job finishes with 0 failed ops; nmap -sV -p 29500 does not grow the store (GETNUMKEYS on loopback, relay bytes);
 #      the worker's client guard is not a relay for the intruder (10.78.0.2:15001)
-#   C  during a job: 2 upgrades in place (storeguard upgrade --pid-file) and 1 kill -9 of the forwarding process under
-#      --keeper, on each end: 0 failed ops
+#   C  during a job: 2 upgrades in place (storeguard upgrade --pid-file), 1 kill -9 of the forwarding process under
+#      --keeper, and 2 upgrades whose new forwarding process is killed (kill -9) as it writes its pid file, on each
+#      end: 0 failed ops
 #   D  the policy issue's attack (a pickle running os.system SET into torchrun's rendezvous state, COMPARE_SET,
 #      MULTI_SET; interop/policy_attack.py) with the policy stage off: from the intruder in plaintext and through the
 #      intruder's own client guard (a valid certificate of a not-allowed identity) it reaches the store with 0 bytes;
@@ -40,8 +41,9 @@
 #      TORCH_PY         python with torch (default /var/cache/storeguard/torch/2.15.0/bin/python); torchrun beside it
 #      CHECKS="A B C D" (any subset; A, B and C share one job when given together)
 #      JOB_SECONDS=20   the ranks loop store ops at least this long, and until the checks during the job are done
-#      C_STEPS="m-up w-up m-kill w-kill m-up w-up"  C's steps, 1.5 s apart (m/w: master/worker; up: upgrade in place,
-#                       kill: kill -9 of the forwarding process); e.g. C_STEPS="w-up" to see one end alone
+#      C_STEPS="m-up w-up m-kill w-kill m-upkill w-upkill m-upkill w-upkill m-up w-up"  C's steps, 1.5 s apart (m/w: master/worker;
+#                       up: upgrade in place, kill: kill -9 of the forwarding process, upkill: an upgrade, then kill -9 of
+#                       the new forwarding process at once); e.g. C_STEPS="w-up" to see one end alone
 #      MTLS_KEEP=1      keep the work dir (certificates, audit log, relay recordings, process logs)
 #      MTLS_HARNESS=1   plaintext harness mode even when the binary has `connect`
 # Exit: 0 on pass, or with a line starting "SKIP" when namespaces cannot be made here; 1 on failure.
@@ -52,7 +54,7 @@ TORCH_PY=${TORCH_PY:-/var/cache/storeguard/torch/2.15.0/bin/python}
 TORCHRUN=${TORCHRUN:-$(dirname "$TORCH_PY")/torchrun}
 CHECKS=${CHECKS:-A B C D}
 JOB_SECONDS=${JOB_SECONDS:-20}
-C_STEPS=${C_STEPS:-m-up w-up m-kill w-kill m-up w-up}
+C_STEPS=${C_STEPS:-m-up w-up m-kill w-kill m-upkill w-upkill m-upkill w-upkill m-up w-up}
 GUARD_PORT=29500   # the master guard: the rendezvous endpoint's port
 RELAY_PORT=29511   # the recording relay in front of the store (the guard's upstream)
 STORE_PORT=29512   # the real TCPStore
@@ -790,6 +792,29 @@ kill9() {
 	[ "$(cat "$1")" != "$old" ] && pass "$2 kill -9 of the forwarding process $old: the keeper started $(cat "$1")" \
 		|| fail "$2 no new forwarding process after kill -9 of $old"
 }
+# upkill NS PIDFILE LABEL: an upgrade in place, and kill -9 of the new forwarding process as soon as it writes the pid
+# file (read in a tight loop, with no process started per read): it has just taken every connection over, and is still
+# telling its keeper so; the keeper starts another
+upkill() {
+	local old new p="" up end=$((SECONDS + 30)); old=$(cat "$2")
+	ip netns exec "$1" "$STOREGUARD_BIN" upgrade --pid-file "$2" --timeout 30s >/dev/null 2>&1 &
+	up=$!
+	while [ $SECONDS -lt $end ]; do
+		read -r p <"$2" || p=""
+		[ -n "$p" ] && [ "$p" != "$old" ] && break
+	done
+	new=$p
+	if [ -z "$new" ] || [ "$new" = "$old" ]; then
+		fail "$3 upgrade in place: no new forwarding process in 30 s"
+		wait "$up" || true
+		return
+	fi
+	kill -9 "$new"
+	wait "$up" || true
+	while [ "$(cat "$2")" = "$new" ] && [ $SECONDS -lt $((end + 10)) ]; do sleep 0.1; done
+	[ "$(cat "$2")" != "$new" ] && pass "$3 upgrade in place ($old -> $new), then kill -9 of $new as it wrote its pid file: the keeper started $(cat "$2")" \
+		|| fail "$3 no new forwarding process after kill -9 of $new, the process an upgrade had just started"
+}
 phase_C() {
 	if [ "$TLS" != on ]; then skipc "C (upgrades and kill -9 with mTLS): HARNESS mode"; return; fi
 	log "C: $C_STEPS from $(elapsed)"
@@ -800,9 +825,12 @@ phase_C() {
 			m-up) upgrade "$NS_M" "$WORK/master.pid" "C$i master:";;
 			w-up) upgrade "$NS_W" "$WORK/worker-guard.pid" "C$i worker:";;
 			m-kill) kill9 "$WORK/master.pid" "C$i master:";;
+			m-upkill) upkill "$NS_M" "$WORK/master.pid" "C$i master:";;
 			# Without a keeper, a kill -9 of the worker's client guard would end it and the job with it: the step
 			# fails at once instead, and the others still run.
 			w-kill) if [ "$C_KEEPER" = yes ]; then kill9 "$WORK/worker-guard.pid" "C$i worker:"
+				else fail "C$i worker: storeguard connect has no --keeper in this binary: no kill -9 of the worker's forwarding process"; continue; fi;;
+			w-upkill) if [ "$C_KEEPER" = yes ]; then upkill "$NS_W" "$WORK/worker-guard.pid" "C$i worker:"
 				else fail "C$i worker: storeguard connect has no --keeper in this binary: no kill -9 of the worker's forwarding process"; continue; fi;;
 			*) fail "C: unknown step '$step' in C_STEPS"; continue;;
 		esac

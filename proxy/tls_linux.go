@@ -78,6 +78,13 @@ func (s *Server) restoreTLS(id uint64, data []byte, tlsFd, plainFd int) (*tlsCon
 		unix.Close(plainFd)
 		return nil, err
 	}
+	return s.slotRelay(id, k, tlsFd, plainFd)
+}
+
+// slotRelay makes connection id's relay from its sockets and its slot in the shared ledger (a
+// keeper's restart, or an upgrade that handed the ledger over); it writes nothing there before
+// the relay runs. The descriptors are the relay's from the call: closed if it cannot be made.
+func (s *Server) slotRelay(id uint64, k keptTLS, tlsFd, plainFd int) (*tlsConn, error) {
 	tlsSock, plain, err := tlsrelay.FromFds(tlsFd, plainFd)
 	if err != nil {
 		return nil, err

@@ -211,16 +211,7 @@ func (s *Server) takeSlots(a *adoption) {
 			continue
 		}
 		ac.st.TLS = nil // the relay's sockets are its own from here
-		tlsSock, plain, err := tlsrelay.FromFds(t.Fd, t.PlainFd)
-		var r *tlsrelay.Relay
-		if err == nil {
-			r, err = tlsrelay.Restore(tlsSock, plain, s.cont.ledger, t.Slot, ac.c.id)
-		}
-		if err != nil {
-			ac.lost = err
-			continue
-		}
-		ac.tls = &tlsConn{relay: r, info: t.Info, id: t.Identity}
+		ac.tls, ac.lost = s.slotRelay(ac.c.id, keptTLS{Slot: t.Slot, Identity: t.Identity, Info: t.Info}, t.Fd, t.PlainFd)
 	}
 }
 
@@ -404,7 +395,7 @@ func (s *Server) startConn(ac *adoptedConn) {
 			}
 		}
 	}
-	if t := ac.tls; t != nil { // restored after a crash: its relay goes on from its slot
+	if t := ac.tls; t != nil { // its relay goes on from its slot (a crash, or an upgrade that handed the ledger over)
 		c.setTLS(t)
 		t.relay.Run()
 	}

@@ -1,0 +1,344 @@
+package tlsrelay
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/storeguard/storeguard/tlsrec"
+)
+
+// End is a TLS connection whose plaintext the proxy reads and writes itself, in the goroutines
+// that judge it: the master's guard when no keeper holds its connections (a keeper needs a
+// Relay, whose state is the kernel's counters and a ledger slot). It saves, against a Relay,
+// two writes, two reads and two wake-ups per request and reply: the loopback pair's
+// (docs/design.md, "What the master's relay costs").
+//
+// Next reads and opens records (one goroutine); Write and TryWrite seal and write them
+// (one at a time). Deadlines are the TLS socket's, so a freeze stops both as it stops any
+// client. A frozen End goes to another process as a Relay (Handover): its state, a new loopback
+// pair and the sockets.
+type End struct {
+	TLS   Sock
+	suite uint16
+
+	// The read side (Next's goroutine).
+	in       *tlsrec.Half
+	rbuf     []byte // records read: rbuf[roff:rn] not opened yet
+	roff, rn int
+	rEnded   bool // close_notify came, or the end of stream between records
+	asked    atomic.Uint64
+
+	// The write side.
+	wmu      sync.Mutex
+	out      *tlsrec.Half
+	answered uint64 // KeyUpdates sent (each answers every one asked before it)
+	// The record under way: wrec[wsent:] is still to write. It was sealed at wseq under
+	// wsecret from wlen bytes at the start of what the caller passed (kind 'd'), or is a
+	// KeyUpdate ('k') or close_notify ('c').
+	wrec     []byte
+	wsent    int
+	wlen     int
+	wkind    byte
+	wseq     uint64
+	wsecret  []byte
+	wprev    uint64 // answered before a KeyUpdate under way
+	wEnded   bool   // close_notify sent
+	closed   atomic.Bool
+	closeErr error
+}
+
+// NewEnd makes the End of a session that has just finished its handshake on tlsSock.
+func NewEnd(tlsSock Sock, s *tlsrec.Session) (*End, error) {
+	ss := s.State()
+	in, err := tlsrec.NewHalf(ss.Suite, ss.InSecret, ss.InSeq)
+	if err != nil {
+		return nil, err
+	}
+	out, err := tlsrec.NewHalf(ss.Suite, ss.OutSecret, ss.OutSeq)
+	if err != nil {
+		return nil, err
+	}
+	e := &End{TLS: tlsSock, suite: ss.Suite, in: in, out: out, rbuf: make([]byte, 2*tlsrec.MaxRecord)}
+	if ss.UpdateOwed {
+		e.asked.Store(1)
+	}
+	return e, nil
+}
+
+// Next returns the application data of the next record, read from the TLS socket as it comes
+// (waiting, up to the read deadline); it aliases the End's buffer until the next call. At the
+// peer's close_notify, or its end of stream between records, err is io.EOF.
+func (e *End) Next() ([]byte, error) {
+	for {
+		if e.rEnded {
+			return nil, io.EOF
+		}
+		if have := e.rn - e.roff; have >= 5 {
+			n, err := tlsrec.RecordLen(e.rbuf[e.roff : e.roff+5])
+			if err != nil {
+				return nil, err
+			}
+			if have >= n {
+				rec := e.rbuf[e.roff : e.roff+n]
+				plain, asked, err := e.in.OpenRecord(rec)
+				e.roff += n
+				if asked {
+					e.asked.Add(1)
+				}
+				switch {
+				case errors.Is(err, tlsrec.ErrClosed):
+					e.rEnded = true
+					return nil, io.EOF
+				case err != nil:
+					return nil, err
+				case len(plain) > 0:
+					return plain, nil
+				}
+				continue // a KeyUpdate or a ChangeCipherSpec: nothing for the caller
+			}
+		}
+		if e.roff > 0 { // the start of a record goes to the buffer's start, with room for all of it
+			e.rn = copy(e.rbuf, e.rbuf[e.roff:e.rn])
+			e.roff = 0
+		}
+		n, err := e.TLS.Read(e.rbuf[e.rn:])
+		e.rn += n
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF) && e.rn == e.roff:
+			e.rEnded = true
+			return nil, io.EOF
+		case errors.Is(err, io.EOF):
+			return nil, io.ErrUnexpectedEOF // inside a record
+		default:
+			return nil, err
+		}
+	}
+}
+
+// Write seals p into records and writes them, waiting up to the write deadline. n counts the
+// plaintext of records written whole: a record stopped part way (a deadline) stays under way,
+// and the next Write or TryWrite, which must be given the same bytes from p[n:] on, finishes it.
+func (e *End) Write(p []byte) (n int, err error) { return e.write(p, true) }
+
+// TryWrite is Write without waiting: what the socket takes now.
+func (e *End) TryWrite(p []byte) (n int, err error) { return e.write(p, false) }
+
+func (e *End) write(p []byte, wait bool) (n int, err error) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	for {
+		if e.wrec == nil {
+			switch {
+			case e.wEnded || e.closed.Load():
+				return n, net.ErrClosed
+			case e.asked.Load() > e.answered:
+				e.seal('k', nil)
+			case n == len(p):
+				return n, nil
+			default:
+				e.seal('d', p[n:n+min(len(p)-n, tlsrec.MaxPlaintext)])
+			}
+		} else if e.wkind == 'd' && e.wlen > len(p)-n {
+			return n, fmt.Errorf("tlsrelay: a record of %d bytes under way, and %d given to finish it", e.wlen, len(p)-n)
+		}
+		done, err := e.flush(wait)
+		if done && e.wkind == 'd' {
+			n += e.wlen
+		}
+		if done {
+			e.wrec = nil
+		}
+		if err != nil || !done {
+			return n, err
+		}
+	}
+}
+
+// seal makes the record under way (e.wmu held).
+func (e *End) seal(kind byte, p []byte) {
+	e.wkind, e.wlen, e.wsent = kind, len(p), 0
+	e.wseq, e.wsecret = e.out.Seq(), e.out.Secret()
+	switch kind {
+	case 'd':
+		e.wrec = e.out.SealData(e.wrec[:0], p)
+	case 'k':
+		e.wrec = e.out.SealKeyUpdate(e.wrec[:0])
+		e.wprev, e.answered = e.answered, e.asked.Load()
+	case 'c':
+		e.wrec = e.out.SealClose(e.wrec[:0])
+		e.wEnded = true
+	}
+}
+
+// flush writes the rest of the record under way; done: all of it.
+func (e *End) flush(wait bool) (done bool, err error) {
+	for e.wsent < len(e.wrec) {
+		var n int
+		if wait {
+			n, err = e.TLS.Write(e.wrec[e.wsent:])
+		} else {
+			n, err = writeNow(e.TLS, e.wrec[e.wsent:])
+		}
+		e.wsent += n
+		if err != nil || (!wait && n == 0) {
+			return e.wsent == len(e.wrec), err
+		}
+	}
+	return true, nil
+}
+
+// writeNow writes what s takes of p at once.
+func writeNow(s Sock, p []byte) (int, error) {
+	rc, err := s.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		for {
+			n, serr = unix.Write(int(fd), p)
+			if serr != unix.EINTR {
+				break
+			}
+		}
+		if serr == unix.EAGAIN {
+			serr = nil
+		}
+		return true
+	})
+	if serr != nil {
+		return 0, os.NewSyscallError("write", serr)
+	}
+	return max(n, 0), err
+}
+
+// CloseWrite sends close_notify, after the record under way if the socket takes it now, and
+// half-closes the TLS socket.
+func (e *End) CloseWrite() error {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	return e.closeNotify()
+}
+
+// closeNotify sends close_notify, if it can without waiting (e.wmu held).
+func (e *End) closeNotify() error {
+	if e.wEnded || e.closed.Load() {
+		return nil
+	}
+	if e.wrec != nil {
+		if done, _ := e.flush(false); !done {
+			return nil // the peer does not read: no alert can follow a record cut short
+		}
+		e.wrec = nil
+	}
+	e.seal('c', nil)
+	if done, _ := e.flush(false); !done {
+		return nil // the alert's rest stays under way: a half-close would cut it short
+	}
+	e.wrec = nil
+	return e.TLS.CloseWrite()
+}
+
+// Close sends close_notify if it can at once (a Write under way keeps it from that), and
+// closes the TLS socket.
+func (e *End) Close() error {
+	if e.closed.Load() {
+		return nil
+	}
+	if e.wmu.TryLock() {
+		e.closeNotify()
+		e.closed.Store(true)
+		e.wmu.Unlock()
+	} else {
+		e.closed.Store(true)
+	}
+	return e.TLS.Close()
+}
+
+func (e *End) LocalAddr() net.Addr                { return e.TLS.LocalAddr() }
+func (e *End) RemoteAddr() net.Addr               { return e.TLS.RemoteAddr() }
+func (e *End) SetDeadline(t time.Time) error      { return e.TLS.SetDeadline(t) }
+func (e *End) SetReadDeadline(t time.Time) error  { return e.TLS.SetReadDeadline(t) }
+func (e *End) SetWriteDeadline(t time.Time) error { return e.TLS.SetWriteDeadline(t) }
+
+// Read is Next into p, for io.Reader's sake (tests): p must hold a whole record's plaintext.
+func (e *End) Read(p []byte) (int, error) {
+	plain, err := e.Next()
+	if len(plain) > len(p) {
+		return 0, fmt.Errorf("tlsrelay: a record of %d bytes, and a buffer of %d", len(plain), len(p))
+	}
+	return copy(p, plain), err
+}
+
+// errNoRaw: an End's plaintext is in no socket.
+var errNoRaw = errors.New("tlsrelay: an End has no plaintext socket")
+
+// SyscallConn fails: an End's plaintext is read with Next and written with Write.
+func (e *End) SyscallConn() (syscall.RawConn, error) { return nil, errNoRaw }
+
+// Handover turns a frozen End (no Next, Write or TryWrite under way, nor after) into what
+// another process takes as a Relay: its State, and a new loopback pair of which relay is the
+// relay's plaintext socket and guard the guard's client socket. The End's socket and the pair
+// go on with the State only once the caller has written into guard what the End's Write was
+// given and had not written whole, starting with a record under way's plaintext (the State
+// says it is under way: the relay seals it again, to the same bytes, and writes its rest).
+// The End itself is unchanged, so that a thawed one goes on (the caller then closes the pair).
+func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err error) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	relay, guard, err = LoopbackPair()
+	if err != nil {
+		return st, nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			relay.Close()
+			guard.Close()
+		}
+	}()
+	read, written, err := counts(e.TLS)
+	if err != nil {
+		return st, nil, nil, err
+	}
+	plainRead, plainWritten, err := counts(relay)
+	if err != nil {
+		return st, nil, nil, err
+	}
+	unopened := uint64(e.rn - e.roff)
+	if read < unopened || unopened > ringSize {
+		return st, nil, nil, fmt.Errorf("tlsrelay: %d bytes read and %d not opened", read, unopened)
+	}
+	st = State{ID: id, Suite: e.suite,
+		In: Dir{Secret: e.in.Secret(), Seq: e.in.Seq(), From: read - unopened, To: plainWritten,
+			Updates: e.asked.Load(), Ended: e.rEnded},
+		Out: Dir{Secret: e.out.Secret(), Seq: e.out.Seq(), From: plainRead, To: written,
+			Updates: e.answered, Ended: e.wEnded}}
+	if unopened > 0 {
+		st.Rx = append([]byte(nil), e.rbuf[e.roff:e.rn]...)
+	}
+	if e.wrec != nil && e.wsent < len(e.wrec) {
+		if written < uint64(e.wsent) {
+			return st, nil, nil, fmt.Errorf("tlsrelay: %d bytes written and %d of a record", written, e.wsent)
+		}
+		st.Out.Secret, st.Out.Seq, st.Out.To = e.wsecret, e.wseq, written-uint64(e.wsent)
+		st.Out.Intent, st.Out.IntentLen = e.wkind, uint32(e.wlen)
+		switch e.wkind {
+		case 'k':
+			st.Out.Updates = e.wprev // the relay counts it once written
+		case 'c':
+			st.Out.Ended = false
+		}
+	}
+	return st, relay, guard, nil
+}

@@ -1,0 +1,217 @@
+package tlsrelay
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/tlsrec"
+)
+
+// echoer echoes what an End reads back through it, as the proxy does with a connection's
+// requests and replies: it parks when a deadline in the past stops it (a freeze), and goes on,
+// or gives up what it had not written whole, as the test says.
+type echoer struct {
+	e      *End
+	parked chan []byte // at each park: what Write was given and had not written whole
+	goOn   chan bool   // true: thawed; false: handed over (return)
+	done   chan error
+}
+
+func (x *echoer) run() {
+	var held []byte
+	park := func() bool {
+		x.parked <- held
+		return <-x.goOn
+	}
+	for {
+		for len(held) > 0 {
+			n, err := x.e.Write(held)
+			held = held[n:]
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if !park() {
+					return
+				}
+				continue
+			}
+			if err != nil {
+				x.done <- err
+				return
+			}
+		}
+		p, err := x.e.Next()
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if !park() {
+				return
+			}
+		case errors.Is(err, io.EOF):
+			x.done <- x.e.CloseWrite()
+			return
+		case err != nil:
+			x.done <- err
+			return
+		}
+		held = append(held[:0], p...)
+	}
+}
+
+// TestEndEchoesThroughFreezesAndHandover: a crypto/tls client streams 8 MiB through an End that
+// echoes it back, and reads only at the end, so both directions back up and writes stop part
+// way through records. The End is frozen by its deadlines and thawed twice, then handed over as
+// a Relay (Handover, Resume) with what it had not written: the echo comes back byte for byte.
+func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
+	srvCfg, cliCfg := configs(t)
+	remote, tlsSide := tcpPair(t)
+	client, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
+	e, err := NewEnd(tlsSide, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &echoer{e: e, parked: make(chan []byte), goOn: make(chan bool), done: make(chan error, 1)}
+	go x.run()
+
+	const total = 8 << 20
+	data := make([]byte, total)
+	rand.Read(data)
+	want := sha256.Sum256(data)
+	go func() {
+		for p := data; len(p) > 0; {
+			n := min(len(p), 100000)
+			client.Write(p[:n])
+			p = p[n:]
+		}
+		client.CloseWrite()
+	}()
+	freeze := func() []byte {
+		time.Sleep(30 * time.Millisecond)
+		e.SetDeadline(time.Unix(1, 0))
+		select {
+		case held := <-x.parked:
+			return held
+		case err := <-x.done:
+			t.Fatalf("the echo ended before the freeze: %v", err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the End did not stop at its deadline")
+		}
+		return nil
+	}
+	underWay := false
+	for range 2 {
+		freeze()
+		underWay = underWay || e.wrec != nil
+		e.SetDeadline(time.Time{})
+		x.goOn <- true
+	}
+	held := append([]byte(nil), freeze()...)
+	underWay = underWay || e.wrec != nil
+	if !underWay {
+		t.Log("no freeze stopped a record part way")
+	}
+	st, relaySide, guardSide, err := e.Handover(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.goOn <- false
+	tlsSide.SetDeadline(time.Time{})
+	r, err := Resume(tlsSide, relaySide, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	r.OnEnd = func(err error) { ended <- err }
+	r.Run()
+	go func() { // the next owner's guard: first what the End had been given to write, then the echo
+		guardSide.Write(held)
+		io.Copy(guardSide, guardSide)
+		guardSide.CloseWrite()
+	}()
+
+	got := make(chan [32]byte)
+	go func() {
+		h := sha256.New()
+		io.Copy(h, client)
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		got <- sum
+	}()
+	select {
+	case sum := <-got:
+		if sum != want {
+			t.Fatal("the echo came back different")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the echo did not finish")
+	}
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(35 * time.Second):
+		t.Fatal("the relay did not end")
+	}
+}
+
+// TestEndAnswersKeyUpdate: a KeyUpdate the peer asks for is answered before the End's next
+// record (the peer opens that record only under the new keys), and the End reads on under the
+// peer's new keys.
+func TestEndAnswersKeyUpdate(t *testing.T) {
+	srvCfg, cliCfg := configs(t)
+	remote, tlsSide := tcpPair(t)
+	sc := make(chan *tlsrec.Session, 1)
+	go func() {
+		s, _, err := tlsrec.Server(tlsSide, srvCfg, time.Now().Add(5*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		sc <- s
+	}()
+	cs, _, err := tlsrec.Client(remote, cliCfg, time.Now().Add(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-sc
+	if s == nil {
+		t.FailNow()
+	}
+	e, err := NewEnd(tlsSide, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote.SetDeadline(time.Now().Add(10 * time.Second))
+	c := &tlsrec.Conn{Conn: remote, S: cs}
+	buf := make([]byte, tlsrec.MaxPlaintext)
+	for i, msg := range []string{"before", "after"} {
+		if i == 1 {
+			if _, err := remote.Write(cs.RequestUpdate(nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		p, err := e.Next()
+		if err != nil || string(p) != msg {
+			t.Fatalf("the End read %q, %v", p, err)
+		}
+		if _, err := e.Write(append([]byte("re: "), p...)); err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.ReadAtLeast(c, buf, len(msg)+4)
+		if err != nil || string(buf[:n]) != "re: "+msg {
+			t.Fatalf("the client read %q, %v", buf[:n], err)
+		}
+	}
+	if e.asked.Load() != 1 || e.answered != 1 || e.out.Seq() != 1 {
+		t.Fatalf("asked %d, answered %d, next sequence number %d", e.asked.Load(), e.answered, e.out.Seq())
+	}
+	c.Close()
+	if _, err := e.Next(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the client's close: %v", err)
+	}
+}

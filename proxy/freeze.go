@@ -193,8 +193,13 @@ func (s *Server) thaw(conns []*conn) {
 	s.reg.mu.Unlock()
 	s.cont.frz.end()
 	for _, c := range conns {
-		if c.tls != nil {
+		switch {
+		case c.tls == nil:
+		case c.tls.relay != nil:
 			c.tls.relay.Thaw()
+		default: // an End goes on as it was; the pair it was to be handed over with goes
+			c.tls.end.Thaw()
+			c.tls.dropHandover()
 		}
 	}
 	for _, c := range conns {

@@ -366,10 +366,14 @@ func (c *conn) awaitUp() bool {
 // pipeClientToStore reads the client, decodes, and forwards complete valid messages, until the
 // connection ends or a loop takes it (took: the loop owns it now).
 func (c *conn) pipeClientToStore() (took bool) {
-	rc, err := c.gr.client.SyscallConn()
-	if err != nil {
-		c.closeBoth()
-		return false
+	e := c.merged()
+	var rc syscall.RawConn
+	if e == nil {
+		var err error
+		if rc, err = c.gr.client.SyscallConn(); err != nil {
+			c.closeBoth()
+			return false
+		}
 	}
 	for {
 		if c.s.frozen() {
@@ -389,6 +393,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 				if took || !live {
 					return took
 				}
+				var err error
 				if rc, err = c.gr.client.SyscallConn(); err != nil {
 					c.closeBoth()
 					return false
@@ -398,6 +403,19 @@ func (c *conn) pipeClientToStore() (took bool) {
 			}
 		}
 		c.setDeadline()
+		if e != nil { // a TLS End: a record's plaintext, opened in its own buffer
+			p, err := e.Next()
+			if len(p) > 0 {
+				c.readClient(p)
+				if !c.process(p) {
+					return false
+				}
+			}
+			if err != nil && !c.endRead(err) {
+				return false
+			}
+			continue
+		}
 		kept := c.kept()
 		bp, n, err := readPooled(rc, kept)
 		if n > 0 {
@@ -428,9 +446,10 @@ func (c *conn) takeKick() bool {
 }
 
 // adoptable reports whether a loop may take the connection now: the store is connected, no
-// goroutine copies its replies yet, and the client is between messages, with no deadline to watch.
+// goroutine copies its replies yet, and the client is between messages, with no deadline to watch;
+// and it is not a TLS End.
 func (c *conn) adoptable() bool {
-	return c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
+	return c.merged() == nil && c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
 		!c.g.Stalled() && !c.isClosed() && !c.replying()
 }
 

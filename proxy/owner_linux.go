@@ -27,9 +27,9 @@ import (
 
 // loopable reports whether a new connection may go to a loop from its first byte: there are loops,
 // the store is on this host (a loop connects to it without waiting, at the first valid message),
-// and there is no deadline to watch.
+// and there is no deadline to watch; and it is not a TLS End (whose plaintext is in no socket).
 func (c *conn) loopable() bool {
-	return c.s.loops != nil && !c.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
+	return c.s.loops != nil && c.merged() == nil && !c.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
 		c.g.Deadline().IsZero()
 }
 

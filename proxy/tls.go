@@ -17,21 +17,38 @@ import (
 
 // Mutual TLS between guards (tls.*). A client from outside tls.plaintext-sources completes a
 // TLS 1.3 handshake with a certificate that chains to the configured CA and names an allowed
-// identity before anything else happens; then a relay (tlsrelay) opens its records into one
-// end of a loopback TCP pair (whose byte counters let a relay go on where another stopped), and
-// the connection is judged as any other, its client socket being the other end: every
-// transport, the upgrade and the policy work on plaintext as they do.
-// The relay's state is data (tlsrelay.State), so that it can change hands with the connection.
+// identity before anything else happens; then the connection is judged as any other, on its
+// plaintext. Without a keeper, the connection's goroutines read and write that plaintext
+// themselves (a tlsrelay.End, the connection's client socket). Under a keeper a relay
+// (tlsrelay.Relay) opens its records into one end of a loopback TCP pair, whose byte counters
+// and the relay's ledger slot let a restarted worker go on where a dead one stopped, and the
+// connection's client socket is the other end. Either way the TLS state is data
+// (tlsrelay.State), so that it can change hands with the connection: an upgrade hands an End
+// over as a relay and its pair (Handover).
 
-// sock is a client socket: the accepted TCP connection, or the guard's end of a TLS relay's
-// loopback pair.
+// sock is a client socket: the accepted TCP connection, a TLS End, or the guard's end of a TLS
+// relay's loopback pair.
 type sock = tlsrelay.Sock
 
-// tlsConn is what mutual TLS adds to a connection: its relay and who the peer proved to be.
+// tlsConn is what mutual TLS adds to a connection: its End or its relay, and who the peer
+// proved to be.
 type tlsConn struct {
-	relay *tlsrelay.Relay
-	info  *audit.TLS // on every event and flow record of the connection
-	id    string     // the peer's identity (identity.Peer.ID)
+	end   *tlsrelay.End   // without a keeper: the connection reads and writes the plaintext itself
+	relay *tlsrelay.Relay // under a keeper, or after an upgrade: through a loopback pair
+	info  *audit.TLS      // on every event and flow record of the connection
+	id    string          // the peer's identity (identity.Peer.ID)
+	// handover: the loopback pair an End is being handed over with (frozenState), closed by a
+	// thaw.
+	handover [2]*net.TCPConn
+}
+
+// merged is the connection's TLS End: its goroutines read and write the plaintext themselves
+// (no event loop takes it). Nil for plaintext and relayed connections.
+func (c *conn) merged() *tlsrelay.End {
+	if c.tls == nil {
+		return nil
+	}
+	return c.tls.end
 }
 
 // tlsInfo is the connection's TLS record for its events, nil without TLS.
@@ -52,7 +69,9 @@ func (c *conn) setTLS(t *tlsConn) {
 // kept reports whether a keeper holds the connection's sockets: a TLS connection's too when its
 // relay's state is in the ledger shared with the keeper (docs/design.md, "What a crash costs a
 // TLS connection").
-func (c *conn) kept() bool { return c.s.cont.kp != nil && (c.tls == nil || c.tls.relay.Slot() >= 0) }
+func (c *conn) kept() bool {
+	return c.s.cont.kp != nil && (c.tls == nil || c.tls.relay != nil && c.tls.relay.Slot() >= 0)
+}
 
 // identity is the peer's proved identity, "" without TLS.
 func (c *conn) identity() string {
@@ -86,7 +105,8 @@ func (s *Server) serverTLS(tc config.TLS) (*tls.Config, error) {
 }
 
 // handshake runs mutual TLS with a client that must use it. ok: the client socket the
-// connection reads from (the guard's end of the relay's pair) and what TLS adds; release gives
+// connection reads from (its End, or under a keeper the guard's end of the relay's pair) and
+// what TLS adds; release gives
 // back the identity's admission. Else the client was refused: audited with why, counted, a step
 // towards its source's ban, and closed; nothing of it reached the store.
 func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
@@ -150,11 +170,19 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		tc.Close()
 		return nil, nil, nil, false
 	}
-	relaySide, guardSide, err := tlsrelay.LoopbackPair()
-	if err == nil {
-		if t.relay, err = tlsrelay.New(tc, relaySide, sess, s.cont.ledger, id); err != nil {
-			relaySide.Close()
-			guardSide.Close()
+	if s.cont.kp == nil {
+		client, err = tlsrelay.NewEnd(tc, sess)
+		if err == nil {
+			t.end = client.(*tlsrelay.End)
+		}
+	} else {
+		var relaySide, guardSide *net.TCPConn
+		if relaySide, guardSide, err = tlsrelay.LoopbackPair(); err == nil {
+			client = guardSide
+			if t.relay, err = tlsrelay.New(tc, relaySide, sess, s.cont.ledger, id); err != nil {
+				relaySide.Close()
+				guardSide.Close()
+			}
 		}
 	}
 	if err != nil {
@@ -167,19 +195,32 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 	if cs.DidResume {
 		s.m.resumed.Inc()
 	}
-	t.relay.Run()
-	return guardSide, t, release, true
+	if t.relay != nil {
+		t.relay.Run()
+	}
+	return client, t, release, true
 }
 
 // freezeRelays freezes the TLS relays of parked connections: what each has left is then data
-// (frozenState). The connections' own freeze came first, so no relay waits on a guard.
+// (frozenState). The connections' own freeze came first, so no relay waits on a guard; an End
+// stopped with its connection (its deadlines are the client socket's).
 func freezeRelays(conns []*conn, timeout time.Duration) error {
 	for _, c := range conns {
-		if c.tls != nil && !c.tls.relay.Freeze(max(timeout, 100*time.Millisecond)) {
+		if c.tls != nil && c.tls.relay != nil && !c.tls.relay.Freeze(max(timeout, 100*time.Millisecond)) {
 			return fmt.Errorf("%w: the TLS relay of connection %d did not stop", errFreezeTimeout, c.id)
 		}
 	}
 	return nil
+}
+
+// dropHandover closes the loopback pair an End was to be handed over with.
+func (t *tlsConn) dropHandover() {
+	for i, s := range t.handover {
+		if s != nil {
+			s.Close()
+			t.handover[i] = nil
+		}
+	}
 }
 
 // errHandshakeFrozen: a handshake that finished after a freeze began; the connection is closed as

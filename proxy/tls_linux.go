@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
+	"net"
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/tlsrelay"
@@ -10,12 +12,29 @@ import (
 )
 
 // A mutual-TLS connection in an upgrade: its relay, frozen with it, goes as data
-// (upgrade.TLSConn) with the connection, and the new process resumes it.
+// (upgrade.TLSConn) with the connection, and the new process resumes it. An End goes as a relay
+// too, with a new loopback pair (tlsrelay.End.Handover): any build that takes relays takes it.
 
-// tlsState is a frozen connection's relay as data, with its descriptors (valid while c is).
+// tlsState is a frozen connection's relay as data, with its descriptors (valid while c is). An
+// End's are its TLS socket and the relay's end of the pair it is handed over with, whose other
+// end is then the connection's client socket (handedClient).
 func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 	if c.tls == nil {
 		return nil, nil
+	}
+	if e := c.tls.end; e != nil {
+		c.tls.dropHandover() // a hand-over tried before
+		st, relaySide, guardSide, err := e.Handover(c.id)
+		if err != nil {
+			return nil, err
+		}
+		c.tls.handover = [2]*net.TCPConn{relaySide, guardSide}
+		t := &upgrade.TLSConn{Relay: st, Slot: -1, Identity: c.tls.id, Info: c.tls.info, Fd: fdOf(e.TLS),
+			PlainFd: fdOf(relaySide)}
+		if t.Fd < 0 || t.PlainFd < 0 {
+			return nil, errors.New("TLS: no descriptor for a socket to hand over")
+		}
+		return t, nil
 	}
 	r := c.tls.relay
 	left, err := r.Left()
@@ -43,6 +62,15 @@ func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
 	c.setTLS(&tlsConn{relay: r, info: t.Info, id: t.Identity})
 	r.Run()
 	return nil
+}
+
+// fdOf is s's descriptor, valid while s is open; -1 if it has none.
+func fdOf(s sock) int {
+	fd := -1
+	if rc, err := s.SyscallConn(); err == nil {
+		rc.Control(func(f uintptr) { fd = int(f) })
+	}
+	return fd
 }
 
 // keptTLS is what a keeper keeps of a mutual-TLS connection besides its sockets (keeper.Conn.Data),

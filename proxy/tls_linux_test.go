@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"io"
 	"testing"
 	"time"
 
@@ -55,4 +56,74 @@ func testUpgradeKeepsMutualTLSConnections(t *testing.T, m mode) {
 	}
 	c2.Write(add)
 	readReply(t, c2, 8)
+}
+
+// tlsPaths counts h's live mutual-TLS connections by how they carry their plaintext: read and
+// written by the connection itself (a tlsrelay.End), or through a relay's loopback pair.
+func (h *harness) tlsPaths() (ends, relays int) {
+	h.srv.reg.mu.Lock()
+	defer h.srv.reg.mu.Unlock()
+	for c := range h.srv.reg.conns {
+		switch {
+		case c.tls == nil:
+		case c.tls.end != nil:
+			ends++
+		case c.tls.relay != nil:
+			relays++
+		}
+	}
+	return ends, relays
+}
+
+// TestUpgradeCarriesMutualTLSReplies: a mutual-TLS client that does not read has 16 MiB of
+// replies waiting, partly in the guard, partly in a record its End had written part of when the
+// freeze stopped it; after an upgrade (the End handed over as a relay and its pair) the client
+// reads every byte, once and in order, and its TLS session goes on.
+func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h := startTLS(t, goroutineMode, ca)
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	big := make([]byte, 16<<20) // more than the sockets hold: most of it waits in the guard
+	for i := range big {
+		big[i] = byte(i * 7 / 13)
+	}
+	h.store.SetReply(big)
+	c, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys}))
+	eventually(t, "replies queued in the guard", func() bool {
+		h.srv.reg.mu.Lock()
+		defer h.srv.reg.mu.Unlock()
+		for cc := range h.srv.reg.conns {
+			cc.rep.mu.Lock()
+			q := cc.rep.queued
+			cc.rep.mu.Unlock()
+			if q > 1<<20 {
+				return true
+			}
+		}
+		return false
+	})
+	if ends, relays := h.tlsPaths(); ends != 1 || relays != 0 {
+		t.Fatalf("before the upgrade: %d Ends and %d relays, want the one connection an End", ends, relays)
+	}
+	next, err := h.takeOver(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the connection relayed by the new server", func() bool {
+		ends, relays := next.tlsPaths()
+		return ends == 0 && relays == 1
+	})
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(io.LimitReader(c, int64(len(big))))
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("client read %d of %d reply bytes (%v)", len(got), len(big), err)
+	}
+	add := enc(t, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
+	next.store.SetReply(nil)
+	c.Write(add)
+	readReply(t, c, 8)
 }

@@ -114,6 +114,12 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 		up = c.gr.up
 	}
 	c.mu.Unlock()
+	if cs.TLS, err = c.tlsState(); err != nil {
+		return cs, err
+	}
+	if c.merged() != nil {
+		client = c.tls.handover[1] // what the End was given to write and had not goes there (ToClient)
+	}
 	for _, sock := range []struct {
 		tc sock
 		fd *int
@@ -121,14 +127,11 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 		if sock.tc == nil {
 			continue
 		}
-		rc, err := sock.tc.SyscallConn()
-		if err != nil {
-			return cs, err
+		if *sock.fd = fdOf(sock.tc); *sock.fd < 0 {
+			return cs, errors.New("no descriptor for a socket to hand over")
 		}
-		rc.Control(func(fd uintptr) { *sock.fd = int(fd) })
 	}
-	cs.TLS, err = c.tlsState()
-	return cs, err
+	return cs, nil
 }
 
 // adoption is what a previous process handed over, taken before Serve and started by it.

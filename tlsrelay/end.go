@@ -44,16 +44,17 @@ type End struct {
 	// The record under way: wrec[wsent:] is still to write. It was sealed at wseq under
 	// wsecret from wlen bytes at the start of what the caller passed (kind 'd'), or is a
 	// KeyUpdate ('k') or close_notify ('c').
-	wrec     []byte
-	wsent    int
-	wlen     int
-	wkind    byte
-	wseq     uint64
-	wsecret  []byte
-	wprev    uint64 // answered before a KeyUpdate under way
-	wEnded   bool   // close_notify sent
-	closed   atomic.Bool
-	closeErr error
+	wrec    []byte
+	wsent   int
+	wlen    int
+	wkind   byte
+	wseq    uint64
+	wsecret []byte
+	wprev   uint64 // answered before a KeyUpdate under way
+	wEnded  bool   // close_notify sent
+	closed  atomic.Bool
+	// handed: Handover made the End another process's, until Thaw; it reads and writes nothing.
+	handed atomic.Bool
 }
 
 // NewEnd makes the End of a session that has just finished its handshake on tlsSock.
@@ -79,6 +80,9 @@ func NewEnd(tlsSock Sock, s *tlsrec.Session) (*End, error) {
 // peer's close_notify, or its end of stream between records, err is io.EOF.
 func (e *End) Next() ([]byte, error) {
 	for {
+		if e.handed.Load() {
+			return nil, errHanded
+		}
 		if e.rEnded {
 			return nil, io.EOF
 		}
@@ -139,6 +143,8 @@ func (e *End) write(p []byte, wait bool) (n int, err error) {
 	for {
 		if e.wrec == nil {
 			switch {
+			case e.handed.Load():
+				return n, errHanded
 			case e.wEnded || e.closed.Load():
 				return n, net.ErrClosed
 			case e.asked.Load() > e.answered:
@@ -233,7 +239,7 @@ func (e *End) CloseWrite() error {
 
 // closeNotify sends close_notify, if it can without waiting (e.wmu held).
 func (e *End) closeNotify() error {
-	if e.wEnded || e.closed.Load() {
+	if e.wEnded || e.closed.Load() || e.handed.Load() {
 		return nil
 	}
 	if e.wrec != nil {
@@ -266,6 +272,9 @@ func (e *End) Close() error {
 	return e.TLS.Close()
 }
 
+// Thaw lets an End that was to be handed over go on.
+func (e *End) Thaw() { e.handed.Store(false) }
+
 func (e *End) LocalAddr() net.Addr                { return e.TLS.LocalAddr() }
 func (e *End) RemoteAddr() net.Addr               { return e.TLS.RemoteAddr() }
 func (e *End) SetDeadline(t time.Time) error      { return e.TLS.SetDeadline(t) }
@@ -281,6 +290,9 @@ func (e *End) Read(p []byte) (int, error) {
 	return copy(p, plain), err
 }
 
+// errHanded: the End was handed over (Handover), and not thawed.
+var errHanded = errors.New("tlsrelay: the End was handed over")
+
 // errNoRaw: an End's plaintext is in no socket.
 var errNoRaw = errors.New("tlsrelay: an End has no plaintext socket")
 
@@ -293,10 +305,17 @@ func (e *End) SyscallConn() (syscall.RawConn, error) { return nil, errNoRaw }
 // go on with the State only once the caller has written into guard what the End's Write was
 // given and had not written whole, starting with a record under way's plaintext (the State
 // says it is under way: the relay seals it again, to the same bytes, and writes its rest).
-// The End itself is unchanged, so that a thawed one goes on (the caller then closes the pair).
+// From then on the End reads and writes nothing, and its Close sends nothing, until Thaw (the
+// hand-over failed: the caller closes the pair, and the End goes on where it stopped).
 func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err error) {
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
+	e.handed.Store(true)
+	defer func() {
+		if err != nil {
+			e.handed.Store(false)
+		}
+	}()
 	relay, guard, err = LoopbackPair()
 	if err != nil {
 		return st, nil, nil, err

@@ -93,9 +93,11 @@ def serving_guard(procs, binary, sport, tmp, d, guards):  # noqa: F811
     return g
 
 
-# torch 1.13 (legacy, the old protocol) here; torch 2.15 (libuv) runs the same through both guards
-# with torchrun across three namespaces in scripts/netns-mtls.sh (the relay does not decode).
-MTLS_JOB_STORES = JOB_STORES[:1]
+# torch 1.13 (legacy, the old protocol) and torch 2.15 (libuv): without a keeper the serving guard
+# judges the plaintext it opens itself (a tlsrelay.End) until an upgrade hands each connection over
+# as a relay. scripts/netns-mtls.sh runs torch 2.15 through both guards under their keepers (relays)
+# with torchrun across three namespaces.
+MTLS_JOB_STORES = JOB_STORES
 
 
 @pytest.mark.parametrize("version,backend", MTLS_JOB_STORES, ids=[f"{v}-{b}" for v, b in MTLS_JOB_STORES])

@@ -41,9 +41,10 @@ type End struct {
 	wmu      sync.Mutex
 	out      *tlsrec.Half
 	answered uint64 // KeyUpdates sent (each answers every one asked before it)
-	// The record under way: wrec[wsent:] is still to write. It was sealed at wseq under
-	// wsecret from wlen bytes at the start of what the caller passed (kind 'd'), or is a
-	// KeyUpdate ('k') or close_notify ('c').
+	// The record under way: wrec[wsent:] is still to write (wrec, in wbuf, is nil when none
+	// is). It was sealed at wseq from wlen bytes at the start of what the caller passed (kind
+	// 'd'), or is a KeyUpdate ('k', sealed under wsecret) or close_notify ('c').
+	wbuf    []byte
 	wrec    []byte
 	wsent   int
 	wlen    int
@@ -172,18 +173,19 @@ func (e *End) write(p []byte, wait bool) (n int, err error) {
 
 // seal makes the record under way (e.wmu held).
 func (e *End) seal(kind byte, p []byte) {
-	e.wkind, e.wlen, e.wsent = kind, len(p), 0
-	e.wseq, e.wsecret = e.out.Seq(), e.out.Secret()
+	e.wkind, e.wlen, e.wsent, e.wseq = kind, len(p), 0, e.out.Seq()
 	switch kind {
 	case 'd':
-		e.wrec = e.out.SealData(e.wrec[:0], p)
+		e.wbuf = e.out.SealData(e.wbuf[:0], p)
 	case 'k':
-		e.wrec = e.out.SealKeyUpdate(e.wrec[:0])
+		e.wsecret = e.out.Secret() // the update moves it
+		e.wbuf = e.out.SealKeyUpdate(e.wbuf[:0])
 		e.wprev, e.answered = e.answered, e.asked.Load()
 	case 'c':
-		e.wrec = e.out.SealClose(e.wrec[:0])
+		e.wbuf = e.out.SealClose(e.wbuf[:0])
 		e.wEnded = true
 	}
+	e.wrec = e.wbuf
 }
 
 // flush writes the rest of the record under way; done: all of it.
@@ -350,10 +352,11 @@ func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err erro
 		if written < uint64(e.wsent) {
 			return st, nil, nil, fmt.Errorf("tlsrelay: %d bytes written and %d of a record", written, e.wsent)
 		}
-		st.Out.Secret, st.Out.Seq, st.Out.To = e.wsecret, e.wseq, written-uint64(e.wsent)
+		st.Out.Seq, st.Out.To = e.wseq, written-uint64(e.wsent)
 		st.Out.Intent, st.Out.IntentLen = e.wkind, uint32(e.wlen)
 		switch e.wkind {
 		case 'k':
+			st.Out.Secret = e.wsecret
 			st.Out.Updates = e.wprev // the relay counts it once written
 		case 'c':
 			st.Out.Ended = false

@@ -106,9 +106,9 @@ func (s *Server) serverTLS(tc config.TLS) (*tls.Config, error) {
 
 // handshake runs mutual TLS with a client that must use it. ok: the client socket the
 // connection reads from (its End, or under a keeper the guard's end of the relay's pair) and
-// what TLS adds; release gives
-// back the identity's admission. Else the client was refused: audited with why, counted, a step
-// towards its source's ban, and closed; nothing of it reached the store.
+// what TLS adds; release gives back the identity's admission. Else the client was refused:
+// audited with why, counted, a step towards its source's ban, and closed; nothing of it reached
+// the store.
 func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
 	start := s.now()
 	// A freeze (an upgrade) does not wait for a handshake, which a client may drag out to

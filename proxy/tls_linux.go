@@ -17,7 +17,7 @@ import (
 
 // tlsState is a frozen connection's relay as data, with its descriptors (valid while c is). An
 // End's are its TLS socket and the relay's end of the pair it is handed over with, whose other
-// end is then the connection's client socket (handedClient).
+// end frozenState sends as the connection's client socket.
 func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 	if c.tls == nil {
 		return nil, nil

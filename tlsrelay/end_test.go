@@ -62,8 +62,9 @@ func (x *echoer) run() {
 
 // TestEndEchoesThroughFreezesAndHandover: a crypto/tls client streams 8 MiB through an End that
 // echoes it back, and reads only at the end, so both directions back up and writes stop part
-// way through records. The End is frozen by its deadlines and thawed twice, then handed over as
-// a Relay (Handover, Resume) with what it had not written: the echo comes back byte for byte.
+// way through records. The End is frozen by its deadlines and thawed twice (the second time
+// after a hand-over that failed: Handover, then Thaw), then handed over as a Relay (Handover,
+// Resume) with what it had not written: the echo comes back byte for byte.
 func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
 	srvCfg, cliCfg := configs(t)
 	remote, tlsSide := tcpPair(t)
@@ -101,9 +102,21 @@ func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
 		return nil
 	}
 	underWay := false
-	for range 2 {
+	for i := range 2 {
 		freeze()
 		underWay = underWay || e.wrec != nil
+		if i == 1 { // a hand-over that fails: the End goes on as it was
+			_, r, g, err := e.Handover(7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.Next(); !errors.Is(err, errHanded) {
+				t.Fatalf("an End handed over read: %v", err)
+			}
+			r.Close()
+			g.Close()
+			e.Thaw()
+		}
 		e.SetDeadline(time.Time{})
 		x.goOn <- true
 	}

@@ -32,7 +32,7 @@ type End struct {
 
 	// The read side (Next's goroutine).
 	in       *tlsrec.Half
-	rbuf     []byte // records read: rbuf[roff:rn] not opened yet
+	rbuf     []byte // records read: rbuf[roff:rn] not opened yet (nil: none, and nothing read)
 	roff, rn int
 	rEnded   bool // close_notify came, or the end of stream between records
 	asked    atomic.Uint64
@@ -69,7 +69,7 @@ func NewEnd(tlsSock Sock, s *tlsrec.Session) (*End, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &End{TLS: tlsSock, suite: ss.Suite, in: in, out: out, rbuf: make([]byte, 2*tlsrec.MaxRecord)}
+	e := &End{TLS: tlsSock, suite: ss.Suite, in: in, out: out}
 	if ss.UpdateOwed {
 		e.asked.Store(1)
 	}
@@ -78,7 +78,8 @@ func NewEnd(tlsSock Sock, s *tlsrec.Session) (*End, error) {
 
 // Next returns the application data of the next record, read from the TLS socket as it comes
 // (waiting, up to the read deadline); it aliases the End's buffer until the next call. At the
-// peer's close_notify, or its end of stream between records, err is io.EOF.
+// peer's close_notify, or its end of stream between records, err is io.EOF. While it waits with
+// no record begun it holds no buffer (an idle connection holds none; see readRecords).
 func (e *End) Next() ([]byte, error) {
 	for {
 		if e.handed.Load() {
@@ -115,8 +116,7 @@ func (e *End) Next() ([]byte, error) {
 			e.rn = copy(e.rbuf, e.rbuf[e.roff:e.rn])
 			e.roff = 0
 		}
-		n, err := e.TLS.Read(e.rbuf[e.rn:])
-		e.rn += n
+		err := e.readRecords()
 		switch {
 		case err == nil:
 		case errors.Is(err, io.EOF) && e.rn == e.roff:
@@ -130,6 +130,60 @@ func (e *End) Next() ([]byte, error) {
 	}
 }
 
+// readRecords reads what the TLS socket has after rbuf[:rn], waiting for it: the buffer comes
+// from a pool once bytes are there, and goes back while the socket has none and no record is
+// begun.
+func (e *End) readRecords() error {
+	rc, err := e.TLS.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var n int
+	var serr error
+	err = rc.Read(func(fd uintptr) bool {
+		if e.rbuf == nil {
+			e.rbuf = *(recBufs.Get().(*[]byte))
+		}
+		for {
+			n, serr = unix.Read(int(fd), e.rbuf[e.rn:])
+			if serr != unix.EINTR {
+				break
+			}
+		}
+		if serr == unix.EAGAIN {
+			if e.rn == 0 {
+				e.putRbuf()
+			}
+			return false
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+	case serr != nil:
+		err = os.NewSyscallError("read", serr)
+	case n == 0:
+		err = io.EOF
+	default:
+		e.rn += n
+	}
+	if e.rn == 0 && e.rbuf != nil {
+		e.putRbuf()
+	}
+	return err
+}
+
+// putRbuf gives the read buffer back to the pool; nothing in it is the End's any more.
+func (e *End) putRbuf() {
+	b := e.rbuf
+	e.rbuf, e.roff, e.rn = nil, 0, 0
+	recBufs.Put(&b)
+}
+
+// recBufs holds the buffers an End reads records into: the start of one, and room for a whole
+// one after it.
+var recBufs = sync.Pool{New: func() any { b := make([]byte, 2*tlsrec.MaxRecord); return &b }}
+
 // Write seals p into records and writes them, waiting up to the write deadline. n counts the
 // plaintext of records written whole: a record stopped part way (a deadline) stays under way,
 // and the next Write or TryWrite, which must be given the same bytes from p[n:] on, finishes it.
@@ -141,6 +195,7 @@ func (e *End) TryWrite(p []byte) (n int, err error) { return e.write(p, false) }
 func (e *End) write(p []byte, wait bool) (n int, err error) {
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
+	defer e.putWbuf()
 	for {
 		if e.wrec == nil {
 			switch {
@@ -171,8 +226,24 @@ func (e *End) write(p []byte, wait bool) (n int, err error) {
 	}
 }
 
+// putWbuf gives the seal buffer back to the pool when no record is under way (e.wmu held):
+// a connection between replies holds none.
+func (e *End) putWbuf() {
+	if e.wrec == nil && e.wbuf != nil {
+		b := e.wbuf[:0]
+		e.wbuf = nil
+		sealBufs.Put(&b)
+	}
+}
+
+// sealBufs holds the buffers an End seals a record in.
+var sealBufs = sync.Pool{New: func() any { b := make([]byte, 0, tlsrec.MaxRecord); return &b }}
+
 // seal makes the record under way (e.wmu held).
 func (e *End) seal(kind byte, p []byte) {
+	if e.wbuf == nil {
+		e.wbuf = *(sealBufs.Get().(*[]byte))
+	}
 	e.wkind, e.wlen, e.wsent, e.wseq = kind, len(p), 0, e.out.Seq()
 	switch kind {
 	case 'd':
@@ -255,6 +326,7 @@ func (e *End) closeNotify() error {
 		return nil // the alert's rest stays under way: a half-close would cut it short
 	}
 	e.wrec = nil
+	e.putWbuf()
 	return e.TLS.CloseWrite()
 }
 

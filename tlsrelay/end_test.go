@@ -172,7 +172,7 @@ func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
 
 // TestEndAnswersKeyUpdate: a KeyUpdate the peer asks for is answered before the End's next
 // record (the peer opens that record only under the new keys), and the End reads on under the
-// peer's new keys.
+// peer's new keys. Between records, waiting, it holds no buffer.
 func TestEndAnswersKeyUpdate(t *testing.T) {
 	srvCfg, cliCfg := configs(t)
 	remote, tlsSide := tcpPair(t)
@@ -223,6 +223,14 @@ func TestEndAnswersKeyUpdate(t *testing.T) {
 	if e.asked.Load() != 1 || e.answered != 1 || e.out.Seq() != 1 {
 		t.Fatalf("asked %d, answered %d, next sequence number %d", e.asked.Load(), e.answered, e.out.Seq())
 	}
+	e.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := e.Next(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("an idle End's read: %v", err)
+	}
+	if e.rbuf != nil || e.wbuf != nil {
+		t.Fatalf("an idle End holds buffers: read %d bytes, seal %d", cap(e.rbuf), cap(e.wbuf))
+	}
+	e.SetReadDeadline(time.Time{})
 	c.Close()
 	if _, err := e.Next(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the client's close: %v", err)

@@ -246,6 +246,15 @@ declare -A SERVER_END=([stunnel]=$P_ST_SERVER [haproxy-tls]=$P_HA_SERVER)
 [ $SG_TLS = 1 ] && SERVER_END[sg-tls]=$P_SG_SERVER
 for t in "${TARGETS[@]}"; do wait_port "${ADDR[$t]}" || exit 1; done
 for t in "${!SERVER_END[@]}"; do wait_port "${SERVER_END[$t]}" || exit 1; done
+# Under --keeper (SG_TLS_ARGS) the forwarding process is each keeper's child: its CPU is watched too.
+for t in sg-plain sg-tls; do
+	for p in ${WATCH[$t]:-}; do
+		[ "$p" = --watch-pid ] && continue
+		for c in $(cat /proc/"$p"/task/*/children 2>/dev/null); do
+			[ "$(readlink /proc/"$c"/exe 2>/dev/null)" = "$(readlink -f "$SG")" ] && WATCH[$t]+=" --watch-pid $c"
+		done
+	done
+done
 head -1 "$OUT/logs/store.out" >"$OUT/store.txt"
 
 bench() { # file args...: one bench run, JSON into file

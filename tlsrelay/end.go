@@ -32,10 +32,17 @@ type End struct {
 
 	// The read side (Next's goroutine).
 	in       *tlsrec.Half
-	rbuf     []byte // records read: rbuf[roff:rn] not opened yet (nil: none, and nothing read)
+	rbuf     []byte  // records read: rbuf[roff:rn] not opened yet (nil: none, and nothing read)
+	rbp      *[]byte // rbuf's, from recBufs
 	roff, rn int
-	rEnded   bool // close_notify came, or the end of stream between records
-	asked    atomic.Uint64
+	rc       syscall.RawConn
+	readFn   func(fd uintptr) bool
+	rd       struct {
+		n   int
+		err error
+	}
+	rEnded bool // close_notify came, or the end of stream between records
+	asked  atomic.Uint64
 
 	// The write side.
 	wmu      sync.Mutex
@@ -45,6 +52,7 @@ type End struct {
 	// is). It was sealed at wseq from wlen bytes at the start of what the caller passed (kind
 	// 'd'), or is a KeyUpdate ('k', sealed under wsecret) or close_notify ('c').
 	wbuf    []byte
+	wbp     *[]byte // wbuf's, from sealBufs
 	wrec    []byte
 	wsent   int
 	wlen    int
@@ -134,30 +142,15 @@ func (e *End) Next() ([]byte, error) {
 // from a pool once bytes are there, and goes back while the socket has none and no record is
 // begun.
 func (e *End) readRecords() error {
-	rc, err := e.TLS.SyscallConn()
-	if err != nil {
-		return err
+	if e.rc == nil {
+		rc, err := e.TLS.SyscallConn()
+		if err != nil {
+			return err
+		}
+		e.rc, e.readFn = rc, e.readSome // made once: a closure per read would be an allocation
 	}
-	var n int
-	var serr error
-	err = rc.Read(func(fd uintptr) bool {
-		if e.rbuf == nil {
-			e.rbuf = *(recBufs.Get().(*[]byte))
-		}
-		for {
-			n, serr = unix.Read(int(fd), e.rbuf[e.rn:])
-			if serr != unix.EINTR {
-				break
-			}
-		}
-		if serr == unix.EAGAIN {
-			if e.rn == 0 {
-				e.putRbuf()
-			}
-			return false
-		}
-		return true
-	})
+	err := e.rc.Read(e.readFn)
+	n, serr := e.rd.n, e.rd.err
 	switch {
 	case err != nil:
 	case serr != nil:
@@ -173,11 +166,31 @@ func (e *End) readRecords() error {
 	return err
 }
 
+// readSome is readRecords' read from the socket's descriptor (syscall.RawConn.Read).
+func (e *End) readSome(fd uintptr) bool {
+	if e.rbuf == nil {
+		e.rbp = recBufs.Get().(*[]byte)
+		e.rbuf = *e.rbp
+	}
+	for {
+		e.rd.n, e.rd.err = unix.Read(int(fd), e.rbuf[e.rn:])
+		if e.rd.err != unix.EINTR {
+			break
+		}
+	}
+	if e.rd.err == unix.EAGAIN {
+		if e.rn == 0 {
+			e.putRbuf()
+		}
+		return false
+	}
+	return true
+}
+
 // putRbuf gives the read buffer back to the pool; nothing in it is the End's any more.
 func (e *End) putRbuf() {
-	b := e.rbuf
-	e.rbuf, e.roff, e.rn = nil, 0, 0
-	recBufs.Put(&b)
+	recBufs.Put(e.rbp)
+	e.rbp, e.rbuf, e.roff, e.rn = nil, nil, 0, 0
 }
 
 // recBufs holds the buffers an End reads records into: the start of one, and room for a whole
@@ -229,10 +242,10 @@ func (e *End) write(p []byte, wait bool) (n int, err error) {
 // putWbuf gives the seal buffer back to the pool when no record is under way (e.wmu held):
 // a connection between replies holds none.
 func (e *End) putWbuf() {
-	if e.wrec == nil && e.wbuf != nil {
-		b := e.wbuf[:0]
-		e.wbuf = nil
-		sealBufs.Put(&b)
+	if e.wrec == nil && e.wbp != nil {
+		*e.wbp = e.wbuf[:0]
+		sealBufs.Put(e.wbp)
+		e.wbp, e.wbuf = nil, nil
 	}
 }
 
@@ -241,8 +254,9 @@ var sealBufs = sync.Pool{New: func() any { b := make([]byte, 0, tlsrec.MaxRecord
 
 // seal makes the record under way (e.wmu held).
 func (e *End) seal(kind byte, p []byte) {
-	if e.wbuf == nil {
-		e.wbuf = *(sealBufs.Get().(*[]byte))
+	if e.wbp == nil {
+		e.wbp = sealBufs.Get().(*[]byte)
+		e.wbuf = *e.wbp
 	}
 	e.wkind, e.wlen, e.wsent, e.wseq = kind, len(p), 0, e.out.Seq()
 	switch kind {

@@ -18,8 +18,8 @@ import (
 
 // End is a TLS connection whose plaintext the proxy reads and writes itself, in the goroutines
 // that judge it: the master's guard when no keeper holds its connections (a keeper needs a
-// Relay, whose state is the kernel's counters and a ledger slot). It saves, against a Relay,
-// two writes, two reads and two wake-ups per request and reply: the loopback pair's
+// Relay, whose state is the kernel's counters and a ledger slot). Against a Relay it saves, for
+// each request and its reply, a loopback pair's two writes, two reads and their wake-ups
 // (docs/design.md, "What the master's relay costs").
 //
 // Next reads and opens records (one goroutine); Write and TryWrite seal and write them
@@ -60,8 +60,15 @@ type End struct {
 	wseq    uint64
 	wsecret []byte
 	wprev   uint64 // answered before a KeyUpdate under way
-	wEnded  bool   // close_notify sent
-	closed  atomic.Bool
+	wc      syscall.RawConn
+	writeFn func(fd uintptr) bool
+	wr      struct {
+		p   []byte
+		n   int
+		err error
+	}
+	wEnded bool // close_notify sent
+	closed atomic.Bool
 	// handed: Handover made the End another process's, until Thaw; it reads and writes nothing.
 	handed atomic.Bool
 }
@@ -280,7 +287,7 @@ func (e *End) flush(wait bool) (done bool, err error) {
 		if wait {
 			n, err = e.TLS.Write(e.wrec[e.wsent:])
 		} else {
-			n, err = writeNow(e.TLS, e.wrec[e.wsent:])
+			n, err = e.writeNow(e.wrec[e.wsent:])
 		}
 		e.wsent += n
 		if err != nil || (!wait && n == 0) {
@@ -290,30 +297,37 @@ func (e *End) flush(wait bool) (done bool, err error) {
 	return true, nil
 }
 
-// writeNow writes what s takes of p at once.
-func writeNow(s Sock, p []byte) (int, error) {
-	rc, err := s.SyscallConn()
-	if err != nil {
-		return 0, err
+// writeNow writes what the TLS socket takes of p at once (e.wmu held).
+func (e *End) writeNow(p []byte) (int, error) {
+	if e.wc == nil {
+		wc, err := e.TLS.SyscallConn()
+		if err != nil {
+			return 0, err
+		}
+		e.wc, e.writeFn = wc, e.writeSome // made once, as readRecords' callback
 	}
-	var n int
-	var serr error
-	err = rc.Write(func(fd uintptr) bool {
-		for {
-			n, serr = unix.Write(int(fd), p)
-			if serr != unix.EINTR {
-				break
-			}
-		}
-		if serr == unix.EAGAIN {
-			serr = nil
-		}
-		return true
-	})
+	e.wr.p = p
+	err := e.wc.Write(e.writeFn)
+	n, serr := e.wr.n, e.wr.err
+	e.wr.p = nil
 	if serr != nil {
 		return 0, os.NewSyscallError("write", serr)
 	}
 	return max(n, 0), err
+}
+
+// writeSome is writeNow's write to the socket's descriptor (syscall.RawConn.Write).
+func (e *End) writeSome(fd uintptr) bool {
+	for {
+		e.wr.n, e.wr.err = unix.Write(int(fd), e.wr.p)
+		if e.wr.err != unix.EINTR {
+			break
+		}
+	}
+	if e.wr.err == unix.EAGAIN {
+		e.wr.err = nil
+	}
+	return true
 }
 
 // CloseWrite sends close_notify, after the record under way if the socket takes it now, and

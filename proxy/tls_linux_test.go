@@ -93,19 +93,7 @@ func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys}))
-	eventually(t, "replies queued in the guard", func() bool {
-		h.srv.reg.mu.Lock()
-		defer h.srv.reg.mu.Unlock()
-		for cc := range h.srv.reg.conns {
-			cc.rep.mu.Lock()
-			q := cc.rep.queued
-			cc.rep.mu.Unlock()
-			if q > 1<<20 {
-				return true
-			}
-		}
-		return false
-	})
+	eventually(t, "replies queued in the guard", func() bool { return h.repliesQueued() > 1<<20 })
 	if ends, relays := h.tlsPaths(); ends != 1 || relays != 0 {
 		t.Fatalf("before the upgrade: %d Ends and %d relays, want the one connection an End", ends, relays)
 	}

@@ -180,6 +180,19 @@ func testFailedUpgradeKeepsServing(t *testing.T, m mode) {
 	}
 }
 
+// repliesQueued is the most reply bytes one of h's connections holds for its client.
+func (h *harness) repliesQueued() int {
+	h.srv.reg.mu.Lock()
+	defer h.srv.reg.mu.Unlock()
+	most := 0
+	for cc := range h.srv.reg.conns {
+		cc.rep.mu.Lock()
+		most = max(most, cc.rep.queued)
+		cc.rep.mu.Unlock()
+	}
+	return most
+}
+
 // TestUpgradeCarriesRepliesAndBans: replies the client had not taken yet reach it from the new
 // server, and a source banned by the old server stays banned.
 func TestUpgradeCarriesRepliesAndBans(t *testing.T) {
@@ -191,19 +204,7 @@ func TestUpgradeCarriesRepliesAndBans(t *testing.T) {
 	h.store.SetReply(big)
 	c := h.dial()
 	c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys}))
-	eventually(t, "replies queued in the guard", func() bool {
-		h.srv.reg.mu.Lock()
-		defer h.srv.reg.mu.Unlock()
-		for cc := range h.srv.reg.conns {
-			cc.rep.mu.Lock()
-			q := cc.rep.queued
-			cc.rep.mu.Unlock()
-			if q > 1<<20 {
-				return true
-			}
-		}
-		return false
-	})
+	eventually(t, "replies queued in the guard", func() bool { return h.repliesQueued() > 1<<20 })
 	// Another source: one with a rank's connection that sent valid messages is never banned.
 	other := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	bad, err := other.Dial("tcp", h.addr)

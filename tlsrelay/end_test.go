@@ -1,8 +1,6 @@
 package tlsrelay
 
 import (
-	"crypto/rand"
-	"crypto/sha256"
 	"errors"
 	"io"
 	"os"
@@ -76,18 +74,7 @@ func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
 	x := &echoer{e: e, parked: make(chan []byte), goOn: make(chan bool), done: make(chan error, 1)}
 	go x.run()
 
-	const total = 8 << 20
-	data := make([]byte, total)
-	rand.Read(data)
-	want := sha256.Sum256(data)
-	go func() {
-		for p := data; len(p) > 0; {
-			n := min(len(p), 100000)
-			client.Write(p[:n])
-			p = p[n:]
-		}
-		client.CloseWrite()
-	}()
+	want := streamFrom(client)
 	freeze := func() []byte {
 		time.Sleep(30 * time.Millisecond)
 		e.SetDeadline(time.Unix(1, 0))
@@ -143,31 +130,7 @@ func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
 		io.Copy(guardSide, guardSide)
 		guardSide.CloseWrite()
 	}()
-
-	got := make(chan [32]byte)
-	go func() {
-		h := sha256.New()
-		io.Copy(h, client)
-		var sum [32]byte
-		copy(sum[:], h.Sum(nil))
-		got <- sum
-	}()
-	select {
-	case sum := <-got:
-		if sum != want {
-			t.Fatal("the echo came back different")
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the echo did not finish")
-	}
-	select {
-	case err := <-ended:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(35 * time.Second):
-		t.Fatal("the relay did not end")
-	}
+	awaitEcho(t, client, want, ended)
 }
 
 // TestEndAnswersKeyUpdate: a KeyUpdate the peer asks for is answered before the End's next

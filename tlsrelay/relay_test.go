@@ -62,23 +62,12 @@ func TestRelayFreezeAndResume(t *testing.T) {
 	r.OnEnd = func(err error) { ended <- err }
 	r.Run()
 
-	const total = 8 << 20
-	data := make([]byte, total)
-	rand.Read(data)
-	want := sha256.Sum256(data)
 	// The app echoes what it reads back, through the relay, to the client.
 	go func() {
 		io.Copy(app, app)
 		app.CloseWrite()
 	}()
-	go func() {
-		for p := data; len(p) > 0; {
-			n := min(len(p), 100000)
-			client.Write(p[:n])
-			p = p[n:]
-		}
-		client.CloseWrite()
-	}()
+	want := streamFrom(client)
 	for i := 0; i < 5; i++ {
 		time.Sleep(30 * time.Millisecond)
 		if !r.Freeze(5 * time.Second) {
@@ -99,6 +88,29 @@ func TestRelayFreezeAndResume(t *testing.T) {
 	}
 	// Only now does the client read: until here both directions were backed up, so the freezes
 	// stopped writes half done.
+	awaitEcho(t, client, want, ended)
+}
+
+// streamFrom writes 8 MiB of random bytes to client, then half-closes it, on a goroutine of its
+// own; it returns their SHA-256.
+func streamFrom(client *tls.Conn) [32]byte {
+	data := make([]byte, 8<<20)
+	rand.Read(data)
+	go func() {
+		for p := data; len(p) > 0; {
+			n := min(len(p), 100000)
+			client.Write(p[:n])
+			p = p[n:]
+		}
+		client.CloseWrite()
+	}()
+	return sha256.Sum256(data)
+}
+
+// awaitEcho reads client to its end and fails t unless what came is what hashes to want, and
+// the relay then ends (ended) without an error.
+func awaitEcho(t *testing.T, client *tls.Conn, want [32]byte, ended <-chan error) {
+	t.Helper()
 	got := make(chan [32]byte)
 	go func() {
 		h := sha256.New()

@@ -393,10 +393,12 @@ func (c *conn) pipeClientToStore() (took bool) {
 				if took || !live {
 					return took
 				}
-				var err error
-				if rc, err = c.gr.client.SyscallConn(); err != nil {
-					c.closeBoth()
-					return false
+				if e == nil {
+					var err error
+					if rc, err = c.gr.client.SyscallConn(); err != nil {
+						c.closeBoth()
+						return false
+					}
 				}
 			} else {
 				c.startReplies()
@@ -446,10 +448,9 @@ func (c *conn) takeKick() bool {
 }
 
 // adoptable reports whether a loop may take the connection now: the store is connected, no
-// goroutine copies its replies yet, and the client is between messages, with no deadline to watch;
-// and it is not a TLS End.
+// goroutine copies its replies yet, and the client is between messages, with no deadline to watch.
 func (c *conn) adoptable() bool {
-	return c.merged() == nil && c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
+	return c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
 		!c.g.Stalled() && !c.isClosed() && !c.replying()
 }
 

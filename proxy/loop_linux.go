@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"sync"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/storeguard/storeguard/internal/origdst"
 	"github.com/storeguard/storeguard/internal/tcpcount"
+	"github.com/storeguard/storeguard/tlsrelay"
 )
 
 // Event loops accept connections and forward them. When the store is on this host, the accepting
@@ -571,6 +574,11 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		return
 	}
 	fromClient := ev.Fd == c.lt.cfd
+	e := c.merged()
+	if fromClient && e != nil {
+		l.serveEnd(c, e)
+		return
+	}
 	src := c.lt.ufd
 	if fromClient {
 		src = c.lt.cfd
@@ -619,7 +627,15 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		return
 	}
 	c.rep.follow(l.buf[:n])
-	w, errno := writeFd(c.lt.cfd, l.buf[:n], nil)
+	var w int
+	if e != nil { // sealed into records: w counts those written whole, and the rest waits (leftover)
+		var err error
+		if w, err = e.TryWrite(l.buf[:n]); err != nil {
+			errno = unix.EIO
+		}
+	} else {
+		w, errno = writeFd(c.lt.cfd, l.buf[:n], nil)
+	}
 	c.s.m.bytesS2C.Add(float64(w))
 	if kept {
 		if w < n && (errno == 0 || errno == unix.EAGAIN) {
@@ -640,6 +656,33 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 	default:
 		c.closeBoth()
 		l.release(c, handbackNone)
+	}
+}
+
+// serveEnd opens what a TLS End's socket has and judges every whole record's plaintext, as
+// serveEvent does a plaintext client's read: records already read count too, since epoll will
+// not say so again. It stops when the End would block, or c leaves the loop.
+func (l *loop) serveEnd(c *conn, e *tlsrelay.End) {
+	for c.lt.registered {
+		p, err := e.Next()
+		switch {
+		case err == nil:
+		case errors.Is(err, tlsrelay.ErrWouldBlock):
+			return
+		case errors.Is(err, io.EOF):
+			c.ended(endedByClient)
+			l.clientDone(c)
+			return
+		default:
+			c.ended(endedByClient)
+			l.s.log.Debug("connection ended by an error", "conn", c.id, "side", "client", "err", err.Error(),
+				"bytes_in", c.g.Bytes())
+			c.closeBoth()
+			l.release(c, handbackNone)
+			return
+		}
+		c.readClient(p)
+		l.settle(c, c.process(p))
 	}
 }
 

@@ -27,9 +27,9 @@ import (
 
 // loopable reports whether a new connection may go to a loop from its first byte: there are loops,
 // the store is on this host (a loop connects to it without waiting, at the first valid message),
-// and there is no deadline to watch; and it is not a TLS End (whose plaintext is in no socket).
+// and there is no deadline to watch. (A TLS End goes too: the loop opens and seals its records.)
 func (c *conn) loopable() bool {
-	return c.s.loops != nil && c.merged() == nil && !c.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
+	return c.s.loops != nil && !c.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
 		c.g.Deadline().IsZero()
 }
 
@@ -209,6 +209,10 @@ func (c *conn) reattach() bool {
 		return false
 	}
 	client, err := attach(c.lt.cfd)
+	if e := c.merged(); err == nil && e != nil { // a TLS End goes on with its socket in Go's poller
+		e.Attach(client)
+		client = e
+	}
 	if err == nil {
 		c.lt.cfd = -1
 		if c.lt.ufd < 0 { // not connected yet: storeUp dials
@@ -239,6 +243,9 @@ func (c *conn) reattach() bool {
 // loopFds takes the connection's sockets away from Go's poller for a loop: the client's, and the
 // store's once connected.
 func (c *conn) loopFds() (cfd, ufd int32, err error) {
+	if e := c.merged(); e != nil {
+		return detachEnd(e, c.gr.up)
+	}
 	if c.gr.up != nil {
 		return detach(c.gr.client, c.gr.up)
 	}
@@ -249,8 +256,12 @@ func (c *conn) loopFds() (cfd, ufd int32, err error) {
 	return cfd, -1, nil
 }
 
-// closeDetached closes the descriptors a loop owned; c.mu is held.
+// closeDetached closes the descriptors a loop owned (a TLS End's after its close_notify); c.mu is
+// held.
 func (c *conn) closeDetached() {
+	if e := c.merged(); e != nil && c.lt.cfd >= 0 {
+		e.Close() // its close_notify, if the socket takes it now; the descriptor is closed here
+	}
 	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
 		if fd >= 0 {
 			unix.Close(int(fd))
@@ -272,6 +283,24 @@ func detach(client sock, up *net.TCPConn) (cfd, ufd int32, err error) {
 	}
 	client.Close()
 	up.Close()
+	return cfd, ufd, nil
+}
+
+// detachEnd is detach for a TLS End: its socket's descriptor goes to the caller, and the End
+// reads and writes it without waiting (tlsrelay.End.Detach); up may be nil (not connected yet).
+func detachEnd(e *tlsrelay.End, up *net.TCPConn) (cfd, ufd int32, err error) {
+	if cfd, err = dupFd(e.TLS); err != nil {
+		return -1, -1, err
+	}
+	ufd = -1
+	if up != nil {
+		if ufd, err = dupFd(up); err != nil {
+			unix.Close(int(cfd))
+			return -1, -1, err
+		}
+		up.Close()
+	}
+	e.Detach(int(cfd))
 	return cfd, ufd, nil
 }
 

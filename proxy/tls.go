@@ -42,8 +42,8 @@ type tlsConn struct {
 	handover [2]*net.TCPConn
 }
 
-// merged is the connection's TLS End: its goroutines read and write the plaintext themselves
-// (no event loop takes it). Nil for plaintext and relayed connections.
+// merged is the connection's TLS End: its goroutines, or the event loop that takes it, open and
+// seal its records themselves. Nil for plaintext and relayed connections.
 func (c *conn) merged() *tlsrelay.End {
 	if c.tls == nil {
 		return nil

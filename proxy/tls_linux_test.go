@@ -115,3 +115,82 @@ func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 	c.Write(add)
 	readReply(t, c, 8)
 }
+
+// TestMutualTLSEndInALoop: an event loop takes a mutual-TLS connection (its End detached from Go's
+// poller) and opens and seals its records itself; 8 MiB of replies the client reads slowly hand
+// it back to goroutines part way through a record, which finish that record; the connection
+// goes on, and every byte reaches each side once and in order.
+func TestMutualTLSEndInALoop(t *testing.T) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h := startTLS(t, loopMode, ca)
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	c, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := enc(t, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
+	inLoop := func() bool {
+		h.srv.reg.mu.Lock()
+		defer h.srv.reg.mu.Unlock()
+		for cc := range h.srv.reg.conns {
+			cc.mu.Lock()
+			own := cc.own
+			cc.mu.Unlock()
+			if cc.tls != nil && cc.tls.end != nil && own == ownLoop {
+				return true
+			}
+		}
+		return false
+	}
+	var sent []byte
+	deadline := time.Now().Add(5 * time.Second)
+	for !inLoop() {
+		if time.Now().After(deadline) {
+			t.Fatal("no event loop took the mutual-TLS connection")
+		}
+		c.Write(add)
+		sent = append(sent, add...)
+		readReply(t, c, 8)
+	}
+	for range 50 { // forwarded by the loop
+		c.Write(add)
+		sent = append(sent, add...)
+		readReply(t, c, 8)
+	}
+	big := make([]byte, 8<<20)
+	for i := range big {
+		big[i] = byte(i * 7 / 13)
+	}
+	h.store.SetReply(big)
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	c.Write(get)
+	sent = append(sent, get...)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got := make([]byte, 0, len(big))
+	buf := make([]byte, 1000)
+	for len(got) < len(big) { // slowly at first: the socket fills, and the loop hands it back
+		n, err := c.Read(buf[:min(len(buf), len(big)-len(got))])
+		if err != nil {
+			t.Fatalf("client read %d of %d reply bytes: %v", len(got), len(big), err)
+		}
+		got = append(got, buf[:n]...)
+		if len(got) < 1<<20 {
+			time.Sleep(50 * time.Microsecond)
+		} else {
+			buf = make([]byte, 1<<16)
+		}
+	}
+	if !bytes.Equal(got, big) {
+		t.Fatal("the replies came back different")
+	}
+	h.store.SetReply(nil)
+	for range 20 {
+		c.Write(add)
+		sent = append(sent, add...)
+		readReply(t, c, 8)
+	}
+	eventually(t, "every request at the store once", func() bool { return bytes.Equal(h.store.Received(0), sent) })
+	if v := h.handbacks("backpressure"); v == "" || v == "0" {
+		t.Fatalf("the loop never handed the connection back for backpressure (%q): the test did not test it", v)
+	}
+}

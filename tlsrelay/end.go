@@ -24,11 +24,14 @@ import (
 //
 // Next reads and opens records (one goroutine); Write and TryWrite seal and write them
 // (one at a time). Deadlines are the TLS socket's, so a freeze stops both as it stops any
-// client. A frozen End goes to another process as a Relay (Handover): its state, a new loopback
-// pair and the sockets.
+// client. An event loop takes an End's descriptor (Detach) and gives it back (Attach). A frozen
+// End goes to another process as a Relay (Handover): its state, a new loopback pair and the
+// sockets.
 type End struct {
-	TLS   Sock
-	suite uint16
+	TLS           Sock
+	suite         uint16
+	local, remote net.Addr
+	tmu           sync.Mutex // TLS, for the deadlines another goroutine sets, while Detach and Attach change it
 
 	// The read side (Next's goroutine).
 	in       *tlsrec.Half
@@ -37,7 +40,10 @@ type End struct {
 	roff, rn int
 	rc       syscall.RawConn
 	readFn   func(fd uintptr) bool
-	rd       struct {
+	// fd, when not -1: the End is detached (Detach) and reads and writes this descriptor
+	// without waiting; TLS is nil meanwhile.
+	fd int
+	rd struct {
 		n   int
 		err error
 	}
@@ -84,7 +90,8 @@ func NewEnd(tlsSock Sock, s *tlsrec.Session) (*End, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &End{TLS: tlsSock, suite: ss.Suite, in: in, out: out}
+	e := &End{TLS: tlsSock, suite: ss.Suite, in: in, out: out, fd: -1, local: tlsSock.LocalAddr(),
+		remote: tlsSock.RemoteAddr()}
 	if ss.UpdateOwed {
 		e.asked.Store(1)
 	}
@@ -149,6 +156,9 @@ func (e *End) Next() ([]byte, error) {
 // from a pool once bytes are there, and goes back while the socket has none and no record is
 // begun.
 func (e *End) readRecords() error {
+	if e.fd >= 0 {
+		return e.readDetached()
+	}
 	if e.rc == nil {
 		rc, err := e.TLS.SyscallConn()
 		if err != nil {
@@ -192,6 +202,51 @@ func (e *End) readSome(fd uintptr) bool {
 		return false
 	}
 	return true
+}
+
+// readDetached is readRecords for a detached End: what the descriptor has now, or
+// ErrWouldBlock.
+func (e *End) readDetached() error {
+	if e.readSome(uintptr(e.fd)) {
+		switch n, serr := e.rd.n, e.rd.err; {
+		case serr != nil:
+			return os.NewSyscallError("read", serr)
+		case n == 0:
+			return io.EOF
+		default:
+			e.rn += n
+			return nil
+		}
+	}
+	return ErrWouldBlock
+}
+
+// ErrWouldBlock: a detached End has nothing more to read now, or a record to write that the
+// socket does not take now.
+var ErrWouldBlock = errors.New("tlsrelay: would block")
+
+// Detach takes the End's socket away from Go's poller, for an event loop: from then on the End
+// reads and writes fd (a duplicate of the socket's descriptor, which the caller owns and closes)
+// and never waits, Next saying ErrWouldBlock when nothing complete is there. The End's Sock is
+// closed, sending nothing. Attach undoes it.
+func (e *End) Detach(fd int) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	e.fd = fd
+	e.TLS.Close()
+	e.tmu.Lock()
+	e.TLS, e.rc, e.wc = nil, nil, nil
+	e.tmu.Unlock()
+}
+
+// Attach gives a detached End its socket back in Go's poller (s: made from the descriptor
+// Detach was given).
+func (e *End) Attach(s Sock) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	e.tmu.Lock()
+	e.TLS, e.fd = s, -1
+	e.tmu.Unlock()
 }
 
 // putRbuf gives the read buffer back to the pool; nothing in it is the End's any more.
@@ -284,17 +339,32 @@ func (e *End) seal(kind byte, p []byte) {
 func (e *End) flush(wait bool) (done bool, err error) {
 	for e.wsent < len(e.wrec) {
 		var n int
-		if wait {
+		switch {
+		case e.fd >= 0:
+			n, err = e.writeDetached(e.wrec[e.wsent:])
+		case wait:
 			n, err = e.TLS.Write(e.wrec[e.wsent:])
-		} else {
+		default:
 			n, err = e.writeNow(e.wrec[e.wsent:])
 		}
 		e.wsent += n
-		if err != nil || (!wait && n == 0) {
+		if err != nil || ((!wait || e.fd >= 0) && n == 0) {
 			return e.wsent == len(e.wrec), err
 		}
 	}
 	return true, nil
+}
+
+// writeDetached writes what a detached End's descriptor takes of p at once (e.wmu held).
+func (e *End) writeDetached(p []byte) (int, error) {
+	e.wr.p = p
+	e.writeSome(uintptr(e.fd))
+	n, serr := e.wr.n, e.wr.err
+	e.wr.p = nil
+	if serr != nil {
+		return 0, os.NewSyscallError("write", serr)
+	}
+	return max(n, 0), nil
 }
 
 // writeNow writes what the TLS socket takes of p at once (e.wmu held).
@@ -355,6 +425,9 @@ func (e *End) closeNotify() error {
 	}
 	e.wrec = nil
 	e.putWbuf()
+	if e.fd >= 0 {
+		return unix.Shutdown(e.fd, unix.SHUT_WR)
+	}
 	return e.TLS.CloseWrite()
 }
 
@@ -371,17 +444,40 @@ func (e *End) Close() error {
 	} else {
 		e.closed.Store(true)
 	}
+	if e.TLS == nil { // detached: its descriptor is its owner's to close
+		return nil
+	}
 	return e.TLS.Close()
+}
+
+// LocalAddr and RemoteAddr are the TLS socket's, as it was made.
+func (e *End) LocalAddr() net.Addr  { return e.local }
+func (e *End) RemoteAddr() net.Addr { return e.remote }
+
+// SetDeadline, SetReadDeadline and SetWriteDeadline set the TLS socket's; a detached End has
+// none (an event loop waits for nothing).
+func (e *End) SetDeadline(t time.Time) error      { return e.deadline(t, true, true) }
+func (e *End) SetReadDeadline(t time.Time) error  { return e.deadline(t, true, false) }
+func (e *End) SetWriteDeadline(t time.Time) error { return e.deadline(t, false, true) }
+
+func (e *End) deadline(t time.Time, read, write bool) error {
+	e.tmu.Lock()
+	s := e.TLS
+	e.tmu.Unlock()
+	if s == nil {
+		return nil
+	}
+	switch {
+	case read && write:
+		return s.SetDeadline(t)
+	case read:
+		return s.SetReadDeadline(t)
+	}
+	return s.SetWriteDeadline(t)
 }
 
 // Thaw lets an End that was to be handed over go on.
 func (e *End) Thaw() { e.handed.Store(false) }
-
-func (e *End) LocalAddr() net.Addr                { return e.TLS.LocalAddr() }
-func (e *End) RemoteAddr() net.Addr               { return e.TLS.RemoteAddr() }
-func (e *End) SetDeadline(t time.Time) error      { return e.TLS.SetDeadline(t) }
-func (e *End) SetReadDeadline(t time.Time) error  { return e.TLS.SetReadDeadline(t) }
-func (e *End) SetWriteDeadline(t time.Time) error { return e.TLS.SetWriteDeadline(t) }
 
 // Read is Next into p, for io.Reader's sake (tests): p must hold a whole record's plaintext.
 func (e *End) Read(p []byte) (int, error) {

@@ -448,8 +448,12 @@ func (c *conn) takeKick() bool {
 }
 
 // adoptable reports whether a loop may take the connection now: the store is connected, no
-// goroutine copies its replies yet, and the client is between messages, with no deadline to watch.
+// goroutine copies its replies yet, and the client is between messages, with no deadline to watch;
+// a TLS End's records all opened (the loop hears only of what comes to the socket).
 func (c *conn) adoptable() bool {
+	if e := c.merged(); e != nil && e.Buffered() > 0 {
+		return false
+	}
 	return c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
 		!c.g.Stalled() && !c.isClosed() && !c.replying()
 }

@@ -194,3 +194,28 @@ func TestMutualTLSEndInALoop(t *testing.T) {
 		t.Fatalf("the loop never handed the connection back for backpressure (%q): the test did not test it", v)
 	}
 }
+
+// TestMutualTLSRecordsReadAhead: records a client sent back to back, which an End in an event loop
+// reads in one read, are all answered: the loop opens every whole record it has read, since epoll
+// does not say again that they are there. (For the same reason a loop takes no End that has
+// records read and not opened: adoptable.)
+func TestMutualTLSRecordsReadAhead(t *testing.T) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h := startTLS(t, loopMode, ca)
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	add := enc(t, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
+	for i := range 20 {
+		c, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 { // three records, written at once
+			c.Write(add)
+		}
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := io.ReadFull(c, make([]byte, 3*8)); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		c.Close()
+	}
+}

@@ -152,6 +152,10 @@ func (e *End) Next() ([]byte, error) {
 	}
 }
 
+// Buffered is how many bytes Next has read and not opened yet (Next's goroutine): an event loop,
+// which hears only of what comes to the socket, takes an End with none.
+func (e *End) Buffered() int { return e.rn - e.roff }
+
 // readRecords reads what the TLS socket has after rbuf[:rn], waiting for it: the buffer comes
 // from a pool once bytes are there, and goes back while the socket has none and no record is
 // begun.

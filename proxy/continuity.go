@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/storeguard/storeguard/keeper"
@@ -28,7 +28,7 @@ type continuity struct {
 }
 
 // sockFd runs f with tc's descriptor, valid for the call (-1 when it has none).
-func sockFd(tc *net.TCPConn, f func(fd int)) {
+func sockFd(tc syscall.Conn, f func(fd int)) {
 	rc, err := tc.SyscallConn()
 	if err != nil || rc.Control(func(fd uintptr) { f(int(fd)) }) != nil {
 		f(-1)

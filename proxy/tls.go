@@ -171,9 +171,8 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		return nil, nil, nil, false
 	}
 	if s.cont.kp == nil {
-		client, err = tlsrelay.NewEnd(tc, sess)
-		if err == nil {
-			t.end = client.(*tlsrelay.End)
+		if t.end, err = tlsrelay.NewEnd(tc, sess); err == nil {
+			client = t.end
 		}
 	} else {
 		var relaySide, guardSide *net.TCPConn

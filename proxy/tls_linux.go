@@ -29,8 +29,9 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 			return nil, err
 		}
 		c.tls.handover = [2]*net.TCPConn{relaySide, guardSide}
-		t := &upgrade.TLSConn{Relay: st, Slot: -1, Identity: c.tls.id, Info: c.tls.info, Fd: fdOf(e.TLS),
-			PlainFd: fdOf(relaySide)}
+		t := &upgrade.TLSConn{Relay: st, Slot: -1, Identity: c.tls.id, Info: c.tls.info}
+		sockFd(e.TLS, func(fd int) { t.Fd = fd })
+		sockFd(relaySide, func(fd int) { t.PlainFd = fd })
 		if t.Fd < 0 || t.PlainFd < 0 {
 			return nil, errors.New("TLS: no descriptor for a socket to hand over")
 		}
@@ -62,15 +63,6 @@ func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
 	c.setTLS(&tlsConn{relay: r, info: t.Info, id: t.Identity})
 	r.Run()
 	return nil
-}
-
-// fdOf is s's descriptor, valid while s is open; -1 if it has none.
-func fdOf(s sock) int {
-	fd := -1
-	if rc, err := s.SyscallConn(); err == nil {
-		rc.Control(func(f uintptr) { fd = int(f) })
-	}
-	return fd
 }
 
 // keptTLS is what a keeper keeps of a mutual-TLS connection besides its sockets (keeper.Conn.Data),

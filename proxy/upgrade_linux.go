@@ -127,7 +127,7 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 		if sock.tc == nil {
 			continue
 		}
-		if *sock.fd = fdOf(sock.tc); *sock.fd < 0 {
+		if sockFd(sock.tc, func(fd int) { *sock.fd = fd }); *sock.fd < 0 {
 			return cs, errors.New("no descriptor for a socket to hand over")
 		}
 	}

@@ -156,21 +156,25 @@ func (e *End) Next() ([]byte, error) {
 // which hears only of what comes to the socket, takes an End with none.
 func (e *End) Buffered() int { return e.rn - e.roff }
 
-// readRecords reads what the TLS socket has after rbuf[:rn], waiting for it: the buffer comes
-// from a pool once bytes are there, and goes back while the socket has none and no record is
-// begun.
+// readRecords reads what the TLS socket has after rbuf[:rn], waiting for it (a detached End:
+// what its descriptor has now, or ErrWouldBlock): the buffer comes from a pool once bytes are
+// there, and goes back while the socket has none and no record is begun.
 func (e *End) readRecords() error {
-	if e.fd >= 0 {
-		return e.readDetached()
-	}
-	if e.rc == nil {
-		rc, err := e.TLS.SyscallConn()
-		if err != nil {
+	var err error
+	switch {
+	case e.fd >= 0: // detached: what the descriptor has now
+		if !e.readSome(uintptr(e.fd)) {
+			return ErrWouldBlock
+		}
+	case e.rc == nil:
+		if e.rc, err = e.TLS.SyscallConn(); err != nil {
 			return err
 		}
-		e.rc, e.readFn = rc, e.readSome // made once: a closure per read would be an allocation
+		e.readFn = e.readSome // made once: a closure per read would be an allocation
+		fallthrough
+	default:
+		err = e.rc.Read(e.readFn)
 	}
-	err := e.rc.Read(e.readFn)
 	n, serr := e.rd.n, e.rd.err
 	switch {
 	case err != nil:
@@ -206,23 +210,6 @@ func (e *End) readSome(fd uintptr) bool {
 		return false
 	}
 	return true
-}
-
-// readDetached is readRecords for a detached End: what the descriptor has now, or
-// ErrWouldBlock.
-func (e *End) readDetached() error {
-	if e.readSome(uintptr(e.fd)) {
-		switch n, serr := e.rd.n, e.rd.err; {
-		case serr != nil:
-			return os.NewSyscallError("read", serr)
-		case n == 0:
-			return io.EOF
-		default:
-			e.rn += n
-			return nil
-		}
-	}
-	return ErrWouldBlock
 }
 
 // ErrWouldBlock: a detached End has nothing more to read now, or a record to write that the
@@ -343,45 +330,37 @@ func (e *End) seal(kind byte, p []byte) {
 func (e *End) flush(wait bool) (done bool, err error) {
 	for e.wsent < len(e.wrec) {
 		var n int
-		switch {
-		case e.fd >= 0:
-			n, err = e.writeDetached(e.wrec[e.wsent:])
-		case wait:
+		wait := wait && e.fd < 0 // a detached End never waits
+		if wait {
 			n, err = e.TLS.Write(e.wrec[e.wsent:])
-		default:
+		} else {
 			n, err = e.writeNow(e.wrec[e.wsent:])
 		}
 		e.wsent += n
-		if err != nil || ((!wait || e.fd >= 0) && n == 0) {
+		if err != nil || (!wait && n == 0) {
 			return e.wsent == len(e.wrec), err
 		}
 	}
 	return true, nil
 }
 
-// writeDetached writes what a detached End's descriptor takes of p at once (e.wmu held).
-func (e *End) writeDetached(p []byte) (int, error) {
-	e.wr.p = p
-	e.writeSome(uintptr(e.fd))
-	n, serr := e.wr.n, e.wr.err
-	e.wr.p = nil
-	if serr != nil {
-		return 0, os.NewSyscallError("write", serr)
-	}
-	return max(n, 0), nil
-}
-
-// writeNow writes what the TLS socket takes of p at once (e.wmu held).
+// writeNow writes what the TLS socket (a detached End's descriptor) takes of p at once (e.wmu
+// held).
 func (e *End) writeNow(p []byte) (int, error) {
-	if e.wc == nil {
-		wc, err := e.TLS.SyscallConn()
-		if err != nil {
-			return 0, err
-		}
-		e.wc, e.writeFn = wc, e.writeSome // made once, as readRecords' callback
-	}
+	var err error
 	e.wr.p = p
-	err := e.wc.Write(e.writeFn)
+	if e.fd >= 0 {
+		e.writeSome(uintptr(e.fd))
+	} else {
+		if e.wc == nil {
+			if e.wc, err = e.TLS.SyscallConn(); err != nil {
+				e.wr.p = nil
+				return 0, err
+			}
+			e.writeFn = e.writeSome // made once, as readRecords' callback
+		}
+		err = e.wc.Write(e.writeFn)
+	}
 	n, serr := e.wr.n, e.wr.err
 	e.wr.p = nil
 	if serr != nil {

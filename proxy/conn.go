@@ -76,6 +76,7 @@ type conn struct {
 	out   transport // the transport forwarding the connection now: &gr or &lt; only it changes out
 	carry []byte    // the bytes of the message in progress the guard holds (g.Held())
 	held  int64     // budget held for carry's capacity
+	hold  hold      // carry's bytes left in a kept client's socket (hold.go)
 	// awaitStore: auto mode, and the store's generation was not known at accept; serve waits for
 	// it before a byte moves (awaitGeneration).
 	awaitStore bool

@@ -419,12 +419,18 @@ func (c *conn) pipeClientToStore() (took bool) {
 			continue
 		}
 		kept := c.kept()
-		bp, n, err := readPooled(rc, kept)
+		bp, n, err := readPooled(rc, kept, c.hold.n)
+		if n > 0 && n <= c.hold.n { // nothing after the hold, and the client's end or a reset follows it
+			readBufs.Put(bp)
+			rc.Control(func(fd uintptr) { c.dropHold(int(fd)) })
+			continue
+		}
 		if n > 0 {
-			c.readClient((*bp)[:n])
-			ok := c.process((*bp)[:n])
+			p := (*bp)[c.hold.n:n]
+			c.readClient(p)
+			ok := c.process(p)
 			if kept {
-				consumePeeked(rc, n)
+				rc.Control(func(fd uintptr) { c.settleHold(int(fd), n, &c.gr.left) })
 			}
 			readBufs.Put(bp)
 			if !ok {
@@ -462,9 +468,11 @@ func (c *conn) adoptable() bool {
 // there: while the socket would block, the buffer goes back to the pool, so an idle connection
 // holds none. The caller returns the buffer when n > 0. It costs the same system calls as a
 // plain Read (a read that would block, then the read that succeeds). With peek, the bytes stay
-// in the socket until consumePeeked takes them, once they are passed on: a connection its keeper
-// holds is read so, and a worker that dies in between loses none of them (keeper_linux.go).
-func readPooled(rc syscall.RawConn, peek bool) (bp *[]byte, n int, err error) {
+// in the socket until settleHold takes them, once they are passed on: a connection its keeper
+// holds is read so, and a worker that dies in between loses none of them (keeper_linux.go). The
+// first held of them are a hold (hold.go): it waits for a byte after them, and returns n <= held
+// only when none will come (the peer's end of stream or a reset).
+func readPooled(rc syscall.RawConn, peek bool, held int) (bp *[]byte, n int, err error) {
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {
 		if bp == nil {
@@ -480,7 +488,7 @@ func readPooled(rc syscall.RawConn, peek bool) (bp *[]byte, n int, err error) {
 				break
 			}
 		}
-		if rerr == syscall.EAGAIN {
+		if rerr == syscall.EAGAIN || rerr == nil && n > 0 && n <= held && tcpcount.PeerOpen(int(fd)) {
 			readBufs.Put(bp)
 			bp = nil
 			return false
@@ -595,7 +603,7 @@ func (c *conn) pipeStoreToClient() {
 			continue
 		}
 		kept := c.kept()
-		bp, n, err := readPooled(rc, kept)
+		bp, n, err := readPooled(rc, kept, 0)
 		if n > 0 {
 			c.rep.follow((*bp)[:n])
 			ok := c.toClient(bp, n) // which takes bp

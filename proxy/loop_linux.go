@@ -592,6 +592,11 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		n, errno = readFd(src, l.buf)
 	}
 	switch {
+	case fromClient && n > 0 && n <= c.hold.n:
+		// Nothing after the hold (hold.go): the client's end or a reset follows it, or a spurious
+		// wake. Its bytes are in carry: consumed, the next event says what follows.
+		c.dropHold(int(src))
+		return
 	case n > 0:
 	case errno == unix.EAGAIN:
 		return
@@ -618,10 +623,11 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		return
 	}
 	if fromClient {
-		c.readClient(l.buf[:n])
-		alive := c.process(l.buf[:n])
+		p := l.buf[c.hold.n:n]
+		c.readClient(p)
+		alive := c.process(p)
 		if kept {
-			tcpcount.Discard(int(src), uint64(n)) // before settle, which may hand the socket to goroutines
+			c.settleHold(int(src), n, &c.lt.left) // before settle, which may hand the socket to goroutines
 		}
 		l.settle(c, alive)
 		return

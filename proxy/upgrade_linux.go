@@ -119,6 +119,8 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	}
 	if c.merged() != nil {
 		client = c.tls.handover[1] // what the End was given to write and had not goes there (ToClient)
+	} else if client != nil {
+		sockFd(client, c.dropHold) // its bytes go in Refeed, as the carry they are; reads wake for any byte
 	}
 	for _, sock := range []struct {
 		tc sock

@@ -35,16 +35,27 @@ func buildBinary(t *testing.T, dir string) string {
 }
 
 // TestUpgradesAndCrashesLoseNothing runs the real binary under its keeper in front of a recording
-// store while a client adds in a loop on one connection: four upgrades (storeguard upgrade) and
-// two kill -9 of the forwarding process later, no request failed and the store got every ADD
-// exactly once.
+// store while a client adds in a loop on one connection, each ADD in two writes 1 ms apart as
+// torch 1.13's client sends its fields: four upgrades (storeguard upgrade) and four kill -9 of the
+// forwarding process find some ADDs half received. No request failed and the store got every ADD
+// exactly once. Then a client that sends half an ADD and ends its stream is closed, and the store
+// gets none of it. On the event loops and on goroutines alone.
 func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
+	bin := buildBinary(t, t.TempDir())
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{{"event loops", nil}, {"goroutines", []string{"--event-loops", "-1"}}} {
+		t.Run(tc.name, func(t *testing.T) { upgradesAndCrashes(t, bin, tc.extra...) })
+	}
+}
+
+func upgradesAndCrashes(t *testing.T, bin string, extra ...string) {
 	dir := t.TempDir()
-	bin := buildBinary(t, dir)
-	store, addr, pidFile, logs := startKeeper(t, bin, dir)
+	store, addr, pidFile, logs := startKeeper(t, bin, dir, extra...)
 	c := dialEventually(t, addr)
 	defer c.Close()
 	add, err := protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
@@ -52,11 +63,6 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var adds, failed atomic.Int64
-	// While split, each ADD goes in two writes 1 ms apart: upgrades find some half-received, and
-	// complete them. A crash loses a half-received message (docs/design.md): the kills come once
-	// the client writes whole messages, as torch's clients do.
-	var split atomic.Bool
-	split.Store(true)
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -69,20 +75,15 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 			default:
 			}
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			cut := len(add)
-			if split.Load() {
-				cut = 5
-			}
+			const cut = 5 // the opcode and the start of the key's length
 			if _, err := c.Write(add[:cut]); err != nil {
 				failed.Add(1)
 				return
 			}
-			if cut < len(add) {
-				time.Sleep(time.Millisecond)
-				if _, err := c.Write(add[cut:]); err != nil {
-					failed.Add(1)
-					return
-				}
+			time.Sleep(time.Millisecond)
+			if _, err := c.Write(add[cut:]); err != nil {
+				failed.Add(1)
+				return
 			}
 			if _, err := io.ReadFull(c, reply); err != nil {
 				failed.Add(1)
@@ -99,16 +100,14 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 		return pid
 	}
 	pid := waitPid(0)
-	for i := range 6 {
+	for i := range 8 {
 		time.Sleep(300 * time.Millisecond)
-		if i < 4 { // an upgrade, as an operator runs it
+		if i%2 == 0 { // an upgrade, as an operator runs it
 			out, err := exec.Command(bin, "upgrade", "--pid-file", pidFile, "--timeout", "20s").CombinedOutput()
 			if err != nil {
 				t.Fatalf("upgrade %d: %v\n%s", i, err, out)
 			}
 		} else {
-			split.Store(false)
-			time.Sleep(20 * time.Millisecond) // the last split ADD is done
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		pid = waitPid(pid)
@@ -122,6 +121,20 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 	got := countOps(t, store.Received(0), protocol.OpAdd)
 	if got != adds.Load() || adds.Load() < 50 {
 		t.Fatalf("the store got %d ADDs; the client completed %d", got, adds.Load())
+	}
+	half := dialEventually(t, addr)
+	defer half.Close()
+	half.Write(add[:5])
+	time.Sleep(50 * time.Millisecond) // judged, and held
+	half.(*net.TCPConn).CloseWrite()
+	half.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := half.Read(make([]byte, 8)); err != io.EOF {
+		t.Fatalf("half an ADD, then the end of the stream: read %d, %v; want the guard to close it", n, err)
+	}
+	for i := 1; i < store.NumConns(); i++ {
+		if b := store.Received(i); len(b) > 0 {
+			t.Fatalf("the store got %q of half an ADD", b)
+		}
 	}
 	if !strings.Contains(logs.String(), "handover complete") || !strings.Contains(logs.String(), "took every connection back from the keeper") {
 		t.Errorf("log lacks the hand-overs:\n%s", logs.String())
@@ -160,9 +173,9 @@ func TestKillsUnderLoadLoseNothing(t *testing.T) {
 	t.Logf("%d ADDs through 6 kills", got)
 }
 
-// startKeeper runs `storeguard serve --keeper` (G0) in front of a recording store, until the test
-// ends; its log is in logs.
-func startKeeper(t *testing.T, bin, dir string) (store *storesim.Store, addr, pidFile string, logs *killload.Log) {
+// startKeeper runs `storeguard serve --keeper` (G0), with extra flags, in front of a recording
+// store, until the test ends; its log is in logs.
+func startKeeper(t *testing.T, bin, dir string, extra ...string) (store *storesim.Store, addr, pidFile string, logs *killload.Log) {
 	t.Helper()
 	store, err := storesim.StartRecorder("127.0.0.1:0")
 	if err != nil {
@@ -172,8 +185,9 @@ func startKeeper(t *testing.T, bin, dir string) (store *storesim.Store, addr, pi
 	store.Answer(protocol.GenSetting{Gen: protocol.G0})
 	addr = freeAddr(t)
 	pidFile = filepath.Join(dir, "worker.pid")
-	logs = killload.Process(t, exec.Command(bin, "serve", "--keeper", "--listen", addr, "--upstream", store.Addr(),
-		"--generation", "1.13", "--metrics-listen", "", "--log-format", "text", "--pid-file", pidFile))
+	args := []string{"serve", "--keeper", "--listen", addr, "--upstream", store.Addr(), "--generation", "1.13",
+		"--metrics-listen", "", "--log-format", "text", "--pid-file", pidFile}
+	logs = killload.Process(t, exec.Command(bin, append(args, extra...)...))
 	return store, addr, pidFile, logs
 }
 

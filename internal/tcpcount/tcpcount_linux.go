@@ -88,3 +88,10 @@ func Discard(fd int, n uint64) error {
 	}
 	return nil
 }
+
+// PeerOpen reports whether fd's peer may still send: neither its FIN nor a reset has come (false
+// too when TCP_INFO cannot be read).
+func PeerOpen(fd int) bool {
+	ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	return err == nil && !finReceived(ti.State)
+}

@@ -60,3 +60,36 @@ func waiting(t *testing.T, fd int) int {
 	}
 	return n
 }
+
+// PeerOpen is true while the peer may send, with bytes unread or not, and false once its FIN came,
+// even with bytes still unread before it.
+func TestPeerOpen(t *testing.T) {
+	w, c, err := tlsrelay.LoopbackPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	defer c.Close()
+	rc, _ := c.SyscallConn()
+	fd := 0
+	rc.Control(func(f uintptr) { fd = int(f) })
+	if !tcpcount.PeerOpen(fd) {
+		t.Fatal("not open before a byte moved")
+	}
+	w.Write([]byte("unread"))
+	for waiting(t, fd) != 6 {
+		time.Sleep(time.Millisecond)
+	}
+	if !tcpcount.PeerOpen(fd) {
+		t.Fatal("not open with bytes unread")
+	}
+	w.CloseWrite()
+	for deadline := time.Now().Add(5 * time.Second); tcpcount.PeerOpen(fd); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("still open 5 s after the peer's FIN")
+		}
+	}
+	if waiting(t, fd) != 6 {
+		t.Fatal("the unread bytes went")
+	}
+}

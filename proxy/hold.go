@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/storeguard/storeguard/internal/tcpcount"
+)
+
+// A connection its keeper holds is read with MSG_PEEK, and its bytes are consumed only once passed
+// on (keeper_linux.go). The start of a message still in progress is not passed on yet: were it
+// consumed, a worker that died before the rest came would take it with it, and its successor
+// could only close the connection (restart_lost_request). torch 1.13's client sends each field
+// of a message with its own send, so a crash often finds one half received. So that start, up to
+// holdMax bytes, stays in the socket as well as in carry (the hold): the guard judges only what
+// comes after it, and the socket's low-water mark (SO_RCVLOWAT) is one byte past it, so that
+// neither epoll nor Go's poller reports the socket until something new is there. A worker that
+// dies meanwhile leaves the message whole in the socket, consumed up to its first byte: its
+// successor starts between messages and reads it again. A freeze lets the hold go (its bytes go
+// to the next process in Refeed, as the carry they are); a start larger than holdMax is consumed
+// as before.
+
+// holdMax is the largest start of a message left in the socket: each read peeks it again.
+const holdMax = readSize / 2
+
+// hold is the start of the message in progress left in the client's socket.
+type hold struct {
+	n     int // bytes at the head of the socket, judged and in carry
+	lowat int // the socket's SO_RCVLOWAT as set (0: the system's default, 1)
+}
+
+// settleHold consumes, of the n bytes peeked from fd's head, those passed on, leaving in the
+// socket the start of a message in progress (carry) when it can be held there: all of it was
+// peeked this time or held before, it is small, and nothing judged waits to be written (left).
+func (c *conn) settleHold(fd, n int, left *leftover) {
+	keep := len(c.carry)
+	if keep > n || keep > holdMax || left.unfinished() {
+		keep = 0
+	}
+	if keep > 0 && !c.setLowat(fd, keep+1) {
+		keep = 0
+	}
+	tcpcount.Discard(fd, uint64(n-keep)) // one that fails leaves them for the next read to fail too
+	c.hold.n = keep
+	if keep == 0 {
+		c.setLowat(fd, 1)
+	}
+}
+
+// dropHold consumes the hold (its bytes are in carry) and lets fd's reads wake for any byte: the
+// peer's end of stream or a reset came after it, or a freeze hands the connection on.
+func (c *conn) dropHold(fd int) {
+	if c.hold.n > 0 {
+		tcpcount.Discard(fd, uint64(c.hold.n))
+		c.hold.n = 0
+	}
+	c.setLowat(fd, 1)
+}
+
+// setLowat sets fd's SO_RCVLOWAT to v unless it is so already, and reports whether it is.
+func (c *conn) setLowat(fd, v int) bool {
+	if c.hold.lowat == v || c.hold.lowat == 0 && v == 1 {
+		return true
+	}
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, v) != nil {
+		return false
+	}
+	c.hold.lowat = v
+	return true
+}

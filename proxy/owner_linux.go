@@ -142,8 +142,9 @@ func (c *conn) toLoop() (took, live bool) {
 // which finish what was left first (resume).
 func (c *conn) startAdopted(cfd, ufd int, left leftover) {
 	c.lt.cfd, c.lt.ufd = int32(cfd), int32(ufd)
+	e := c.merged() // detached on cfd (tlsrelay.EndFrom); a loop takes it with no record read and not opened
 	if left.empty() && !c.gr.readEnded && ufd >= 0 && c.s.loops != nil && c.st.cfg.Timeouts.Idle == 0 &&
-		c.g.Deadline().IsZero() && !c.g.Passing() {
+		c.g.Deadline().IsZero() && !c.g.Passing() && (e == nil || e.Buffered() == 0) {
 		l := c.s.loops.pick()
 		c.mu.Lock()
 		c.own, c.lt.lp, c.out = ownLoop, l, &c.lt

@@ -49,6 +49,29 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 	return t, nil
 }
 
+// endFrom makes an adopted mutual-TLS connection an End again when no keeper holds it (a keeper
+// needs the relay's pair and slot) and the relay's pair is quiet (tlsrelay.EndFrom), as an End's
+// hand-over leaves it: the pair's sockets close, and the TLS socket is the connection's client
+// socket. It reports whether it did; if not, the relay goes on (resumeTLS).
+func (c *conn) endFrom(ac *adoptedConn) bool {
+	t := ac.st.TLS
+	if c.s.cont.kp != nil {
+		return false
+	}
+	e, err := tlsrelay.EndFrom(t.Fd, t.Relay, t.PlainFd, ac.st.ClientFd, ac.st.ToClient)
+	if err != nil {
+		if !errors.Is(err, tlsrelay.ErrPairBusy) {
+			c.s.log.Debug("upgrade: a TLS connection goes on as a relay", "conn", c.id, "err", err.Error())
+		}
+		return false
+	}
+	unix.Close(t.PlainFd)
+	unix.Close(ac.st.ClientFd)
+	ac.st.ClientFd, ac.st.TLS = t.Fd, nil
+	c.setTLS(&tlsConn{end: e, info: t.Info, id: t.Identity})
+	return true
+}
+
 // resumeTLS makes an adopted connection's relay from what the previous process handed over
 // and starts it; on failure the connection closes (its client's TLS session cannot go on).
 func (c *conn) resumeTLS(t *upgrade.TLSConn) error {

@@ -77,8 +77,9 @@ func (h *harness) tlsPaths() (ends, relays int) {
 
 // TestUpgradeCarriesMutualTLSReplies: a mutual-TLS client that does not read has 16 MiB of
 // replies waiting, partly in the guard, partly in a record its End had written part of when the
-// freeze stopped it; after an upgrade (the End handed over as a relay and its pair) the client
-// reads every byte, once and in order, and its TLS session goes on.
+// freeze stopped it; after an upgrade (the End handed over as a relay and its pair, which the new
+// process, with no keeper, makes an End again) the client reads every byte, once and in order,
+// and its TLS session goes on, an End still through a second upgrade.
 func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 	ca := testpki.NewCA(t, "sg.test CA")
 	h := startTLS(t, goroutineMode, ca)
@@ -101,9 +102,9 @@ func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the connection relayed by the new server", func() bool {
+	eventually(t, "the connection an End in the new server", func() bool {
 		ends, relays := next.tlsPaths()
-		return ends == 0 && relays == 1
+		return ends == 1 && relays == 0
 	})
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	got, err := io.ReadAll(io.LimitReader(c, int64(len(big))))
@@ -112,6 +113,16 @@ func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 	}
 	add := enc(t, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
 	next.store.SetReply(nil)
+	c.Write(add)
+	readReply(t, c, 8)
+	third, err := next.takeOver(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the connection an End after a second upgrade", func() bool {
+		ends, relays := third.tlsPaths()
+		return ends == 1 && relays == 0
+	})
 	c.Write(add)
 	readReply(t, c, 8)
 }

@@ -383,7 +383,7 @@ func (s *Server) startAdopted() {
 func (s *Server) startConn(ac *adoptedConn) {
 	c := ac.c
 	c.release = s.gate.Adopt(c.src.Addr())
-	if t := ac.st.TLS; t != nil {
+	if t := ac.st.TLS; t != nil && !c.endFrom(ac) {
 		if err := c.resumeTLS(t); err != nil {
 			s.log.Warn("upgrade: a TLS connection's relay could not go on; closing it", "conn", c.id, "err", err)
 			c.release()

@@ -1,6 +1,7 @@
 package tlsrelay
 
 import (
+	"net"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -86,4 +87,46 @@ func write(s Sock, p []byte) (int, error) {
 		return 0, os.NewSyscallError("write", serr)
 	}
 	return max(n, 0), err
+}
+
+// pairAt reads where a relay's loopback pair stands: the relay side's bytes consumed and written
+// (counts), and whether any byte is in flight either way (sent and not acknowledged, or waiting
+// to be read).
+func pairAt(relayFd, guardFd int) (read, written uint64, busy bool, err error) {
+	if read, written, err = tcpcount.Counts(relayFd, false); err != nil {
+		return 0, 0, false, err
+	}
+	for _, fd := range [2]int{relayFd, guardFd} {
+		for _, req := range [2]uint{unix.SIOCINQ, unix.SIOCOUTQ} {
+			n, err := unix.IoctlGetInt(fd, req)
+			if err != nil {
+				return 0, 0, false, os.NewSyscallError("ioctl", err)
+			}
+			busy = busy || n != 0
+		}
+	}
+	return read, written, busy, nil
+}
+
+// sockAddrs are a TCP socket's local and remote addresses.
+func sockAddrs(fd int) (local, remote net.Addr, err error) {
+	la, err := unix.Getsockname(fd)
+	if err != nil {
+		return nil, nil, os.NewSyscallError("getsockname", err)
+	}
+	ra, err := unix.Getpeername(fd)
+	if err != nil {
+		return nil, nil, os.NewSyscallError("getpeername", err)
+	}
+	return tcpAddr(la), tcpAddr(ra), nil
+}
+
+func tcpAddr(sa unix.Sockaddr) *net.TCPAddr {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return &net.TCPAddr{IP: a.Addr[:], Port: a.Port}
+	case *unix.SockaddrInet6:
+		return &net.TCPAddr{IP: a.Addr[:], Port: a.Port}
+	}
+	return &net.TCPAddr{}
 }

@@ -2,7 +2,10 @@
 
 package tlsrelay
 
-import "errors"
+import (
+	"errors"
+	"net"
+)
 
 var errLinux = errors.New("tlsrelay: relays need Linux (TCP_INFO, MSG_PEEK)")
 
@@ -10,3 +13,7 @@ func counts(Sock) (read, written uint64, err error)       { return 0, 0, errLinu
 func peek(Sock, []byte, int) (n int, eof bool, err error) { return 0, false, errLinux }
 func consume(Sock, int) error                             { return errLinux }
 func write(Sock, []byte) (int, error)                     { return 0, errLinux }
+
+func pairAt(int, int) (read, written uint64, busy bool, err error) { return 0, 0, false, errLinux }
+
+func sockAddrs(int) (local, remote net.Addr, err error) { return nil, nil, errLinux }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/storeguard/storeguard/internal/tcpcount"
 	"github.com/storeguard/storeguard/tlsrec"
 )
 
@@ -542,4 +543,73 @@ func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err erro
 		}
 	}
 	return st, relay, guard, nil
+}
+
+// ErrPairBusy: a relay's pair had bytes in flight, or its state does not stand at the pair's
+// counters: it goes on as a relay (EndFrom).
+var ErrPairBusy = errors.New("tlsrelay: the relay's pair is not quiet")
+
+// EndFrom makes an End of a relay an upgrade handed over (State st, the descriptor fd of its TLS
+// socket and those of its pair's two ends) when the pair is quiet: nothing in flight either way,
+// and the State's plaintext counters where the relay's side of the pair stands. Then the End
+// holds all the relay did, and the pair can go: an End's hand-over (Handover) always leaves it
+// so. A record under way (st.Out.Intent) is sealed again, to the same bytes, from the start of
+// toClient for application data (which the caller then writes first, with Write), and its rest
+// is written from there. The End is detached on fd (Detach), for the caller to Attach or give
+// to an event loop. On an error nothing is closed: ErrPairBusy says the relay should go on
+// instead.
+func EndFrom(fd int, st State, relayFd, guardFd int, toClient []byte) (*End, error) {
+	pr, pw, busy, err := pairAt(relayFd, guardFd)
+	if err != nil {
+		return nil, err
+	}
+	if busy || pr != st.Out.From || pw != st.In.To || st.In.Ended || st.Out.Ended {
+		return nil, ErrPairBusy
+	}
+	read, written, err := tcpcount.Counts(fd, false)
+	if err != nil {
+		return nil, err
+	}
+	if read != st.In.From+uint64(len(st.Rx)) || len(st.Rx) > 2*tlsrec.MaxRecord || written < st.Out.To {
+		return nil, fmt.Errorf("tlsrelay: the TLS socket at %d read and %d written, the state at %d+%d and %d",
+			read, written, st.In.From, len(st.Rx), st.Out.To)
+	}
+	in, err := tlsrec.NewHalf(st.Suite, st.In.Secret, st.In.Seq)
+	if err != nil {
+		return nil, err
+	}
+	out, err := tlsrec.NewHalf(st.Suite, st.Out.Secret, st.Out.Seq)
+	if err != nil {
+		return nil, err
+	}
+	e := &End{suite: st.Suite, in: in, out: out, fd: fd, answered: st.Out.Updates}
+	if e.local, e.remote, err = sockAddrs(fd); err != nil {
+		return nil, err
+	}
+	e.asked.Store(st.In.Updates)
+	sent := written - st.Out.To
+	switch k := st.Out.Intent; {
+	case k == 'd' && st.Out.IntentLen > 0 && int(st.Out.IntentLen) <= len(toClient):
+		e.seal(k, toClient[:st.Out.IntentLen])
+	case k == 'k' || k == 'c':
+		e.seal(k, nil)
+	case k != 0:
+		return nil, fmt.Errorf("tlsrelay: a record under way of kind %q and %d bytes, %d given", k, st.Out.IntentLen, len(toClient))
+	case sent != 0:
+		return nil, fmt.Errorf("tlsrelay: %d bytes written past the state, and no record under way", sent)
+	}
+	if e.wrec != nil {
+		if n := len(e.wrec); sent >= uint64(n) {
+			e.wrec = nil
+			e.putWbuf()
+			return nil, fmt.Errorf("tlsrelay: %d bytes of a record of %d written", sent, n)
+		}
+		e.wsent = int(sent)
+	}
+	if len(st.Rx) > 0 {
+		e.rbp = recBufs.Get().(*[]byte)
+		e.rbuf = *e.rbp
+		e.rn = copy(e.rbuf, st.Rx)
+	}
+	return e, nil
 }

@@ -18,10 +18,11 @@ type echoer struct {
 	parked chan []byte // at each park: what Write was given and had not written whole
 	goOn   chan bool   // true: thawed; false: handed over (return)
 	done   chan error
+	held   []byte // to write first: what a previous End had been given and had not written whole
 }
 
 func (x *echoer) run() {
-	var held []byte
+	held := x.held
 	park := func() bool {
 		x.parked <- held
 		return <-x.goOn
@@ -62,8 +63,14 @@ func (x *echoer) run() {
 // echoes it back, and reads only at the end, so both directions back up and writes stop part
 // way through records. The End is frozen by its deadlines and thawed twice (the second time
 // after a hand-over that failed: Handover, then Thaw), then handed over as a Relay (Handover,
-// Resume) with what it had not written: the echo comes back byte for byte.
+// Resume), or made an End again from what it handed over (EndFrom), with what it had not
+// written: the echo comes back byte for byte.
 func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
+	t.Run("as a relay", func(t *testing.T) { endEchoes(t, false) })
+	t.Run("as an End again", func(t *testing.T) { endEchoes(t, true) })
+}
+
+func endEchoes(t *testing.T, again bool) {
 	srvCfg, cliCfg := configs(t)
 	remote, tlsSide := tcpPair(t)
 	client, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
@@ -118,6 +125,19 @@ func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
 	}
 	x.goOn <- false
 	tlsSide.SetDeadline(time.Time{})
+	if again {
+		e2, err := EndFrom(sockFd(t, tlsSide), st, sockFd(t, relaySide), sockFd(t, guardSide), held)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relaySide.Close()
+		guardSide.Close()
+		e2.Attach(tlsSide)
+		x2 := &echoer{e: e2, held: held, done: make(chan error, 1)}
+		go x2.run()
+		awaitEcho(t, client, want, x2.done)
+		return
+	}
 	r, err := Resume(tlsSide, relaySide, st, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -197,5 +217,50 @@ func TestEndAnswersKeyUpdate(t *testing.T) {
 	c.Close()
 	if _, err := e.Next(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the client's close: %v", err)
+	}
+}
+
+// sockFd is s's descriptor, valid while s is open.
+func sockFd(t *testing.T, s Sock) int {
+	t.Helper()
+	rc, err := s.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	rc.Control(func(f uintptr) { fd = int(f) })
+	return fd
+}
+
+// TestEndFromOnlyAQuietPair: a relay whose pair has a byte in flight (the guard wrote a reply the
+// relay had not read) is no End's: EndFrom says ErrPairBusy and closes nothing; once the pair is
+// drained into the relay's side, its counters stand past the State's, and it still says so.
+func TestEndFromOnlyAQuietPair(t *testing.T) {
+	srvCfg, cliCfg := configs(t)
+	remote, tlsSide := tcpPair(t)
+	_, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
+	e, err := NewEnd(tlsSide, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, relaySide, guardSide, err := e.Handover(9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relaySide.Close()
+	defer guardSide.Close()
+	guardSide.Write([]byte("r"))
+	if _, err := EndFrom(sockFd(t, tlsSide), st, sockFd(t, relaySide), sockFd(t, guardSide), nil); !errors.Is(err, ErrPairBusy) {
+		t.Fatalf("a byte in the pair: %v, not ErrPairBusy", err)
+	}
+	relaySide.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(relaySide, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EndFrom(sockFd(t, tlsSide), st, sockFd(t, relaySide), sockFd(t, guardSide), nil); !errors.Is(err, ErrPairBusy) {
+		t.Fatalf("the relay read past its State: %v, not ErrPairBusy", err)
+	}
+	if _, err := tlsSide.Write(nil); err != nil {
+		t.Fatalf("EndFrom closed the TLS socket: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"sync/atomic"
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/tlsrelay"
@@ -50,27 +51,38 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 }
 
 // endFrom makes an adopted mutual-TLS connection an End again when no keeper holds it (a keeper
-// needs the relay's pair and slot) and the relay's pair is quiet (tlsrelay.EndFrom), as an End's
-// hand-over leaves it: the pair's sockets close, and the TLS socket is the connection's client
-// socket. It reports whether it did; if not, the relay goes on (resumeTLS).
-func (c *conn) endFrom(ac *adoptedConn) bool {
+// needs the relay's pair and slot) and the relay's pair has settled (tlsrelay.EndFrom), as an
+// End's hand-over leaves it and a relay between records does: what waited in the pair goes to
+// the client's bytes to judge (after Refeed) and the replies to write (ahead of ToClient), the
+// pair's sockets close, and the TLS socket is the connection's client socket. It reports whether
+// it did; if not, the relay goes on (resumeTLS), unless err: the connection cannot go on.
+func (c *conn) endFrom(ac *adoptedConn) (bool, error) {
 	t := ac.st.TLS
-	if c.s.cont.kp != nil {
-		return false
+	if c.s.cont.kp != nil || relaysStay.Load() {
+		return false, nil
 	}
-	e, err := tlsrelay.EndFrom(t.Fd, t.Relay, t.PlainFd, ac.st.ClientFd, ac.st.ToClient)
-	if err != nil {
+	e, toStore, toClient, err := tlsrelay.EndFrom(t.Fd, t.Relay, t.PlainFd, ac.st.ClientFd, ac.st.ToClient)
+	switch {
+	case errors.Is(err, tlsrelay.ErrPairLost):
+		unix.Close(t.Fd)
+		unix.Close(t.PlainFd)
+		return false, err
+	case err != nil:
 		if !errors.Is(err, tlsrelay.ErrPairBusy) {
 			c.s.log.Debug("upgrade: a TLS connection goes on as a relay", "conn", c.id, "err", err.Error())
 		}
-		return false
+		return false, nil
 	}
 	unix.Close(t.PlainFd)
 	unix.Close(ac.st.ClientFd)
-	ac.st.ClientFd, ac.st.TLS = t.Fd, nil
+	ac.st.ClientFd, ac.st.TLS, ac.st.ToClient = t.Fd, nil, toClient
+	ac.st.Refeed = append(ac.st.Refeed, toStore...)
 	c.setTLS(&tlsConn{end: e, info: t.Info, id: t.Identity})
-	return true
+	return true, nil
 }
+
+// relaysStay keeps adopted relays relays, as builds before EndFrom did (tests).
+var relaysStay atomic.Bool
 
 // resumeTLS makes an adopted connection's relay from what the previous process handed over
 // and starts it; on failure the connection closes (its client's TLS session cannot go on).

@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/storeguard/storeguard/internal/testpki"
 	"github.com/storeguard/storeguard/protocol"
@@ -75,11 +78,29 @@ func (h *harness) tlsPaths() (ends, relays int) {
 	return ends, relays
 }
 
+// relayPairHolds is how many bytes wait for h's relays in their pairs.
+func (h *harness) relayPairHolds() (n int) {
+	h.srv.reg.mu.Lock()
+	defer h.srv.reg.mu.Unlock()
+	for c := range h.srv.reg.conns {
+		if c.tls == nil || c.tls.relay == nil {
+			continue
+		}
+		if _, plain, err := c.tls.relay.Fds(); err == nil {
+			q, _ := unix.IoctlGetInt(plain, unix.SIOCINQ)
+			n += q
+		}
+	}
+	return n
+}
+
 // TestUpgradeCarriesMutualTLSReplies: a mutual-TLS client that does not read has 16 MiB of
 // replies waiting, partly in the guard, partly in a record its End had written part of when the
-// freeze stopped it; after an upgrade (the End handed over as a relay and its pair, which the new
-// process, with no keeper, makes an End again) the client reads every byte, once and in order,
-// and its TLS session goes on, an End still through a second upgrade.
+// freeze stopped it. An upgrade hands the End over as a relay and its pair; the new process,
+// told to keep relays as a build before EndFrom did, relays it, and its pair fills with replies.
+// The next upgrade makes it an End again, taking what its pair held ahead of the replies handed
+// over, and so does a third. The client then reads every byte, once and in order, and its TLS
+// session goes on.
 func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 	ca := testpki.NewCA(t, "sg.test CA")
 	h := startTLS(t, goroutineMode, ca)
@@ -98,14 +119,24 @@ func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 	if ends, relays := h.tlsPaths(); ends != 1 || relays != 0 {
 		t.Fatalf("before the upgrade: %d Ends and %d relays, want the one connection an End", ends, relays)
 	}
-	next, err := h.takeOver(t, nil)
-	if err != nil {
-		t.Fatal(err)
+	upgradeTo := func(h *harness, wantEnd bool) *harness {
+		t.Helper()
+		next, err := h.takeOver(t, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, fmt.Sprintf("the connection an End (%t) in the new server", wantEnd), func() bool {
+			ends, relays := next.tlsPaths()
+			return wantEnd && ends == 1 && relays == 0 || !wantEnd && ends == 0 && relays == 1
+		})
+		return next
 	}
-	eventually(t, "the connection an End in the new server", func() bool {
-		ends, relays := next.tlsPaths()
-		return ends == 1 && relays == 0
-	})
+	relaysStay.Store(true)
+	t.Cleanup(func() { relaysStay.Store(false) })
+	next := upgradeTo(h, false)
+	eventually(t, "replies waiting in the relay's pair", func() bool { return next.relayPairHolds() > 0 })
+	relaysStay.Store(false)
+	next = upgradeTo(next, true)
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	got, err := io.ReadAll(io.LimitReader(c, int64(len(big))))
 	if err != nil || !bytes.Equal(got, big) {
@@ -115,14 +146,7 @@ func TestUpgradeCarriesMutualTLSReplies(t *testing.T) {
 	next.store.SetReply(nil)
 	c.Write(add)
 	readReply(t, c, 8)
-	third, err := next.takeOver(t, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the connection an End after a second upgrade", func() bool {
-		ends, relays := third.tlsPaths()
-		return ends == 1 && relays == 0
-	})
+	next = upgradeTo(next, true)
 	c.Write(add)
 	readReply(t, c, 8)
 }

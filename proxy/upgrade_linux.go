@@ -383,8 +383,12 @@ func (s *Server) startAdopted() {
 func (s *Server) startConn(ac *adoptedConn) {
 	c := ac.c
 	c.release = s.gate.Adopt(c.src.Addr())
-	if t := ac.st.TLS; t != nil && !c.endFrom(ac) {
-		if err := c.resumeTLS(t); err != nil {
+	if t := ac.st.TLS; t != nil {
+		ended, err := c.endFrom(ac)
+		if err == nil && !ended {
+			err = c.resumeTLS(t)
+		}
+		if err != nil {
 			s.log.Warn("upgrade: a TLS connection's relay could not go on; closing it", "conn", c.id, "err", err)
 			c.release()
 			unix.Close(ac.st.ClientFd)

@@ -1,8 +1,12 @@
 package tlsrelay
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -89,23 +93,69 @@ func write(s Sock, p []byte) (int, error) {
 	return max(n, 0), err
 }
 
-// pairAt reads where a relay's loopback pair stands: the relay side's bytes consumed and written
-// (counts), and whether any byte is in flight either way (sent and not acknowledged, or waiting
-// to be read).
-func pairAt(relayFd, guardFd int) (read, written uint64, busy bool, err error) {
-	if read, written, err = tcpcount.Counts(relayFd, false); err != nil {
-		return 0, 0, false, err
-	}
-	for _, fd := range [2]int{relayFd, guardFd} {
-		for _, req := range [2]uint{unix.SIOCINQ, unix.SIOCOUTQ} {
-			n, err := unix.IoctlGetInt(fd, req)
+// drainPair reads all a relay's loopback pair holds, now that neither end writes to it any more:
+// what waits for the guard (toGuard) and for the relay (toRelay), until both receive queues are
+// empty and nothing is in flight (SIOCOUTQ of both ends 0). A sender whose peer's queue was full
+// sends the rest as it is read; on loopback it comes at once, and within 100 ms or never.
+func drainPair(relayFd, guardFd int) (toGuard, toRelay []byte, err error) {
+	for idle := 0; idle < 100; idle++ {
+		for _, q := range [2]struct {
+			fd  int
+			got *[]byte
+		}{{guardFd, &toGuard}, {relayFd, &toRelay}} {
+			b, err := readQueue(q.fd, false)
 			if err != nil {
-				return 0, 0, false, os.NewSyscallError("ioctl", err)
+				return nil, nil, err
 			}
-			busy = busy || n != 0
+			if len(b) > 0 {
+				*q.got, idle = append(*q.got, b...), 0
+			}
+		}
+		inFlight := 0
+		for _, fd := range [2]int{relayFd, guardFd} {
+			n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+			if err != nil {
+				return nil, nil, os.NewSyscallError("ioctl SIOCOUTQ", err)
+			}
+			inFlight += n
+		}
+		if inFlight == 0 && idle > 0 {
+			return toGuard, toRelay, nil
+		}
+		if idle > 0 {
+			time.Sleep(time.Millisecond)
 		}
 	}
-	return read, written, busy, nil
+	return nil, nil, errors.New("tlsrelay: the pair's bytes in flight did not come")
+}
+
+// readQueue reads all that waits in fd's receive queue, without waiting; with peek, leaving it
+// there.
+func readQueue(fd int, peek bool) ([]byte, error) {
+	n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+	if err != nil {
+		return nil, os.NewSyscallError("ioctl SIOCINQ", err)
+	}
+	flags := unix.MSG_DONTWAIT
+	if peek {
+		flags |= unix.MSG_PEEK
+	}
+	b := make([]byte, n)
+	for got := 0; got < n; {
+		m, _, err := unix.Recvfrom(fd, b[got:], flags)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return nil, os.NewSyscallError("recv", err)
+		case m == 0:
+			return nil, io.ErrUnexpectedEOF
+		case peek && m < n:
+			return nil, fmt.Errorf("tlsrelay: peeked %d of the %d bytes queued", m, n)
+		}
+		got += m
+	}
+	return b, nil
 }
 
 // sockAddrs are a TCP socket's local and remote addresses.

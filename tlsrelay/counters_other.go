@@ -14,6 +14,7 @@ func peek(Sock, []byte, int) (n int, eof bool, err error) { return 0, false, err
 func consume(Sock, int) error                             { return errLinux }
 func write(Sock, []byte) (int, error)                     { return 0, errLinux }
 
-func pairAt(int, int) (read, written uint64, busy bool, err error) { return 0, 0, false, errLinux }
+func drainPair(int, int) (toGuard, toRelay []byte, err error) { return nil, nil, errLinux }
+func readQueue(int, bool) ([]byte, error)                     { return nil, errLinux }
 
 func sockAddrs(int) (local, remote net.Addr, err error) { return nil, nil, errLinux }

@@ -1,6 +1,7 @@
 package tlsrelay
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -545,35 +546,73 @@ func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err erro
 	return st, relay, guard, nil
 }
 
-// ErrPairBusy: a relay's pair had bytes in flight, or its state does not stand at the pair's
-// counters: it goes on as a relay (EndFrom).
-var ErrPairBusy = errors.New("tlsrelay: the relay's pair is not quiet")
+// ErrPairBusy: a relay stopped inside a record: its state does not stand at its pair's counters,
+// and it goes on as a relay (EndFrom).
+var ErrPairBusy = errors.New("tlsrelay: the relay's pair is not settled")
+
+// ErrPairLost: EndFrom had begun to take what waited in the pair, and failed: neither the End nor
+// the relay can go on.
+var ErrPairLost = errors.New("tlsrelay: the relay's pair was read in part")
 
 // EndFrom makes an End of a relay an upgrade handed over (State st, the descriptor fd of its TLS
-// socket and those of its pair's two ends) when the pair is quiet: nothing in flight either way,
-// and the State's plaintext counters where the relay's side of the pair stands. Then the End
-// holds all the relay did, and the pair can go: an End's hand-over (Handover) always leaves it
-// so. A record under way (st.Out.Intent) is sealed again, to the same bytes, from the start of
-// toClient for application data (which the caller then writes first, with Write), and its rest
-// is written from there. The End is detached on fd (Detach), for the caller to Attach or give
-// to an event loop. On an error nothing is closed: ErrPairBusy says the relay should go on
-// instead.
-func EndFrom(fd int, st State, relayFd, guardFd int, toClient []byte) (*End, error) {
-	pr, pw, busy, err := pairAt(relayFd, guardFd)
+// socket and those of its pair's two ends) when the relay stopped between records: the State's
+// plaintext counters are where the relay's side of the pair stands. Then all the relay held is
+// in the State and in the pair, which EndFrom reads to its end: what the relay wrote and the
+// guard had not read (toStore, the client's bytes after any the caller has not judged yet) and
+// what the guard wrote and the relay had not consumed (which heads toClient, before the replies
+// the caller was handed). An End's hand-over (Handover) leaves the pair empty. A record under way
+// (st.Out.Intent) is sealed again, to the same bytes, from the start of toClient for application
+// data (the caller writes toClient first, with Write), and its rest is written from there. The
+// End is detached on fd (Detach), for the caller to Attach or give to an event loop; the caller
+// closes the pair. On an error nothing is closed; ErrPairBusy says the relay should go on
+// instead, ErrPairLost that it cannot.
+func EndFrom(fd int, st State, relayFd, guardFd int, replies []byte) (e *End, toStore, toClient []byte, err error) {
+	pr, pw, err := tcpcount.Counts(relayFd, false)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	if busy || pr != st.Out.From || pw != st.In.To || st.In.Ended || st.Out.Ended {
-		return nil, ErrPairBusy
+	if pr != st.Out.From || pw != st.In.To || st.In.Ended || st.Out.Ended {
+		return nil, nil, nil, ErrPairBusy
 	}
 	read, written, err := tcpcount.Counts(fd, false)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	if read != st.In.From+uint64(len(st.Rx)) || len(st.Rx) > 2*tlsrec.MaxRecord || written < st.Out.To {
-		return nil, fmt.Errorf("tlsrelay: the TLS socket at %d read and %d written, the state at %d+%d and %d",
+		return nil, nil, nil, fmt.Errorf("tlsrelay: the TLS socket at %d read and %d written, the state at %d+%d and %d",
 			read, written, st.In.From, len(st.Rx), st.Out.To)
 	}
+	head, err := readQueue(relayFd, true) // a relay's record under way was sealed from its start
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if st.Out.Intent == 'd' && len(head) > 0 && len(head) < int(st.Out.IntentLen) {
+		return nil, nil, nil, ErrPairBusy
+	}
+	intent := head
+	if len(head) == 0 {
+		intent = replies
+	}
+	if e, err = endOf(fd, st, written-st.Out.To, intent); err != nil {
+		return nil, nil, nil, err
+	}
+	toStore, toRelay, err := drainPair(relayFd, guardFd)
+	if err == nil && !bytes.HasPrefix(toRelay, head) {
+		err = errors.New("tlsrelay: the pair's bytes changed under EndFrom")
+	}
+	if err != nil {
+		e.putWbuf()
+		return nil, nil, nil, errors.Join(ErrPairLost, err)
+	}
+	if len(toRelay) == 0 {
+		return e, toStore, replies, nil
+	}
+	return e, toStore, append(toRelay, replies...), nil
+}
+
+// endOf is EndFrom's End; sent bytes of its record under way are written, and an application
+// data record's plaintext heads toClient.
+func endOf(fd int, st State, sent uint64, toClient []byte) (*End, error) {
 	in, err := tlsrec.NewHalf(st.Suite, st.In.Secret, st.In.Seq)
 	if err != nil {
 		return nil, err
@@ -587,7 +626,6 @@ func EndFrom(fd int, st State, relayFd, guardFd int, toClient []byte) (*End, err
 		return nil, err
 	}
 	e.asked.Store(st.In.Updates)
-	sent := written - st.Out.To
 	switch k := st.Out.Intent; {
 	case k == 'd' && st.Out.IntentLen > 0 && int(st.Out.IntentLen) <= len(toClient):
 		e.seal(k, toClient[:st.Out.IntentLen])

@@ -93,6 +93,21 @@ func write(s Sock, p []byte) (int, error) {
 	return max(n, 0), err
 }
 
+// pairHolds is how many bytes a relay's loopback pair holds, both ways: in both receive queues,
+// and sent and not acknowledged.
+func pairHolds(relayFd, guardFd int) (n int, err error) {
+	for _, fd := range [2]int{relayFd, guardFd} {
+		for _, req := range [2]uint{unix.SIOCINQ, unix.SIOCOUTQ} {
+			q, err := unix.IoctlGetInt(fd, req)
+			if err != nil {
+				return 0, os.NewSyscallError("ioctl", err)
+			}
+			n += q
+		}
+	}
+	return n, nil
+}
+
 // drainPair reads all a relay's loopback pair holds, now that neither end writes to it any more:
 // what waits for the guard (toGuard) and for the relay (toRelay), until both receive queues are
 // empty and nothing is in flight (SIOCOUTQ of both ends 0). A sender whose peer's queue was full

@@ -18,3 +18,5 @@ func drainPair(int, int) (toGuard, toRelay []byte, err error) { return nil, nil,
 func readQueue(int, bool) ([]byte, error)                     { return nil, errLinux }
 
 func sockAddrs(int) (local, remote net.Addr, err error) { return nil, nil, errLinux }
+
+func pairHolds(int, int) (int, error) { return 0, errLinux }

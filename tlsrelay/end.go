@@ -550,6 +550,11 @@ func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err erro
 // and it goes on as a relay (EndFrom).
 var ErrPairBusy = errors.New("tlsrelay: the relay's pair is not settled")
 
+// MaxPairDrain is the most a relay's pair may hold for EndFrom to take it, out of the kernel's
+// socket buffers into the End's caller: a client that reads nothing has its relay's pair full
+// (4 MiB on these machines), and a relay with more goes on as a relay.
+const MaxPairDrain = 8 << 20
+
 // ErrPairLost: EndFrom had begun to take what waited in the pair, and failed: neither the End nor
 // the relay can go on.
 var ErrPairLost = errors.New("tlsrelay: the relay's pair was read in part")
@@ -565,7 +570,7 @@ var ErrPairLost = errors.New("tlsrelay: the relay's pair was read in part")
 // data (the caller writes toClient first, with Write), and its rest is written from there. The
 // End is detached on fd (Detach), for the caller to Attach or give to an event loop; the caller
 // closes the pair. On an error nothing is closed; ErrPairBusy says the relay should go on
-// instead, ErrPairLost that it cannot.
+// instead (also when the pair holds more than MaxPairDrain), ErrPairLost that it cannot.
 func EndFrom(fd int, st State, relayFd, guardFd int, replies []byte) (e *End, toStore, toClient []byte, err error) {
 	pr, pw, err := tcpcount.Counts(relayFd, false)
 	if err != nil {
@@ -581,6 +586,9 @@ func EndFrom(fd int, st State, relayFd, guardFd int, replies []byte) (e *End, to
 	if read != st.In.From+uint64(len(st.Rx)) || len(st.Rx) > 2*tlsrec.MaxRecord || written < st.Out.To {
 		return nil, nil, nil, fmt.Errorf("tlsrelay: the TLS socket at %d read and %d written, the state at %d+%d and %d",
 			read, written, st.In.From, len(st.Rx), st.Out.To)
+	}
+	if held, err := pairHolds(relayFd, guardFd); err != nil || held > MaxPairDrain {
+		return nil, nil, nil, errors.Join(ErrPairBusy, err)
 	}
 	head, err := readQueue(relayFd, true) // a relay's record under way was sealed from its start
 	if err != nil {

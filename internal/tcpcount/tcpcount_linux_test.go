@@ -2,6 +2,7 @@ package tcpcount_test
 
 import (
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -14,15 +15,7 @@ import (
 // Discard drops exactly the bytes asked for, leaving the rest to be read, counts them as
 // consumed, and fails (dropping what was there) when fewer wait.
 func TestDiscard(t *testing.T) {
-	w, c, err := tlsrelay.LoopbackPair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	defer c.Close()
-	rc, _ := c.SyscallConn()
-	fd := 0
-	rc.Control(func(f uintptr) { fd = int(f) })
+	w, c, fd := pair(t)
 	w.Write([]byte("dropped!kept"))
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		if read, _, _ := tcpcount.Counts(fd, false); read == 0 && waiting(t, fd) == 12 {
@@ -64,15 +57,7 @@ func waiting(t *testing.T, fd int) int {
 // PeerOpen is true while the peer may send, with bytes unread or not, and false once its FIN came,
 // even with bytes still unread before it.
 func TestPeerOpen(t *testing.T) {
-	w, c, err := tlsrelay.LoopbackPair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	defer c.Close()
-	rc, _ := c.SyscallConn()
-	fd := 0
-	rc.Control(func(f uintptr) { fd = int(f) })
+	w, _, fd := pair(t)
 	if !tcpcount.PeerOpen(fd) {
 		t.Fatal("not open before a byte moved")
 	}
@@ -92,4 +77,17 @@ func TestPeerOpen(t *testing.T) {
 	if waiting(t, fd) != 6 {
 		t.Fatal("the unread bytes went")
 	}
+}
+
+// pair is a connected pair of loopback sockets, closed when the test ends, and c's descriptor.
+func pair(t *testing.T) (w, c *net.TCPConn, fd int) {
+	t.Helper()
+	w, c, err := tlsrelay.LoopbackPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(); c.Close() })
+	rc, _ := c.SyscallConn()
+	rc.Control(func(f uintptr) { fd = int(f) })
+	return w, c, fd
 }

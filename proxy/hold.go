@@ -9,8 +9,8 @@ import (
 // A connection its keeper holds is read with MSG_PEEK, and its bytes are consumed only once passed
 // on (keeper_linux.go). The start of a message still in progress is not passed on yet: were it
 // consumed, a worker that died before the rest came would take it with it, and its successor
-// could only close the connection (restart_lost_request). torch 1.13's client sends each field
-// of a message with its own send, so a crash often finds one half received. So that start, up to
+// could only close the connection (restart_lost_request). torch 1.13's client sends a message's
+// opcode with a send of its own, so a crash can find one half received. So that start, up to
 // holdMax bytes, stays in the socket as well as in carry (the hold): the guard judges only what
 // comes after it, and the socket's low-water mark (SO_RCVLOWAT) is one byte past it, so that
 // neither epoll nor Go's poller reports the socket until something new is there. A worker that

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"os"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/storeguard/storeguard/internal/tcpcount"
@@ -61,9 +63,14 @@ func (c *conn) setLowat(fd, v int) bool {
 	if c.hold.lowat == v || c.hold.lowat == 0 && v == 1 {
 		return true
 	}
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, v) != nil {
+	if setRcvLowat(fd, v) != nil {
 		return false
 	}
 	c.hold.lowat = v
 	return true
+}
+
+// setRcvLowat sets fd's SO_RCVLOWAT: reads and polls wake once v bytes wait.
+func setRcvLowat(fd, v int) error {
+	return os.NewSyscallError("setsockopt SO_RCVLOWAT", unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, v))
 }

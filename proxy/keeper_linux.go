@@ -6,8 +6,6 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/internal/tcpcount"
@@ -188,8 +186,8 @@ const (
 // close. The start of a message the dead worker held in the client's socket (hold.go) is there,
 // unconsumed, and is read again; the socket's low-water mark it set goes back to one byte.
 func reconcile(cfd, ufd int) (lost string, err error) {
-	if err := unix.SetsockoptInt(cfd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1); err != nil {
-		return lostCounts, os.NewSyscallError("setsockopt SO_RCVLOWAT", err)
+	if err := setRcvLowat(cfd, 1); err != nil {
+		return lostCounts, err
 	}
 	cRead, cWritten, err := tcpcount.Counts(cfd, false)
 	if err != nil {

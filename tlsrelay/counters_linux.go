@@ -95,15 +95,24 @@ func write(s Sock, p []byte) (int, error) {
 
 // pairHolds is how many bytes a relay's loopback pair holds, both ways: in both receive queues,
 // and sent and not acknowledged.
-func pairHolds(relayFd, guardFd int) (n int, err error) {
-	for _, fd := range [2]int{relayFd, guardFd} {
-		for _, req := range [2]uint{unix.SIOCINQ, unix.SIOCOUTQ} {
-			q, err := unix.IoctlGetInt(fd, req)
-			if err != nil {
-				return 0, os.NewSyscallError("ioctl", err)
-			}
-			n += q
+func pairHolds(relayFd, guardFd int) (int, error) {
+	in, err := queued(unix.SIOCINQ, relayFd, guardFd)
+	if err != nil {
+		return 0, err
+	}
+	out, err := queued(unix.SIOCOUTQ, relayFd, guardFd)
+	return in + out, err
+}
+
+// queued sums an ioctl's count (SIOCINQ: bytes to read; SIOCOUTQ: sent and not acknowledged)
+// over fds.
+func queued(req uint, fds ...int) (n int, err error) {
+	for _, fd := range fds {
+		q, err := unix.IoctlGetInt(fd, req)
+		if err != nil {
+			return 0, os.NewSyscallError("ioctl", err)
 		}
+		n += q
 	}
 	return n, nil
 }
@@ -126,13 +135,9 @@ func drainPair(relayFd, guardFd int) (toGuard, toRelay []byte, err error) {
 				*q.got, idle = append(*q.got, b...), 0
 			}
 		}
-		inFlight := 0
-		for _, fd := range [2]int{relayFd, guardFd} {
-			n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
-			if err != nil {
-				return nil, nil, os.NewSyscallError("ioctl SIOCOUTQ", err)
-			}
-			inFlight += n
+		inFlight, err := queued(unix.SIOCOUTQ, relayFd, guardFd)
+		if err != nil {
+			return nil, nil, err
 		}
 		if inFlight == 0 && idle > 0 {
 			return toGuard, toRelay, nil

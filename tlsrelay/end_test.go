@@ -2,6 +2,7 @@ package tlsrelay
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"os"
@@ -72,13 +73,7 @@ func TestEndEchoesThroughFreezesAndHandover(t *testing.T) {
 }
 
 func endEchoes(t *testing.T, again bool) {
-	srvCfg, cliCfg := configs(t)
-	remote, tlsSide := tcpPair(t)
-	client, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
-	e, err := NewEnd(tlsSide, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, tlsSide, e := newEnd(t)
 	x := &echoer{e: e, parked: make(chan []byte), goOn: make(chan bool), done: make(chan error, 1)}
 	go x.run()
 
@@ -231,4 +226,17 @@ func sockFd(t *testing.T, s Sock) int {
 	fd := -1
 	rc.Control(func(f uintptr) { fd = int(f) })
 	return fd
+}
+
+// newEnd is an End of a handshake finished with a crypto/tls client, on tlsSide.
+func newEnd(t *testing.T) (client *tls.Conn, tlsSide Sock, e *End) {
+	t.Helper()
+	srvCfg, cliCfg := configs(t)
+	remote, tlsSock := tcpPair(t)
+	client, s := handshake(t, remote, tlsSock, srvCfg, cliCfg)
+	e, err := NewEnd(tlsSock, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, tlsSock, e
 }

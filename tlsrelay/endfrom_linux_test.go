@@ -14,13 +14,7 @@ import (
 // relay (replies, ahead of those handed over); a relay that had consumed past its State is no
 // End's (ErrPairBusy), and nothing is taken or closed.
 func TestEndFromASettledPair(t *testing.T) {
-	srvCfg, cliCfg := configs(t)
-	remote, tlsSide := tcpPair(t)
-	_, s := handshake(t, remote, tlsSide, srvCfg, cliCfg)
-	e, err := NewEnd(tlsSide, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, tlsSide, e := newEnd(t)
 	st, relaySide, guardSide, err := e.Handover(9)
 	if err != nil {
 		t.Fatal(err)

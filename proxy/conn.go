@@ -395,6 +395,9 @@ func (c *conn) end() {
 	if c.kept() {
 		c.s.cont.kp.Ended(c.id)
 	}
+	if e := c.merged(); e != nil {
+		e.Release()
+	}
 	c.s.m.active.Dec()
 	c.release()
 	c.s.handlers.Done()

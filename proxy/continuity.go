@@ -25,6 +25,9 @@ type continuity struct {
 	kp              *keeper.Link     // nil: no keeper
 	ledger          *tlsrelay.Ledger // with a keeper: the TLS relays' state, shared with it
 	failed          func(error)      // Options.UpgradeFailed
+	// keptEnds: the process an upgrade hands over to takes kept Ends from their slots
+	// (upgrade.Ready.KeptEnds); set for the hand-over, under upgradeMu.
+	keptEnds bool
 }
 
 // sockFd runs f with tc's descriptor, valid for the call (-1 when it has none).

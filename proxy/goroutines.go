@@ -191,10 +191,8 @@ func (s *Server) handle(tc *net.TCPConn) {
 	c := s.acceptedAs(id, client, src, dst, release)
 	c.setTLS(t)
 	switch {
-	case c.kept() && t != nil:
-		if rc, err := client.SyscallConn(); err == nil {
-			rc.Control(func(fd uintptr) { c.keepTLS(int(fd)) })
-		}
+	case c.kept() && t != nil: // a kept End: its TLS socket is the client's
+		sockFd(tc, c.keepTLS)
 	case c.kept():
 		sockFd(tc, func(fd int) { s.cont.kp.Opened(c.id, c.src, c.dst, fd) })
 	}
@@ -412,6 +410,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 				if !c.process(p) {
 					return false
 				}
+				c.settleEnd(e, &c.gr.left)
 			}
 			if err != nil && !c.endRead(err) {
 				return false

@@ -6,6 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/storeguard/storeguard/internal/tcpcount"
+	"github.com/storeguard/storeguard/tlsrelay"
 )
 
 // A connection its keeper holds is read with MSG_PEEK, and its bytes are consumed only once passed
@@ -56,6 +57,17 @@ func (c *conn) dropHold(fd int) {
 		c.hold.n = 0
 	}
 	c.setLowat(fd, 1)
+}
+
+// settleEnd tells a kept TLS End how much of the plaintext it opened is passed on (all but the
+// message in progress in carry), so that it keeps only the records from that message's start
+// (tlsrelay.End.Settle): the End's ring is its hold. What is left to finish (left) is in this
+// process's memory only, so nothing settles then; the next read settles it.
+func (c *conn) settleEnd(e *tlsrelay.End, left *leftover) {
+	if left.unfinished() {
+		return
+	}
+	e.Settle(len(c.carry))
 }
 
 // setLowat sets fd's SO_RCVLOWAT to v unless it is so already, and reports whether it is.

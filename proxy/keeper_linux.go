@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -112,6 +113,16 @@ func (s *Server) RestoreFromKeeper() error {
 	}, func(kc keeper.Conn, cfd, ufd int, extra []int) {
 		ac := adoptedConn{rebuild: true, c: s.newConn(kc.ID, kc.Src, kc.Dst, s.now()),
 			st: upgrade.Conn{ClientFd: cfd, StoreFd: ufd}}
+		var k keptTLS
+		if len(extra) == 0 && kc.Data != nil && json.Unmarshal(kc.Data, &k) == nil && k.End {
+			ac.kend = &k // a kept End: made from its slot once the worker reconciles it
+			if s.cont.ledger == nil {
+				s.log.Warn("restart: a TLS connection's state is in no ledger; closing it", "conn", kc.ID)
+				s.cont.kp.Ended(kc.ID)
+				ac.closeFds()
+				return
+			}
+		}
 		if len(extra) > 0 { // a TLS connection: its relay's two sockets
 			var err error
 			if len(extra) != 2 || s.cont.ledger == nil {

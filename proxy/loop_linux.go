@@ -688,7 +688,9 @@ func (l *loop) serveEnd(c *conn, e *tlsrelay.End) {
 			return
 		}
 		c.readClient(p)
-		l.settle(c, c.process(p))
+		alive := c.process(p)
+		c.settleEnd(e, &c.lt.left) // before settle, which may hand c to goroutines
+		l.settle(c, alive)
 	}
 }
 

@@ -18,13 +18,15 @@ import (
 // Mutual TLS between guards (tls.*). A client from outside tls.plaintext-sources completes a
 // TLS 1.3 handshake with a certificate that chains to the configured CA and names an allowed
 // identity before anything else happens; then the connection is judged as any other, on its
-// plaintext. Without a keeper, the connection's goroutines read and write that plaintext
-// themselves (a tlsrelay.End, the connection's client socket). Under a keeper a relay
-// (tlsrelay.Relay) opens its records into one end of a loopback TCP pair, whose byte counters
-// and the relay's ledger slot let a restarted worker go on where a dead one stopped, and the
-// connection's client socket is the other end. Either way the TLS state is data
-// (tlsrelay.State), so that it can change hands with the connection: an upgrade hands an End
-// over as a relay and its pair (Handover).
+// plaintext. The connection's goroutines, or the event loop that takes it, read and write that
+// plaintext themselves (a tlsrelay.End, the connection's client socket). Under a keeper the End
+// keeps its state in a slot of the ledger it shares with the keeper (End.Keep): its records from
+// the start of the message in progress on, and each record it writes, so that a restarted worker
+// goes on where a dead one stopped (tlsrelay.RestoreEnd). Either way the TLS state is data
+// (tlsrelay.State), so that it can change hands with the connection: an upgrade hands a kept End
+// over in its slot (End.HandOff), or any End, to a build before that, as a relay and its pair
+// (Handover). A relay (tlsrelay.Relay: its records opened into one end of a loopback TCP pair, the
+// connection's client socket the other) is what a connection handed over as one goes on as.
 
 // sock is a client socket: the accepted TCP connection, a TLS End, or the guard's end of a TLS
 // relay's loopback pair.
@@ -33,8 +35,8 @@ type sock = tlsrelay.Sock
 // tlsConn is what mutual TLS adds to a connection: its End or its relay, and who the peer
 // proved to be.
 type tlsConn struct {
-	end   *tlsrelay.End   // without a keeper: the connection reads and writes the plaintext itself
-	relay *tlsrelay.Relay // under a keeper, or after an upgrade: through a loopback pair
+	end   *tlsrelay.End   // the connection reads and writes the plaintext itself
+	relay *tlsrelay.Relay // handed over as a relay: through a loopback pair
 	info  *audit.TLS      // on every event and flow record of the connection
 	id    string          // the peer's identity (identity.Peer.ID)
 	// handover: the loopback pair an End is being handed over with (frozenState), closed by a
@@ -67,10 +69,19 @@ func (c *conn) setTLS(t *tlsConn) {
 }
 
 // kept reports whether a keeper holds the connection's sockets: a TLS connection's too when its
-// relay's state is in the ledger shared with the keeper (docs/design.md, "What a crash costs a
+// End's or relay's state is in the ledger shared with the keeper (docs/design.md, "What a crash costs a
 // TLS connection").
 func (c *conn) kept() bool {
-	return c.s.cont.kp != nil && (c.tls == nil || c.tls.relay != nil && c.tls.relay.Slot() >= 0)
+	if c.s.cont.kp == nil {
+		return false
+	}
+	switch t := c.tls; {
+	case t == nil:
+		return true
+	case t.end != nil:
+		return t.end.Slot() >= 0
+	}
+	return c.tls.relay.Slot() >= 0
 }
 
 // identity is the peer's proved identity, "" without TLS.
@@ -105,8 +116,8 @@ func (s *Server) serverTLS(tc config.TLS) (*tls.Config, error) {
 }
 
 // handshake runs mutual TLS with a client that must use it. ok: the client socket the
-// connection reads from (its End, or under a keeper the guard's end of the relay's pair) and
-// what TLS adds; release gives back the identity's admission. Else the client was refused:
+// connection reads from (its End, kept in the keeper's ledger when there is one) and what TLS
+// adds; release gives back the identity's admission. Else the client was refused:
 // audited with why, counted, a step towards its source's ban, and closed; nothing of it reached
 // the store.
 func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
@@ -170,17 +181,12 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		tc.Close()
 		return nil, nil, nil, false
 	}
-	if s.cont.kp == nil {
-		if t.end, err = tlsrelay.NewEnd(tc, sess); err == nil {
-			client = t.end
-		}
-	} else {
-		var relaySide, guardSide *net.TCPConn
-		if relaySide, guardSide, err = tlsrelay.LoopbackPair(); err == nil {
-			client = guardSide
-			if t.relay, err = tlsrelay.New(tc, relaySide, sess, s.cont.ledger, id); err != nil {
-				relaySide.Close()
-				guardSide.Close()
+	if t.end, err = tlsrelay.NewEnd(tc, sess); err == nil {
+		client = t.end
+		if s.cont.kp != nil && s.cont.ledger != nil {
+			if kerr := t.end.Keep(s.cont.ledger, id); kerr != nil {
+				s.log.Debug("keeper: a TLS connection's state is in this process only; a crash closes it", "src", src.String(),
+					"err", kerr)
 			}
 		}
 	}
@@ -193,9 +199,6 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 	s.m.handshakes.WithLabelValues("ok").Inc()
 	if cs.DidResume {
 		s.m.resumed.Inc()
-	}
-	if t.relay != nil {
-		t.relay.Run()
 	}
 	return client, t, release, true
 }

@@ -23,6 +23,14 @@ func (c *conn) tlsState() (*upgrade.TLSConn, error) {
 	if c.tls == nil {
 		return nil, nil
 	}
+	if e := c.tls.end; e != nil && e.Slot() >= 0 && c.s.cont.keptEnds {
+		st, err := e.HandOff(c.id) // the next process takes it from its slot
+		if err != nil {
+			return nil, err
+		}
+		return &upgrade.TLSConn{Relay: st, Slot: e.Slot(), Kept: true, Identity: c.tls.id, Info: c.tls.info,
+			Fd: -1, PlainFd: -1}, nil
+	}
 	if e := c.tls.end; e != nil {
 		c.tls.dropHandover() // a hand-over tried before
 		st, relaySide, guardSide, err := e.Handover(c.id)
@@ -105,13 +113,22 @@ func (c *conn) resumeTLS(t *upgrade.TLSConn) error {
 // be.
 type keptTLS struct {
 	Slot     int
+	End      bool `json:",omitempty"` // a kept End (tlsrelay.End.Keep), not a relay
 	Identity string
 	Info     *audit.TLS
 }
 
-// keepTLS gives the keeper a TLS connection: the guard's end of the relay's pair (cfd) as its
-// client socket, with the relay's two sockets and its slot in the shared ledger.
+// keepTLS gives the keeper a TLS connection: a kept End's TLS socket (cfd) as its client socket,
+// with its slot in the shared ledger; or a relay's: the guard's end of the relay's pair (cfd) as
+// its client socket, with the relay's two sockets and its slot.
 func (c *conn) keepTLS(cfd int) {
+	if e := c.tls.end; e != nil {
+		data, err := json.Marshal(keptTLS{Slot: e.Slot(), End: true, Identity: c.tls.id, Info: c.tls.info})
+		if err == nil && cfd >= 0 {
+			c.s.cont.kp.OpenedWith(c.id, c.src, c.dst, cfd, data)
+		}
+		return
+	}
 	r := c.tls.relay
 	data, err := json.Marshal(keptTLS{Slot: r.Slot(), Identity: c.tls.id, Info: c.tls.info})
 	if err != nil {
@@ -134,6 +151,37 @@ func (s *Server) restoreTLS(id uint64, data []byte, tlsFd, plainFd int) (*tlsCon
 		return nil, err
 	}
 	return s.slotRelay(id, k, tlsFd, plainFd)
+}
+
+// slotEnd makes the kept End an upgrade handed off (t) from its slot in the shared ledger, on the
+// connection's client socket (its TLS socket): the connection's carry and bytes to judge are the
+// plaintext it had opened, and the replies it had not written whole go first (ToClient).
+func (s *Server) slotEnd(ac *adoptedConn, t *upgrade.TLSConn) (*tlsConn, error) {
+	if s.cont.ledger == nil {
+		return nil, errors.New("a kept End and no ledger")
+	}
+	e, err := tlsrelay.EndFromSlot(s.cont.ledger, t.Slot, ac.c.id, ac.st.ClientFd, t.Relay, ac.st.ToClient)
+	if err != nil {
+		return nil, err
+	}
+	return &tlsConn{end: e, info: t.Info, id: t.Identity}, nil
+}
+
+// restoreEnd makes a kept End the keeper gave back after a crash from its slot and its sockets
+// (tlsrelay.RestoreEnd), and says why the connection must close if it cannot go on exactly.
+func (s *Server) restoreEnd(ac *adoptedConn) (lost string, err error) {
+	k := ac.kend
+	e, err := tlsrelay.RestoreEnd(s.cont.ledger, k.Slot, ac.c.id, ac.st.ClientFd, ac.st.StoreFd)
+	switch {
+	case errors.Is(err, tlsrelay.ErrLostRequest):
+		return lostRequest, err
+	case errors.Is(err, tlsrelay.ErrLostReply):
+		return lostReply, err
+	case err != nil:
+		return lostCounts, err
+	}
+	ac.tls = &tlsConn{end: e, info: k.Info, id: k.Identity}
+	return "", nil
 }
 
 // slotRelay makes connection id's relay from its sockets and its slot in the shared ledger (a

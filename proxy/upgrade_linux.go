@@ -54,6 +54,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 	if s.cont.ledger != nil {
 		o.AddLedger(&st, s.cont.ledger.Fd())
 	}
+	s.cont.keptEnds = st.Ledger && o.Peer.KeptEnds
 	err = o.Send(st, func(i int) (upgrade.Conn, error) { return conns[i].frozenState() }, func() { s.thaw(conns) })
 	if err != nil {
 		s.m.handovers.WithLabelValues("failed").Inc()
@@ -117,9 +118,12 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	if cs.TLS, err = c.tlsState(); err != nil {
 		return cs, err
 	}
-	if c.merged() != nil {
+	switch {
+	case cs.TLS != nil && cs.TLS.Kept: // its TLS socket is the client's
+		client = c.tls.end.TLS
+	case c.merged() != nil:
 		client = c.tls.handover[1] // what the End was given to write and had not goes there (ToClient)
-	} else if client != nil {
+	case client != nil:
 		sockFd(client, c.dropHold) // its bytes go in Refeed, as the carry they are; reads wake for any byte
 	}
 	for _, sock := range []struct {
@@ -153,6 +157,9 @@ type adoptedConn struct {
 	// in an upgrade with the keeper's ledger (takeSlots)
 	tls  *tlsConn
 	lost error // its relay could not be had from its slot: it is closed
+	// kend: a kept TLS End the keeper gave back, made from its slot once the connection is
+	// reconciled (restoreEnd)
+	kend *keptTLS
 }
 
 // TakeOver takes everything over from the serving process at the other end of peer, in place of
@@ -216,6 +223,10 @@ func (s *Server) takeSlots(a *adoption) {
 			continue
 		}
 		ac.st.TLS = nil // the relay's sockets are its own from here
+		if t.Kept {
+			ac.tls, ac.lost = s.slotEnd(ac, t)
+			continue
+		}
 		ac.tls, ac.lost = s.slotRelay(ac.c.id, keptTLS{Slot: t.Slot, Identity: t.Identity, Info: t.Info}, t.Fd, t.PlainFd)
 	}
 }
@@ -308,11 +319,11 @@ func (ac *adoptedConn) closeFds() {
 	if ac.st.StoreFd >= 0 {
 		unix.Close(ac.st.StoreFd)
 	}
-	if t := ac.st.TLS; t != nil {
+	if t := ac.st.TLS; t != nil && t.Fd >= 0 {
 		unix.Close(t.Fd)
 		unix.Close(t.PlainFd)
 	}
-	if ac.tls != nil {
+	if ac.tls != nil && ac.tls.relay != nil {
 		ac.tls.relay.Close()
 	}
 }
@@ -328,7 +339,11 @@ func (s *Server) startAdopted() {
 	for i := range a.conns {
 		ac := &a.conns[i]
 		if ac.rebuild {
-			if lost, err := reconcile(ac.st.ClientFd, ac.st.StoreFd); lost != "" {
+			reconciled := reconcile
+			if ac.kend != nil {
+				reconciled = func(int, int) (string, error) { return s.restoreEnd(ac) }
+			}
+			if lost, err := reconciled(ac.st.ClientFd, ac.st.StoreFd); lost != "" {
 				s.log.Warn("restart: a restored connection cannot go on exactly; closing it", "conn", ac.c.id,
 					"reason", lost, "err", err)
 				s.m.restoreLost.WithLabelValues(lost).Inc()
@@ -404,9 +419,11 @@ func (s *Server) startConn(ac *adoptedConn) {
 			}
 		}
 	}
-	if t := ac.tls; t != nil { // its relay goes on from its slot (a crash, or an upgrade that handed the ledger over)
+	if t := ac.tls; t != nil { // it goes on from its slot (a crash, or an upgrade that handed the ledger over)
 		c.setTLS(t)
-		t.relay.Run()
+		if t.relay != nil {
+			t.relay.Run()
+		}
 	}
 	if c.tls != nil {
 		addr, id := c.release, s.gate.AdoptIdentity(c.tls.id)

@@ -46,10 +46,12 @@ type End struct {
 	// without waiting; TLS is nil meanwhile.
 	fd int
 	rd struct {
+		dst []byte // where to read (a kept End's ring); nil: rbuf[rn:]
 		n   int
 		err error
 	}
-	rEnded bool // close_notify came, or the end of stream between records
+	k      *kept // the End's state in a keeper's ledger (kept.go); nil: in this process only
+	rEnded bool  // close_notify came, or the end of stream between records
 	asked  atomic.Uint64
 
 	// The write side.
@@ -105,6 +107,9 @@ func NewEnd(tlsSock Sock, s *tlsrec.Session) (*End, error) {
 // peer's close_notify, or its end of stream between records, err is io.EOF. While it waits with
 // no record begun it holds no buffer (an idle connection holds none; see readRecords).
 func (e *End) Next() ([]byte, error) {
+	if e.k != nil {
+		return e.nextKept()
+	}
 	for {
 		if e.handed.Load() {
 			return nil, errHanded
@@ -156,21 +161,36 @@ func (e *End) Next() ([]byte, error) {
 
 // Buffered is how many bytes Next has read and not opened yet (Next's goroutine): an event loop,
 // which hears only of what comes to the socket, takes an End with none.
-func (e *End) Buffered() int { return e.rn - e.roff }
+func (e *End) Buffered() int {
+	if e.k != nil {
+		return int(e.k.read - e.k.open)
+	}
+	return e.rn - e.roff
+}
 
 // readRecords reads what the TLS socket has after rbuf[:rn], waiting for it (a detached End:
 // what its descriptor has now, or ErrWouldBlock): the buffer comes from a pool once bytes are
 // there, and goes back while the socket has none and no record is begun.
 func (e *End) readRecords() error {
+	n, err := e.readRaw()
+	e.rn += n
+	if e.rn == 0 && e.rbuf != nil {
+		e.putRbuf()
+	}
+	return err
+}
+
+// readRaw reads what the TLS socket has into rd.dst, or rbuf[rn:] (readSome): n > 0, or err.
+func (e *End) readRaw() (int, error) {
 	var err error
 	switch {
 	case e.fd >= 0: // detached: what the descriptor has now
 		if !e.readSome(uintptr(e.fd)) {
-			return ErrWouldBlock
+			return 0, ErrWouldBlock
 		}
 	case e.rc == nil:
 		if e.rc, err = e.TLS.SyscallConn(); err != nil {
-			return err
+			return 0, err
 		}
 		e.readFn = e.readSome // made once: a closure per read would be an allocation
 		fallthrough
@@ -185,28 +205,29 @@ func (e *End) readRecords() error {
 	case n == 0:
 		err = io.EOF
 	default:
-		e.rn += n
+		return n, nil
 	}
-	if e.rn == 0 && e.rbuf != nil {
-		e.putRbuf()
-	}
-	return err
+	return 0, err
 }
 
 // readSome is readRecords' read from the socket's descriptor (syscall.RawConn.Read).
 func (e *End) readSome(fd uintptr) bool {
-	if e.rbuf == nil {
-		e.rbp = recBufs.Get().(*[]byte)
-		e.rbuf = *e.rbp
+	dst := e.rd.dst
+	if dst == nil {
+		if e.rbuf == nil {
+			e.rbp = recBufs.Get().(*[]byte)
+			e.rbuf = *e.rbp
+		}
+		dst = e.rbuf[e.rn:]
 	}
 	for {
-		e.rd.n, e.rd.err = unix.Read(int(fd), e.rbuf[e.rn:])
+		e.rd.n, e.rd.err = unix.Read(int(fd), dst)
 		if e.rd.err != unix.EINTR {
 			break
 		}
 	}
 	if e.rd.err == unix.EAGAIN {
-		if e.rn == 0 {
+		if e.rd.dst == nil && e.rn == 0 {
 			e.putRbuf()
 		}
 		return false
@@ -286,7 +307,7 @@ func (e *End) write(p []byte, wait bool) (n int, err error) {
 			n += e.wlen
 		}
 		if done {
-			e.wrec = nil
+			e.recordDone()
 		}
 		if err != nil || !done {
 			return n, err
@@ -326,6 +347,18 @@ func (e *End) seal(kind byte, p []byte) {
 		e.wEnded = true
 	}
 	e.wrec = e.wbuf
+	if e.k != nil {
+		e.keptIntent()
+	}
+}
+
+// recordDone ends the record under way, written whole (e.wmu held): a kept End saves the state
+// that counts it.
+func (e *End) recordDone() {
+	if e.k != nil {
+		e.keptWritten()
+	}
+	e.wrec = nil
 }
 
 // flush writes the rest of the record under way; done: all of it.
@@ -333,12 +366,19 @@ func (e *End) flush(wait bool) (done bool, err error) {
 	for e.wsent < len(e.wrec) {
 		var n int
 		wait := wait && e.fd < 0 // a detached End never waits
+		q := e.wrec[e.wsent:]
+		if writeCap > 0 {
+			q = q[:min(len(q), writeCap)]
+		}
 		if wait {
-			n, err = e.TLS.Write(e.wrec[e.wsent:])
+			n, err = e.TLS.Write(q)
 		} else {
-			n, err = e.writeNow(e.wrec[e.wsent:])
+			n, err = e.writeNow(q)
 		}
 		e.wsent += n
+		if n > 0 && e.wsent < len(e.wrec) {
+			crashPoint("end-wrote-part")
+		}
 		if err != nil || (!wait && n == 0) {
 			return e.wsent == len(e.wrec), err
 		}
@@ -402,13 +442,13 @@ func (e *End) closeNotify() error {
 		if done, _ := e.flush(false); !done {
 			return nil // the peer does not read: no alert can follow a record cut short
 		}
-		e.wrec = nil
+		e.recordDone()
 	}
 	e.seal('c', nil)
 	if done, _ := e.flush(false); !done {
 		return nil // the alert's rest stays under way: a half-close would cut it short
 	}
-	e.wrec = nil
+	e.recordDone()
 	e.putWbuf()
 	if e.fd >= 0 {
 		return unix.Shutdown(e.fd, unix.SHUT_WR)
@@ -509,29 +549,42 @@ func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err erro
 			guard.Close()
 		}
 	}()
-	read, written, err := counts(e.TLS)
-	if err != nil {
-		return st, nil, nil, err
-	}
 	plainRead, plainWritten, err := counts(relay)
 	if err != nil {
 		return st, nil, nil, err
 	}
-	unopened := uint64(e.rn - e.roff)
+	if st, err = e.stateAt(id, plainWritten, plainRead); err != nil {
+		return st, nil, nil, err
+	}
+	return st, relay, guard, nil
+}
+
+// stateAt is the End's State, stopped (e.wmu held), its plaintext streams at offsets plainIn
+// (the records opened) and plainOut (the replies written whole).
+func (e *End) stateAt(id, plainIn, plainOut uint64) (st State, err error) {
+	read, written, err := counts(e.TLS)
+	if err != nil {
+		return st, err
+	}
+	unopened := uint64(e.Buffered())
 	if read < unopened || unopened > ringSize {
-		return st, nil, nil, fmt.Errorf("tlsrelay: %d bytes read and %d not opened", read, unopened)
+		return st, fmt.Errorf("tlsrelay: %d bytes read and %d not opened", read, unopened)
 	}
 	st = State{ID: id, Suite: e.suite,
-		In: Dir{Secret: e.in.Secret(), Seq: e.in.Seq(), From: read - unopened, To: plainWritten,
+		In: Dir{Secret: e.in.Secret(), Seq: e.in.Seq(), From: read - unopened, To: plainIn,
 			Updates: e.asked.Load(), Ended: e.rEnded},
-		Out: Dir{Secret: e.out.Secret(), Seq: e.out.Seq(), From: plainRead, To: written,
+		Out: Dir{Secret: e.out.Secret(), Seq: e.out.Seq(), From: plainOut, To: written,
 			Updates: e.answered, Ended: e.wEnded}}
-	if unopened > 0 {
+	switch {
+	case unopened > 0 && e.k != nil:
+		st.Rx = make([]byte, unopened)
+		ringCopy(st.Rx, e.k.slot.ring(), e.k.open)
+	case unopened > 0:
 		st.Rx = append([]byte(nil), e.rbuf[e.roff:e.rn]...)
 	}
 	if e.wrec != nil && e.wsent < len(e.wrec) {
 		if written < uint64(e.wsent) {
-			return st, nil, nil, fmt.Errorf("tlsrelay: %d bytes written and %d of a record", written, e.wsent)
+			return st, fmt.Errorf("tlsrelay: %d bytes written and %d of a record", written, e.wsent)
 		}
 		st.Out.Seq, st.Out.To = e.wseq, written-uint64(e.wsent)
 		st.Out.Intent, st.Out.IntentLen = e.wkind, uint32(e.wlen)
@@ -543,7 +596,7 @@ func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err erro
 			st.Out.Ended = false
 		}
 	}
-	return st, relay, guard, nil
+	return st, nil
 }
 
 // ErrPairBusy: a relay stopped inside a record: its state does not stand at its pair's counters,

@@ -41,6 +41,9 @@ type Ready struct {
 	// Ledger: this process can take a keeper's shared ledger of TLS relays (ServerState.Ledger).
 	// A build from before it leaves it false, and gets none.
 	Ledger bool `json:",omitempty"`
+	// KeptEnds: this process takes a kept TLS End from its slot in that ledger (TLSConn.Kept). A
+	// build from before it is handed each as a relay.
+	KeptEnds bool `json:",omitempty"`
 }
 
 // ServerState is the S packet: what the whole server carries over, with the listening sockets
@@ -118,7 +121,11 @@ type TLSConn struct {
 	Relay tlsrelay.State
 	// Slot is the relay's slot in the shared ledger (ServerState.Ledger); -1: its state is Relay's
 	// alone (a ledger of its own), and the new process resumes it in a slot of its own.
-	Slot        int
+	Slot int
+	// Kept: an End whose state is in Slot (tlsrelay.End.HandOff): the connection's client socket
+	// is its TLS socket, it has no descriptors of its own, and Relay is where it stopped. Sent
+	// only to a process that said Ready.KeptEnds.
+	Kept        bool `json:",omitempty"`
 	Identity    string
 	Info        *audit.TLS
 	Fd, PlainFd int `json:"-"`

@@ -336,6 +336,7 @@ func (s *Server) startAdopted() {
 		return
 	}
 	s.cont.adopted = nil
+	keptEnds := 0 // TLS connections that went on from their slots, as Ends
 	for i := range a.conns {
 		ac := &a.conns[i]
 		if ac.rebuild {
@@ -365,6 +366,9 @@ func (s *Server) startAdopted() {
 			continue
 		}
 		s.startConn(ac)
+		if e := ac.c.merged(); e != nil && e.Slot() >= 0 {
+			keptEnds++
+		}
 	}
 	if a.reason != "restart" { // a restart knows nothing of the hand-overs before
 		s.cont.handovers.Add(1)
@@ -382,9 +386,9 @@ func (s *Server) startAdopted() {
 	}
 	s.writeAudit(e)
 	if a.reason == "restart" {
-		s.log.Info("restart: took every connection back from the keeper", "connections", len(a.conns))
+		s.log.Info("restart: took every connection back from the keeper", "connections", len(a.conns), "kept_ends", keptEnds)
 	} else {
-		s.log.Info("upgrade: handover complete", "connections", len(a.conns), "from_pid", a.from.PID,
+		s.log.Info("upgrade: handover complete", "connections", len(a.conns), "kept_ends", keptEnds, "from_pid", a.from.PID,
 			"from_version", a.from.Version, "handovers", s.cont.handovers.Load())
 	}
 	if a.ln != nil {

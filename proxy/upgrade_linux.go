@@ -326,6 +326,9 @@ func (ac *adoptedConn) closeFds() {
 	if ac.tls != nil && ac.tls.relay != nil {
 		ac.tls.relay.Close()
 	}
+	if ac.tls != nil && ac.tls.end != nil {
+		ac.tls.end.Release()
+	}
 }
 
 // startAdopted starts the connections a previous process handed over (TakeOver), each where it

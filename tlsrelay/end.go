@@ -145,18 +145,25 @@ func (e *End) Next() ([]byte, error) {
 			e.rn = copy(e.rbuf, e.rbuf[e.roff:e.rn])
 			e.roff = 0
 		}
-		err := e.readRecords()
-		switch {
-		case err == nil:
-		case errors.Is(err, io.EOF) && e.rn == e.roff:
-			e.rEnded = true
-			return nil, io.EOF
-		case errors.Is(err, io.EOF):
-			return nil, io.ErrUnexpectedEOF // inside a record
-		default:
+		if err := e.readEnded(e.readRecords(), e.rn == e.roff); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// readEnded is what Next makes of a read's error: nil to go on; io.EOF at the end of the stream
+// between records (between), which ends the read side; io.ErrUnexpectedEOF inside one.
+func (e *End) readEnded(err error, between bool) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, io.EOF) && between:
+		e.rEnded = true
+		return io.EOF
+	case errors.Is(err, io.EOF):
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // Buffered is how many bytes Next has read and not opened yet (Next's goroutine): an event loop,

@@ -189,14 +189,7 @@ func (e *End) nextKept() ([]byte, error) {
 		if n > 0 {
 			crashPoint("kept-read")
 		}
-		switch {
-		case err == nil:
-		case errors.Is(err, io.EOF) && k.read == k.open:
-			e.rEnded = true
-			return nil, io.EOF
-		case errors.Is(err, io.EOF):
-			return nil, io.ErrUnexpectedEOF // inside a record
-		default:
+		if err := e.readEnded(err, k.read == k.open); err != nil {
 			return nil, err
 		}
 	}
@@ -284,20 +277,33 @@ var (
 // Bytes the dead process had consumed and not passed on are lost: ErrLostRequest or ErrLostReply,
 // and the connection must close. The End is detached on fd (Detach). On an error nothing is
 // closed and the slot stays free.
-func RestoreEnd(ledger *Ledger, ix int, id uint64, fd, storeFd int) (e *End, err error) {
+func RestoreEnd(ledger *Ledger, ix int, id uint64, fd, storeFd int) (*End, error) {
+	return fromSlot(ledger, ix, id, fd, func(s slot, st State, read, written uint64) (*End, error) {
+		return restoreEnd(ledger, ix, s, st, fd, storeFd, read, written)
+	})
+}
+
+// fromSlot claims slot ix of ledger for connection id and makes its End with build, given the
+// slot's state and the counters of its TLS socket fd; the slot is free again if build fails.
+func fromSlot(ledger *Ledger, ix int, id uint64, fd int,
+	build func(s slot, st State, read, written uint64) (*End, error)) (e *End, err error) {
 	s, st, err := ledger.claim(ix, id)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			ledger.free(ix)
-		}
-	}()
 	read, written, err := tcpcount.Counts(fd, false)
+	if err == nil {
+		e, err = build(s, st, read, written)
+	}
 	if err != nil {
+		ledger.free(ix)
 		return nil, err
 	}
+	return e, nil
+}
+
+// restoreEnd is RestoreEnd's End, once its slot is claimed.
+func restoreEnd(ledger *Ledger, ix int, s slot, st State, fd, storeFd int, read, written uint64) (e *End, err error) {
 	var stored, replied uint64 // the store's socket: bytes written to it, consumed from it
 	if storeFd >= 0 {
 		if replied, stored, err = tcpcount.Counts(storeFd, true); err != nil {
@@ -405,31 +411,21 @@ func (e *End) HandOff(id uint64) (State, error) {
 // from their start). The plaintext of the records it had opened went with the connection (its
 // guard's carry, bytes judged or not): Next goes on after them, and the ring keeps them until
 // they are settled. The End is detached on fd. On an error nothing is closed.
-func EndFromSlot(ledger *Ledger, ix int, id uint64, fd int, st State, toClient []byte) (e *End, err error) {
-	s, saved, err := ledger.claim(ix, id)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			ledger.free(ix)
+func EndFromSlot(ledger *Ledger, ix int, id uint64, fd int, st State, toClient []byte) (*End, error) {
+	return fromSlot(ledger, ix, id, fd, func(s slot, saved State, read, written uint64) (*End, error) {
+		in := saved.In
+		if read < in.From || read-in.From > ringSize || st.In.To < in.To || st.In.From < in.From || read < st.In.From ||
+			written < st.Out.To {
+			return nil, fmt.Errorf("tlsrelay: the TLS socket at %d read and %d written, the slot at %d, the state at %d and %d",
+				read, written, in.From, st.In.From, st.Out.To)
 		}
-	}()
-	read, written, err := tcpcount.Counts(fd, false)
-	if err != nil {
-		return nil, err
-	}
-	in := saved.In
-	if read < in.From || read-in.From > ringSize || st.In.To < in.To || st.In.From < in.From || read < st.In.From ||
-		written < st.Out.To {
-		return nil, fmt.Errorf("tlsrelay: the TLS socket at %d read and %d written, the slot at %d, the state at %d and %d",
-			read, written, in.From, st.In.From, st.Out.To)
-	}
-	if e, err = endOf(fd, State{ID: id, Suite: st.Suite, In: in, Out: st.Out}, written-st.Out.To, toClient); err != nil {
-		return nil, err
-	}
-	e.k = &kept{ledger: ledger, ix: ix, slot: s, handed: &e.handed, in: in, read: read, open: in.From, plain: in.To,
-		skip: st.In.To - in.To, out: st.Out}
-	e.k.out.Intent, e.k.out.IntentLen = 0, 0
-	return e, nil
+		e, err := endOf(fd, State{ID: id, Suite: st.Suite, In: in, Out: st.Out}, written-st.Out.To, toClient)
+		if err != nil {
+			return nil, err
+		}
+		e.k = &kept{ledger: ledger, ix: ix, slot: s, handed: &e.handed, in: in, read: read, open: in.From, plain: in.To,
+			skip: st.In.To - in.To, out: st.Out}
+		e.k.out.Intent, e.k.out.IntentLen = 0, 0
+		return e, nil
+	})
 }

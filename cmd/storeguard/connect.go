@@ -54,6 +54,7 @@ environment stay unchanged.`,
 		if *useKeeper && os.Getenv(keeper.Env) == "" {
 			return runKeeper(lc)
 		}
+		collectLess()
 		kf, err := inheritedFile(keeper.Env) // run by a keeper (--keeper)
 		if err != nil {
 			return err

@@ -68,6 +68,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 	}
 	restore := os.Getenv(keeper.RestoreEnv) != "" // the previous worker died: the keeper has everything
 	os.Unsetenv(keeper.RestoreEnv)
+	collectLess()
 	log, logSink := newLogger(cfg.Log, os.Stderr)
 	defer logSink.Close(sinkWait)
 	var aw *audit.Writer

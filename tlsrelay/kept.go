@@ -35,7 +35,7 @@ type kept struct {
 	ledger *Ledger
 	ix     int
 	slot   slot
-	mu     sync.Mutex // the slot's writes, against Close's free
+	mu     sync.Mutex // the slot's writes, against Release's free
 	freed  bool
 	handed *atomic.Bool // the End's: handed over, it writes nothing to the slot until thawed
 
@@ -47,7 +47,6 @@ type kept struct {
 	plain      uint64
 	skip       uint64
 	recs       []openRec // records opened and not settled, oldest first
-	forced     uint64    // records settled before their plaintext was passed on (the ring was full)
 
 	// The write side (e.wmu held): the TLS bytes written and the store's bytes counted at the
 	// start of the record under way.
@@ -86,15 +85,6 @@ func (e *End) Slot() int {
 		return -1
 	}
 	return e.k.ix
-}
-
-// Forced is how many records a kept End settled before their plaintext was passed on, its ring
-// full with a message larger than it: a crash then closes the connection.
-func (e *End) Forced() uint64 {
-	if e.k == nil {
-		return 0
-	}
-	return e.k.forced
 }
 
 // save writes one side's state to the slot, unless the slot was freed or handed over.
@@ -178,8 +168,7 @@ func (e *End) nextKept() ([]byte, error) {
 			if len(k.recs) == 0 {
 				return nil, errors.New("tlsrelay: a kept End's ring is full and no record in it is whole")
 			}
-			k.forced++
-			e.settleThrough(1)
+			e.settleThrough(1) // its plaintext is in the caller's memory only: a crash now closes the connection
 		}
 		pos := k.read % ringSize
 		e.rd.dst = ring[pos:min(ringSize, pos+ringSize-(k.read-k.in.From))]

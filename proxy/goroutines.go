@@ -404,13 +404,13 @@ func (c *conn) pipeClientToStore() (took bool) {
 		}
 		c.setDeadline()
 		if e != nil { // a TLS End: a record's plaintext, opened in its own buffer
+			c.settleEnd(e, &c.gr.left) // what the last read or a previous process left is judged by now
 			p, err := e.Next()
 			if len(p) > 0 {
 				c.readClient(p)
 				if !c.process(p) {
 					return false
 				}
-				c.settleEnd(e, &c.gr.left)
 			}
 			if err != nil && !c.endRead(err) {
 				return false

@@ -540,6 +540,9 @@ func (e *End) SyscallConn() (syscall.RawConn, error) { return nil, errNoRaw }
 func (e *End) Handover(id uint64) (st State, relay, guard *net.TCPConn, err error) {
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
+	if e.k != nil && e.k.skip > 0 { // a relay would pass on again what a restart is to skip
+		return st, nil, nil, errors.New("tlsrelay: a kept End restarted and not read since: no relay can take it")
+	}
 	e.handed.Store(true)
 	defer func() {
 		if err != nil {

@@ -46,6 +46,7 @@ type kept struct {
 	read, open uint64
 	plain      uint64
 	skip       uint64
+	floor      uint64    // the plaintext the store is known to have (a restart's): its records may be settled
 	recs       []openRec // records opened and not settled, oldest first
 
 	// The write side (e.wmu held): the TLS bytes written and the store's bytes counted at the
@@ -120,55 +121,32 @@ func (e *End) nextKept() ([]byte, error) {
 		if e.rEnded {
 			return nil, io.EOF
 		}
-		if have := k.read - k.open; have >= 5 {
-			var hdr [5]byte
-			ringCopy(hdr[:], ring, k.open)
-			n, err := tlsrec.RecordLen(hdr[:])
-			if err != nil {
-				return nil, err
-			}
-			if have >= uint64(n) {
-				e.rbp = recBufs.Get().(*[]byte)
-				e.rbuf = *e.rbp
-				rec := e.rbuf[:n]
-				ringCopy(rec, ring, k.open)
-				plain, asked, err := e.in.OpenRecord(rec)
-				closed := errors.Is(err, tlsrec.ErrClosed)
-				if err != nil && !closed {
-					return nil, err
-				}
-				if asked {
-					e.asked.Add(1)
-				}
-				k.open += uint64(n)
-				k.plain += uint64(len(plain))
-				r := openRec{end: k.open, plainEnd: k.plain, seq: e.in.Seq(), updates: e.asked.Load(), closed: closed}
-				if r.seq == 0 { // a KeyUpdate starts the new secret's numbering
-					r.secret = e.in.Secret()
-				}
-				k.recs = append(k.recs, r)
-				if closed {
-					e.rEnded = true
-					return nil, io.EOF
-				}
-				if k.skip > 0 {
-					d := min(k.skip, uint64(len(plain)))
-					plain, k.skip = plain[d:], k.skip-d
-				}
-				if len(plain) > 0 {
-					return plain, nil
-				}
-				continue
-			}
+		plain, whole, err := e.openNext()
+		switch {
+		case err != nil:
+			return nil, err
+		case whole && k.skip > 0:
+			d := min(k.skip, uint64(len(plain)))
+			plain, k.skip = plain[d:], k.skip-d
+		}
+		if len(plain) > 0 {
+			return plain, nil
+		}
+		if whole {
+			continue
 		}
 		if k.skip > 0 {
 			return nil, fmt.Errorf("%w: %d bytes passed on past the records kept", ErrLostRequest, k.skip)
 		}
-		if k.read-k.in.From == ringSize { // the ring is full of a message in progress
+		if k.read-k.in.From == ringSize { // the ring is full
 			if len(k.recs) == 0 {
 				return nil, errors.New("tlsrelay: a kept End's ring is full and no record in it is whole")
 			}
-			e.settleThrough(1) // its plaintext is in the caller's memory only: a crash now closes the connection
+			if i := k.passed(k.floor); i > 0 { // records the store has, not settled since a restart
+				e.settleThrough(i)
+			} else { // a message in progress larger than the ring: in the caller's memory only, a crash now closes the connection
+				e.settleThrough(1)
+			}
 		}
 		pos := k.read % ringSize
 		e.rd.dst = ring[pos:min(ringSize, pos+ringSize-(k.read-k.in.From))]
@@ -184,6 +162,50 @@ func (e *End) nextKept() ([]byte, error) {
 	}
 }
 
+// openNext opens the record at the ring's offset open, if it is whole there (whole): its
+// plaintext is in rbuf, and the record is kept until settled. At a close_notify err is io.EOF.
+func (e *End) openNext() (plain []byte, whole bool, err error) {
+	k := e.k
+	ring := k.slot.ring()
+	have := k.read - k.open
+	if have < 5 {
+		return nil, false, nil
+	}
+	var hdr [5]byte
+	ringCopy(hdr[:], ring, k.open)
+	n, err := tlsrec.RecordLen(hdr[:])
+	if err != nil || have < uint64(n) {
+		return nil, false, err
+	}
+	if e.rbuf != nil {
+		e.putRbuf()
+	}
+	e.rbp = recBufs.Get().(*[]byte)
+	e.rbuf = *e.rbp
+	rec := e.rbuf[:n]
+	ringCopy(rec, ring, k.open)
+	plain, asked, err := e.in.OpenRecord(rec)
+	closed := errors.Is(err, tlsrec.ErrClosed)
+	if err != nil && !closed {
+		return nil, false, err
+	}
+	if asked {
+		e.asked.Add(1)
+	}
+	k.open += uint64(n)
+	k.plain += uint64(len(plain))
+	r := openRec{end: k.open, plainEnd: k.plain, seq: e.in.Seq(), updates: e.asked.Load(), closed: closed}
+	if r.seq == 0 { // a KeyUpdate starts the new secret's numbering
+		r.secret = e.in.Secret()
+	}
+	k.recs = append(k.recs, r)
+	if closed {
+		e.rEnded = true
+		return nil, true, io.EOF
+	}
+	return plain, true, nil
+}
+
 // Settle says that of the plaintext Next returned, all but the last held bytes (the start of a
 // message in progress) has been passed on: the records it came from need not be kept any more.
 // held < 0 keeps them all (the caller holds some of it in memory it has not passed on yet).
@@ -192,12 +214,16 @@ func (e *End) Settle(held int) {
 	if k == nil || held < 0 || e.handed.Load() {
 		return
 	}
-	passed := k.plain - min(uint64(held), k.plain)
+	e.settleThrough(k.passed(k.plain - min(uint64(held), k.plain)))
+}
+
+// passed is how many of the records opened end at or before the plaintext offset p.
+func (k *kept) passed(p uint64) int {
 	i := 0
-	for i < len(k.recs) && k.recs[i].plainEnd <= passed {
+	for i < len(k.recs) && k.recs[i].plainEnd <= p {
 		i++
 	}
-	e.settleThrough(i)
+	return i
 }
 
 // settleThrough saves the read state after the first i records opened, and forgets them.
@@ -306,10 +332,16 @@ func restoreEnd(ledger *Ledger, ix int, s slot, st State, fd, storeFd int, read,
 	if stored < st.In.To {
 		return nil, fmt.Errorf("%w: %d bytes counted, %d written to the store", ErrLostRequest, st.In.To, stored)
 	}
-	var head []byte // the plaintext of the record under way, at the head of the store's socket
+	var head []byte // the plaintext of the record under way, in the store's socket after what was counted
 	if st.Out.Intent == 'd' {
-		if replied != st.Out.From {
+		switch {
+		case replied > st.Out.From:
 			return nil, fmt.Errorf("%w: a record under way, and the store's socket consumed past it", ErrLostReply)
+		case replied < st.Out.From: // records written in the same Write, not consumed yet
+			if err = tcpcount.Discard(storeFd, st.Out.From-replied); err != nil {
+				return nil, err
+			}
+			replied = st.Out.From
 		}
 		if head, err = peekFd(storeFd, int(st.Out.IntentLen)); err != nil {
 			return nil, err
@@ -327,7 +359,7 @@ func restoreEnd(ledger *Ledger, ix int, s slot, st State, fd, storeFd int, read,
 		}
 	}()
 	e.k = &kept{ledger: ledger, ix: ix, slot: s, handed: &e.handed, in: st.In, read: read, open: st.In.From,
-		plain: st.In.To, skip: stored - st.In.To, out: st.Out}
+		plain: st.In.To, skip: stored - st.In.To, floor: stored, out: st.Out}
 	e.k.out.Intent, e.k.out.IntentLen = 0, 0
 	if e.wrec != nil {
 		sent := written - st.Out.To
@@ -354,6 +386,27 @@ func restoreEnd(ledger *Ledger, ix int, s slot, st State, fd, storeFd int, read,
 		}
 	}
 	return e, nil
+}
+
+// reopen opens the ring's records again up to the TLS stream's offset open: what the previous
+// process had opened, and its connection handed on. Each is kept until settled, as when it was
+// opened first, so that the caller can settle before it reads.
+func (e *End) reopen(open uint64) error {
+	k := e.k
+	for k.open < open {
+		_, whole, err := e.openNext()
+		switch {
+		case errors.Is(err, io.EOF): // a close_notify the previous process had opened: Next says so again
+		case err != nil:
+			return err
+		case !whole || k.open > open:
+			return fmt.Errorf("tlsrelay: the records in the ring end at %d, not where the previous process had opened (%d)", k.open, open)
+		}
+	}
+	if e.rbuf != nil {
+		e.putRbuf()
+	}
+	return nil
 }
 
 // peekFd is the first n bytes in fd's receive queue, which must be there.
@@ -387,7 +440,7 @@ func (e *End) HandOff(id uint64) (State, error) {
 		return State{}, errors.New("tlsrelay: an End that keeps no slot")
 	}
 	e.handed.Store(true)
-	st, err := e.stateAt(id, e.k.plain, e.k.out.From)
+	st, err := e.stateAt(id, e.k.plain+e.k.skip, e.k.out.From) // a restart's skip not done yet: the next skips it
 	if err != nil {
 		e.handed.Store(false)
 	}
@@ -413,8 +466,17 @@ func EndFromSlot(ledger *Ledger, ix int, id uint64, fd int, st State, toClient [
 			return nil, err
 		}
 		e.k = &kept{ledger: ledger, ix: ix, slot: s, handed: &e.handed, in: in, read: read, open: in.From, plain: in.To,
-			skip: st.In.To - in.To, out: st.Out}
+			out: st.Out}
 		e.k.out.Intent, e.k.out.IntentLen = 0, 0
+		if err := e.reopen(st.In.From); err != nil {
+			e.putWbuf()
+			return nil, err
+		}
+		if e.k.plain > st.In.To {
+			e.putWbuf()
+			return nil, fmt.Errorf("tlsrelay: the records opened again make %d bytes of plaintext, not %d", e.k.plain, st.In.To)
+		}
+		e.k.skip = st.In.To - e.k.plain // a restart's skip the previous process had not done
 		return e, nil
 	})
 }

@@ -80,8 +80,10 @@ func (c *conn) kept() bool {
 		return true
 	case t.end != nil:
 		return t.end.Slot() >= 0
+	case t.relay != nil:
+		return t.relay.Slot() >= 0
 	}
-	return c.tls.relay.Slot() >= 0
+	return false
 }
 
 // identity is the peer's proved identity, "" without TLS.

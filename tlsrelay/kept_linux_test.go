@@ -7,15 +7,12 @@ import (
 	"errors"
 	"io"
 	"math/big"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/internal/tcpcount"
 )
 
@@ -151,7 +148,9 @@ func TestKeptEndLosesNothingAtAnyStep(t *testing.T) {
 			t.Fatalf("round %d (hand-off %v): %v; the slot's In %+v, Out %+v; the store's socket read %d, written %d",
 				round, st.Suite != 0, err, ss.In, ss.Out, r1, w1)
 		}
-		tlsSock, store = fdSock(t, tfd), fdSock(t, sfd)
+		if tlsSock, store, err = FromFds(tfd, sfd); err != nil {
+			t.Fatal(err)
+		}
 		e.Attach(tlsSock)
 	}
 	for _, at := range []string{"kept-read", "kept-settled", "kept-intent", "kept-written", "end-wrote-part",
@@ -306,23 +305,12 @@ func reply(e *End, store Sock, handed *[]byte) error {
 	}
 }
 
+// dupFd is a descriptor of its own for s's socket.
 func dupFd(t *testing.T, s Sock) int {
 	t.Helper()
-	fd, err := unix.Dup(sockFd(t, s))
-	if err != nil {
-		t.Fatal(err)
+	fd := fdpass.Dup(sockFd(t, s))
+	if fd < 0 {
+		t.Fatal("no descriptor to spare")
 	}
 	return fd
-}
-
-// fdSock is a Sock on the socket fd, which it takes.
-func fdSock(t *testing.T, fd int) Sock {
-	t.Helper()
-	f := os.NewFile(uintptr(fd), "")
-	defer f.Close()
-	c, err := net.FileConn(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c.(*net.TCPConn)
 }

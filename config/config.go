@@ -315,6 +315,12 @@ type TLS struct {
 	// Resumption: session tickets for client guards that have talked to this one before
 	// (identity.TicketKeys).
 	Resumption bool `mapstructure:"resumption"`
+	// PeerSet: "family table set", the nftables sets (set, and set+"6" for IPv6) kept filled with
+	// the addresses of hosts that hold a connection whose handshake passed (nftset); "" = none.
+	PeerSet string `mapstructure:"peer-set"`
+	// PeerSetTimeout: how long an address stays in PeerSet after its last connection ends (it is
+	// refreshed every quarter of it while one is open).
+	PeerSetTimeout time.Duration `mapstructure:"peer-set-timeout"`
 }
 
 // On reports whether mutual TLS is on.

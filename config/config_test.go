@@ -346,6 +346,9 @@ func TestValidationErrors(t *testing.T) {
 			`unknown key exchange group "x448" (want one of x25519mlkem768,`},
 		{"key exchange group twice", "", []string{"STOREGUARD_TLS_KEY_EXCHANGE=X25519,x25519"}, "tls.key-exchange",
 			`key exchange group "x25519" named twice`},
+		{"peer set not three names", "tls:\n  peer-set: storeguard_peers\n", nil, "tls.peer-set", `want "family table set"`},
+		{"peer set without TLS", "tls:\n  peer-set: inet storeguard_peers peers\n", nil, "tls.peer-set", "is set while tls.mode is off"},
+		{"peer set timeout too short", "tls:\n  peer-set-timeout: 1s\n", nil, "tls.peer-set-timeout", "must be between 4s and 24h, got 1s"},
 		// addresses
 		{"listen not host:port", "listen: \"29500\"\n", nil, "listen", `did you mean ":29500"?`},
 		{"upstream port 0", "upstream: \"127.0.0.1:0\"\n", nil, "upstream", "port must be a number between 1 and 65535"},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/idpattern"
+	"github.com/storeguard/storeguard/nftset"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 )
@@ -148,6 +149,16 @@ func (c Config) validate() []error {
 	oneOf(&v, "tls.mode", tl.Mode, "off", "on")
 	v.prefixes("tls.plaintext-sources", tl.PlaintextSources)
 	v.positive("tls.handshake-timeout", tl.HandshakeTimeout)
+	if tl.PeerSet != "" {
+		if _, err := nftset.Parse(tl.PeerSet); err != nil {
+			v.add("tls.peer-set", "%v", err)
+		} else if !tl.On() {
+			v.add("tls.peer-set", "is set while tls.mode is off: it holds the hosts a TLS handshake proved, and there are none")
+		}
+	}
+	if tl.PeerSetTimeout < 4*time.Second || tl.PeerSetTimeout > 24*time.Hour {
+		v.add("tls.peer-set-timeout", "must be between 4s and 24h, got %s", tl.PeerSetTimeout)
+	}
 	if _, err := identity.ParseGroups(tl.KeyExchange); err != nil {
 		v.add("tls.key-exchange", "%v", err)
 	}

@@ -160,6 +160,8 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"tls.handshake-timeout":             dur(c.TLS.HandshakeTimeout),
 		"tls.key-exchange":                  list(strs(c.TLS.KeyExchange)),
 		"tls.resumption":                    boolean(c.TLS.Resumption),
+		"tls.peer-set":                      str(c.TLS.PeerSet),
+		"tls.peer-set-timeout":              dur(c.TLS.PeerSetTimeout),
 		"caps.max-connections":              num(int64(c.Caps.MaxConnections)),
 		"caps.per-source-connections":       num(int64(c.Caps.PerSourceConnections)),
 		"caps.per-source-rate":              rate(c.Caps.PerSourceRate),

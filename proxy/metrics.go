@@ -62,6 +62,9 @@ type metrics struct {
 	restoreLost     *prometheus.CounterVec
 	handoverFrozen  prometheus.Gauge
 	unguardedStores prometheus.Counter
+	// tls.peer-set (peers.go)
+	peerSetUpdates   *prometheus.CounterVec
+	peerSetAddresses prometheus.Gauge
 }
 
 // readings are what the gauges and counters that others count read.
@@ -205,6 +208,11 @@ func newMetrics(read readings) *metrics {
 		"How long the upgrade that started this process held traffic: from the previous process's freeze to this one forwarding (0: it started afresh).")))
 	m.unguardedStores = prometheus.NewCounter(prometheus.CounterOpts(f("unguarded_job_stores_total",
 		"Rendezvous rounds that sent their ranks to a store this guard does not front (a MASTER_PORT written under torch.rendezvous.<run_id>.<round>/ that is neither this guard's port nor its store's): torchrun's c10d rendezvous does, the ranks' own traffic then passes no guard.")))
+	m.peerSetUpdates = prometheus.NewCounterVec(prometheus.CounterOpts(f("peer_set_updates_total",
+		"nft transactions that refreshed tls.peer-set, by result: ok, failed (hosts whose handshake passed may then be kept off this host's free ports).")),
+		[]string{"result"})
+	m.peerSetAddresses = prometheus.NewGauge(prometheus.GaugeOpts(f("peer_set_addresses",
+		"Addresses with a mutual-TLS connection open at the last refresh of tls.peer-set.")))
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts(f("build_info", "Build information; always 1.")),
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
@@ -213,6 +221,7 @@ func newMetrics(read readings) *metrics {
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
 		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen, m.unguardedStores,
+		m.peerSetUpdates, m.peerSetAddresses,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, log := range auditLogs {
 		// How long each set keeps its records: a rate of rotations times max-backups.
@@ -242,6 +251,8 @@ func newMetrics(read readings) *metrics {
 		m.storeProbes.WithLabelValues(r)
 	}
 	m.handshakes.WithLabelValues("ok")
+	m.peerSetUpdates.WithLabelValues("ok")
+	m.peerSetUpdates.WithLabelValues("failed")
 	for _, r := range identity.Reasons {
 		m.handshakes.WithLabelValues(string(r))
 	}

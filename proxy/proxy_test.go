@@ -197,9 +197,16 @@ func startOn(t *testing.T, m mode, upstream string, mutate func(*config.Config))
 // startWith starts a server with cfg and, for mutual TLS, ids.
 func startWith(t *testing.T, cfg config.Config, ids identity.Source) *harness {
 	t.Helper()
-	h := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), ids: ids}
-	aw := audit.New(h.audit, audit.Options{})
-	srv, err := New(cfg, Options{Audit: aw, Identity: ids})
+	return startWithOptions(t, cfg, Options{Identity: ids})
+}
+
+// startWithOptions is startWith with more of the server's options (its audit sink is the
+// harness's).
+func startWithOptions(t *testing.T, cfg config.Config, opts Options) *harness {
+	t.Helper()
+	h := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), ids: opts.Identity}
+	opts.Audit = audit.New(h.audit, audit.Options{})
+	srv, err := New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

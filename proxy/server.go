@@ -27,6 +27,7 @@ import (
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/version"
+	"github.com/storeguard/storeguard/nftset"
 	"github.com/storeguard/storeguard/policy"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/storeinfo"
@@ -123,6 +124,8 @@ type Options struct {
 	// UpgradeFailed, if set, is told why an upgrade in place that the keeper ran failed (this
 	// process serves on). Upgrades without a keeper fail to their caller (HandOver's error).
 	UpgradeFailed func(error)
+	// PeerSetRunner runs nft for tls.peer-set (peers.go); nil = the nft command.
+	PeerSetRunner nftset.Runner
 }
 
 // Server is the guard proxy.
@@ -134,6 +137,7 @@ type Server struct {
 	set      atomic.Pointer[settings]
 	gate     *admission.Gate
 	ids      identity.Source // Options.Identity
+	peers    peerSet         // tls.peer-set (peers.go)
 	tickets  *identity.TicketKeys
 	flows    *verdict.Flows // where flow records go (flow.go)
 	peeks    verdict.Peeks  // banned connections being read (peek.go)
@@ -214,6 +218,13 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.learned.jobStores.Asked = s.askJobStore
 	s.jobAsks = make(chan jobAsk, jobAsksQueued)
 	s.ids = opts.Identity
+	s.peers = peerSet{proved: make(chan netip.Addr, peersQueued), run: opts.PeerSetRunner}
+	if s.peers.run == nil {
+		s.peers.run = nftset.Nft
+	}
+	if err := s.checkPeerSet(cfg.TLS); err != nil {
+		return nil, err
+	}
 	s.tickets = identity.NewTicketKeys(opts.Identity, identity.TicketPeriod)
 	if cfg.TLS.On() && s.ids == nil {
 		return nil, errors.New("tls.mode is on and no identity source was given")
@@ -321,6 +332,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	go s.sweepLoop(ctx)
 	go s.jobStoreLoop(ctx)
+	go s.peerLoop(ctx)
 	if n := st.cfg.EventLoops; n >= 0 {
 		if n == 0 {
 			n = startProcs
@@ -529,6 +541,11 @@ func (s *Server) reload(cfg config.Config) error {
 		ot.CAFile != nt.CAFile || ot.SPIFFESocket != nt.SPIFFESocket {
 		return errors.New("tls.mode and where the identity comes from (tls.cert-file, tls.key-file, tls.ca-file, " +
 			"tls.spiffe-socket) cannot change on reload; restart storeguard (the files' contents are re-read as they change)")
+	}
+	if cfg.TLS.PeerSet != old.TLS.PeerSet {
+		if err := s.checkPeerSet(cfg.TLS); err != nil {
+			return err
+		}
 	}
 	if !sameAddr(cfg.Listen, old.Listen, s.listeners.clients) || !sameAddr(cfg.MetricsListen, old.MetricsListen, s.listeners.metrics) {
 		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")

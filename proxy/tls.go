@@ -199,6 +199,7 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		return nil, nil, nil, false
 	}
 	s.m.handshakes.WithLabelValues("ok").Inc()
+	s.peerProved(src.Addr())
 	if cs.DidResume {
 		s.m.resumed.Inc()
 	}

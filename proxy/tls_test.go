@@ -35,6 +35,12 @@ func startTLS(t *testing.T, m mode, ca *testpki.CA) *harness {
 // startTLSWith is startTLS with its configuration changed by mutate first; it returns it too.
 func startTLSWith(t *testing.T, m mode, ca *testpki.CA, mutate func(*config.Config)) (*harness, config.Config) {
 	t.Helper()
+	return startTLSOptions(t, m, ca, mutate, Options{})
+}
+
+// startTLSOptions is startTLSWith with more of the server's options.
+func startTLSOptions(t *testing.T, m mode, ca *testpki.CA, mutate func(*config.Config), opts Options) (*harness, config.Config) {
+	t.Helper()
 	store := recorder(t, reservedAddr(t))
 	nb := time.Now().Add(-time.Minute)
 	cert, key, caFile := ca.Files(t, t.TempDir(), "master", ca.Issue(t, testpki.Leaf{URIs: []string{masterID}, NotBefore: nb, NotAfter: nb.Add(time.Hour)}))
@@ -47,7 +53,8 @@ func startTLSWith(t *testing.T, m mode, ca *testpki.CA, mutate func(*config.Conf
 	cfg.TLS = config.TLS{Mode: "on", CertFile: cert, KeyFile: key, CAFile: caFile, Allow: []string{"spiffe://sg.test/worker/*"},
 		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second}
 	mutate(&cfg)
-	h := startWith(t, cfg, ids)
+	opts.Identity = ids
+	h := startWithOptions(t, cfg, opts)
 	h.store = store
 	return h, cfg
 }

@@ -29,6 +29,7 @@ func addServeFlags(fs *pflag.FlagSet) {
 	addTLSFlags(fs)
 	fs.String("tls-mode", d.TLS.Mode, "off | on: clients from outside --tls-plaintext-sources must complete mutual TLS 1.3")
 	fs.StringSlice("tls-plaintext-sources", nil, "CIDRs that may still speak plaintext (default loopback)")
+	fs.String("tls-peer-set", d.TLS.PeerSet, "nftables sets (\"family table set\", and set+\"6\") kept filled with the addresses of hosts whose handshake passed (configs/nftables/storeguard-peers.nft)")
 }
 
 // addTLSFlags registers the flags of where a guard's identity comes from and whom it accepts:
@@ -56,6 +57,7 @@ var flagAliases = map[string]string{
 	"tls-plaintext-sources": "tls.plaintext-sources",
 	"tls-key-exchange":      "tls.key-exchange",
 	"tls-resumption":        "tls.resumption",
+	"tls-peer-set":          "tls.peer-set",
 }
 
 // flagKey returns the config key the flag name sets, or "" if it sets none.

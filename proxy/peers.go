@@ -1,0 +1,157 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/nftset"
+)
+
+// The peer set (tls.peer-set): the addresses of the hosts that hold a connection whose mutual-TLS
+// handshake passed, in a pair of nftables sets, so that the firewall can let only them reach the
+// ports torch opens on a free port of this host (configs/nftables/storeguard-peers.nft): the ranks'
+// store of torchrun's c10d rendezvous, gloo's listeners. An address goes in as its first
+// handshake passes, is refreshed every quarter of tls.peer-set-timeout while it has a connection
+// open, and leaves the set by itself a timeout after its last one ended (nftset). A process that
+// takes connections over (an upgrade, a keeper's restart) refreshes them as it starts.
+
+// peerSet is the server's side of it: what handshakes tell the refresher, and how nft is run.
+type peerSet struct {
+	proved chan netip.Addr
+	run    nftset.Runner
+}
+
+// peersQueued: addresses whose handshake passed, waiting for the refresher; beyond them, a
+// new address waits for the next refresh (a quarter of tls.peer-set-timeout).
+const peersQueued = 256
+
+// peerSetCheckTimeout bounds each nft run.
+const peerSetCheckTimeout = 10 * time.Second
+
+// checkPeerSet fails unless both sets of tc's peer-set exist and nft can reach them.
+func (s *Server) checkPeerSet(tc config.TLS) error {
+	if tc.PeerSet == "" {
+		return nil
+	}
+	sp, err := nftset.Parse(tc.PeerSet)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), peerSetCheckTimeout)
+		err = sp.Check(ctx, s.peers.run)
+		cancel()
+	}
+	if err != nil {
+		return fmt.Errorf("tls.peer-set %q: %w (create the sets first: configs/nftables/storeguard-peers.nft; storeguard needs CAP_NET_ADMIN)", tc.PeerSet, err)
+	}
+	return nil
+}
+
+// peerProved tells the refresher that a handshake from a passed; it never waits.
+func (s *Server) peerProved(a netip.Addr) {
+	if s.set.Load().cfg.TLS.PeerSet == "" {
+		return
+	}
+	select {
+	case s.peers.proved <- a:
+	default: // the next refresh takes it
+	}
+}
+
+// tlsPeers is the addresses with a mutual-TLS connection open now.
+func (s *Server) tlsPeers() []netip.Addr {
+	seen := map[netip.Addr]struct{}{}
+	s.reg.mu.Lock()
+	for c := range s.reg.conns {
+		if c.tls != nil {
+			seen[c.src.Addr()] = struct{}{}
+		}
+	}
+	s.reg.mu.Unlock()
+	out := make([]netip.Addr, 0, len(seen))
+	for a := range seen {
+		out = append(out, a)
+	}
+	return out
+}
+
+// peerLoop keeps the peer set until ctx ends: every address a handshake proved at once (unless
+// it was refreshed less than a quarter timeout ago), and every address with a connection open
+// each quarter timeout, the first time as it starts.
+func (s *Server) peerLoop(ctx context.Context) {
+	every := func() time.Duration { return s.set.Load().cfg.TLS.PeerSetTimeout / 4 }
+	period := every()
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	renewed := map[netip.Addr]time.Time{} // when each address last got its full timeout
+	var lastErr time.Time
+	refresh := func(addrs []netip.Addr, all bool) {
+		tc := s.set.Load().cfg.TLS
+		sp, err := nftset.Parse(tc.PeerSet)
+		if tc.PeerSet == "" || err != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, peerSetCheckTimeout)
+		err = sp.Refresh(rctx, s.peers.run, addrs, tc.PeerSetTimeout)
+		cancel()
+		now := s.now()
+		if err != nil {
+			s.m.peerSetUpdates.WithLabelValues("failed").Inc()
+			if now.Sub(lastErr) >= 10*time.Second {
+				lastErr = now
+				s.log.Error("tls.peer-set: cannot refresh the peer set; hosts whose handshake passed may be kept off this host's free ports",
+					"set", tc.PeerSet, "addresses", len(addrs), "err", err)
+			}
+			return
+		}
+		if len(addrs) > 0 {
+			s.m.peerSetUpdates.WithLabelValues("ok").Inc()
+		}
+		for _, a := range addrs {
+			renewed[a] = now
+		}
+		if all {
+			s.m.peerSetAddresses.Set(float64(len(addrs)))
+			for a, t := range renewed {
+				if now.Sub(t) > tc.PeerSetTimeout {
+					delete(renewed, a)
+				}
+			}
+		}
+	}
+	on := func() bool { return s.set.Load().cfg.TLS.PeerSet != "" }
+	if on() {
+		refresh(s.tlsPeers(), true)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if p := every(); p != period { // a reload changed the timeout
+				period = p
+				tick.Reset(p)
+			}
+			if on() {
+				refresh(s.tlsPeers(), true)
+			}
+		case a := <-s.peers.proved:
+			fresh := []netip.Addr{}
+			now := s.now()
+			for more := true; more; {
+				if t, ok := renewed[a]; !ok || now.Sub(t) >= period {
+					fresh = append(fresh, a)
+				}
+				select {
+				case a = <-s.peers.proved:
+				default:
+					more = false
+				}
+			}
+			if len(fresh) > 0 {
+				refresh(fresh, false)
+			}
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/storeguard/storeguard/config"
+	"github.com/storeguard/storeguard/internal/testpki"
+)
+
+// nftCalls stands in for nft: it records what the guard runs, and fails while fail is set.
+type nftCalls struct {
+	mu    sync.Mutex
+	calls []string // args, then stdin
+	fail  bool
+}
+
+func (n *nftCalls) run(_ context.Context, stdin string, args ...string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.calls = append(n.calls, strings.Join(args, " ")+"\n"+stdin)
+	if n.fail {
+		return errors.New("nft: Operation not permitted")
+	}
+	return nil
+}
+
+// since returns the calls from the i-th on, and how many there are.
+func (n *nftCalls) since(i int) ([]string, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.calls[min(i, len(n.calls)):]...), len(n.calls)
+}
+
+func mentions(calls []string, s string) bool {
+	for _, c := range calls {
+		if strings.Contains(c, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// startPeerSet starts a mutual-TLS guard with tls.peer-set "inet sg peers" and timeout, its nft
+// stood in for.
+func startPeerSet(t *testing.T, m mode, ca *testpki.CA, timeout time.Duration) (*harness, *nftCalls) {
+	nft := &nftCalls{}
+	h, _ := startTLSOptions(t, m, ca, func(c *config.Config) {
+		c.TLS.PeerSet = "inet sg peers"
+		c.TLS.PeerSetTimeout = timeout
+	}, Options{PeerSetRunner: nft.run})
+	return h, nft
+}
+
+// TestPeerSetTakesAHostAsItsHandshakePasses: with tls.peer-set, the guard checks both sets as it
+// starts, and puts a host in the set as its handshake passes, not a refresh (30 s) later; never a
+// host whose handshake was refused, or one that spoke plaintext.
+func TestPeerSetTakesAHostAsItsHandshakePasses(t *testing.T) {
+	run(t, testPeerSetTakesAHostAsItsHandshakePasses)
+}
+
+func testPeerSetTakesAHostAsItsHandshakePasses(t *testing.T, m mode) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h, nft := startPeerSet(t, m, ca, 2*time.Minute)
+	calls, _ := nft.since(0)
+	if !mentions(calls, "list set inet sg peers\n") || !mentions(calls, "list set inet sg peers6\n") {
+		t.Fatalf("the guard started without checking both sets: %q", calls)
+	}
+	// refused: an identity not allowed, from 127.0.0.3
+	stranger := leaf(t, ca, "spiffe://sg.test/intruder", time.Now().Add(-time.Minute))
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.3")}, Timeout: 2 * time.Second}
+	if c, err := tls.DialWithDialer(d, "tcp", h.addr, &tls.Config{Certificates: []tls.Certificate{stranger}, RootCAs: ca.Pool(),
+		InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}); err == nil {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		c.Read(make([]byte, 1)) // the refusal arrives as an alert on the first read
+		c.Close()
+	}
+	// plaintext, from the plaintext source 127.0.0.2
+	d.LocalAddr = &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}
+	if c, err := d.Dial("tcp", h.addr); err == nil {
+		defer c.Close()
+	}
+	eventually(t, "the refusal counted", func() bool {
+		return h.metric(`storeguard_tls_handshakes_total{result="identity_not_allowed"}`) == "1"
+	})
+	if _, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the worker's address in the peer set", func() bool {
+		calls, _ := nft.since(0)
+		return mentions(calls, "add element inet sg peers { 127.0.0.1 timeout 120s }")
+	})
+	if calls, _ := nft.since(0); mentions(calls, "127.0.0.3") || mentions(calls, "127.0.0.2") {
+		t.Errorf("a refused or plaintext client went into the peer set: %q", calls)
+	}
+	if v := h.metric(`storeguard_peer_set_updates_total{result="ok"}`); v != "1" {
+		t.Errorf("peer_set_updates_total ok = %q, want 1", v)
+	}
+}
+
+// TestPeerSetRefreshesWhileConnected: a host is refreshed every quarter timeout while it has a
+// connection open, and no longer once its last one closed (the set then lets it go by itself).
+func TestPeerSetRefreshesWhileConnected(t *testing.T) { run(t, testPeerSetRefreshesWhileConnected) }
+
+func testPeerSetRefreshesWhileConnected(t *testing.T, m mode) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h, nft := startPeerSet(t, m, ca, 4*time.Second) // refreshed every second
+	const added = "add element inet sg peers { 127.0.0.1 timeout 4s }"
+	c, err := h.dialTLS(ca, leaf(t, ca, workerID, time.Now().Add(-time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the worker's address in the peer set", func() bool { calls, _ := nft.since(0); return mentions(calls, added) })
+	_, n := nft.since(0)
+	eventually(t, "two refreshes while its connection is open", func() bool {
+		calls, _ := nft.since(n)
+		k := 0
+		for _, c := range calls {
+			if strings.Contains(c, added) {
+				k++
+			}
+		}
+		return k >= 2
+	})
+	c.Close()
+	eventually(t, "the connection gone", func() bool { return len(h.srv.tlsPeers()) == 0 })
+	_, n = nft.since(0)
+	time.Sleep(2500 * time.Millisecond) // two refresh periods
+	if calls, _ := nft.since(n); mentions(calls, "127.0.0.1") {
+		t.Errorf("the worker was refreshed after its last connection closed: %q", calls)
+	}
+}
+
+// TestPeerSetMissingStopsTheStart: a guard whose peer set nft cannot read does not start, and
+// says which key and why.
+func TestPeerSetMissingStopsTheStart(t *testing.T) {
+	cfg := testConfig(goroutineMode, "127.0.0.1:1")
+	cfg.TLS.PeerSet = "inet sg peers"
+	nft := &nftCalls{fail: true}
+	_, err := New(cfg, Options{PeerSetRunner: nft.run})
+	if err == nil || !strings.Contains(err.Error(), `tls.peer-set "inet sg peers"`) || !strings.Contains(err.Error(), "Operation not permitted") {
+		t.Fatalf("New = %v", err)
+	}
+}

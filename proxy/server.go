@@ -595,8 +595,18 @@ func (s *Server) jobStore(js policy.JobStore) {
 		s.log.Warn("a rendezvous round sends its ranks to a store this guard does not front: their own traffic "+
 			"(the NCCL unique id included) passes no guard; torchrun's static rendezvous (--master-addr, --master-port, "+
 			"--node-rank) keeps them on the guarded port (README, Deploy)",
-			"round", js.Round, "master_addr", js.Addr, "master_port", js.Port, "source", js.Src, "identity", js.Identity)
+			"round", js.Round, "master_addr", js.Addr, "master_port", js.Port, "source", js.Src, "identity", js.Identity,
+			"peer_set", peerSetNote(cfg.TLS))
 	}
+}
+
+// peerSetNote says, for the log line of a store no guard fronts, whether tls.peer-set holds that
+// store's host's free ports for the hosts whose handshake passed (when the store is on this host).
+func peerSetNote(tc config.TLS) string {
+	if tc.PeerSet == "" {
+		return "none (tls.peer-set: on this host, configs/nftables/storeguard-peers.nft lets only hosts whose handshake passed reach it)"
+	}
+	return tc.PeerSet
 }
 
 // jobAsk is a round's MASTER_PORT that a client read before any write through the guard told it.

@@ -24,7 +24,10 @@
 #   B  during a job, from the intruder: a plaintext torch client, TLS without a certificate, a certificate of another CA,
 #      an expired one and one whose identity is not allowed: 0 bytes to the store, audited `denied` with tls_<why>; the
 #      job finishes with 0 failed ops; nmap -sV -p 29500 does not grow the store (GETNUMKEYS on loopback, relay bytes);
-#      the worker's client guard is not a relay for the intruder (10.78.0.2:15001)
+#      the worker's client guard is not a relay for the intruder (10.78.0.2:15001); the ranks' own store (c10d: the
+#      rank-0 agent's TCPStore on a free port of the master, which no guard fronts) does not answer the intruder and
+#      does answer the worker, and the master's peer set holds the worker and not the intruder (serve --tls-peer-set
+#      with configs/nftables/storeguard-peers.nft loaded on the master)
 #   C  during a job: 2 upgrades in place (storeguard upgrade --pid-file), 1 kill -9 of the forwarding process under
 #      --keeper, and 2 upgrades whose new forwarding process is killed (kill -9) as it writes its pid file, on each
 #      end: 0 failed ops
@@ -152,9 +155,13 @@ else
 	TLS=off
 	note "HARNESS mode: $STOREGUARD_BIN has no 'connect' / --tls-mode (or MTLS_HARNESS=1): plaintext guard, no client guard"
 fi
+# The master's free ports for the job's hosts only (configs/nftables/storeguard-peers.nft, tls.peer-set), when the
+# binary has it.
+PEERS=off
+if [ "$TLS" = on ] && "$STOREGUARD_BIN" serve --help 2>&1 | grep -q -- '--tls-peer-set'; then PEERS=on; fi
 C_KEEPER=no
 if [ "$TLS" = on ] && "$STOREGUARD_BIN" connect --help 2>&1 | grep -q -- '--keeper'; then C_KEEPER=yes; fi
-log "torch $TORCH_VER ($TORCH_PY), mTLS $TLS (connect --keeper: $C_KEEPER), checks: $CHECKS, binary $STOREGUARD_BIN"
+log "torch $TORCH_VER ($TORCH_PY), mTLS $TLS (connect --keeper: $C_KEEPER, peer set: $PEERS), checks: $CHECKS, binary $STOREGUARD_BIN"
 
 # --- certificates ------------------------------------------------------------------
 mkdir -p "$CERTS" "$WCERTS"
@@ -454,6 +461,13 @@ table inet sgmtls {
 	}
 }
 EOF
+# The kit's peer-set rule: the master's free ports (where torch puts the ranks' store of a c10d rendezvous, and gloo's
+# listeners) for hosts in the set the master's guard fills only.
+if [ "$PEERS" = on ]; then
+	range=$(inm sysctl -n net.ipv4.ip_local_port_range | awk '{print $1 "-" $2}')
+	sed "s/^define free_ports = .*/define free_ports = $range/" "$ROOT/configs/nftables/storeguard-peers.nft" | inm nft -f - \
+		|| die "configs/nftables/storeguard-peers.nft did not load"
+fi
 # The worker's client side (the issue's kit style): its ranks' connections to the master's store port, except the
 # client guard's own (marked), go to the client guard.
 if [ "$TLS" = on ]; then
@@ -498,6 +512,7 @@ start_master() {
 	local tls=()
 	[ "$TLS" = on ] && tls=(--tls-mode on --tls-cert "$CERTS/master.crt" --tls-key "$CERTS/master.key"
 		--tls-ca "$CERTS/ca.crt" --tls-allow 'spiffe://sg.test/worker/*')
+	[ "$PEERS" = on ] && tls+=(--tls-peer-set "inet storeguard_peers peers")
 	ip netns exec "$NS_M" "$STOREGUARD_BIN" serve --keeper --pid-file "$WORK/master.pid" --config "$WORK/master.yaml" \
 		--listen ":$GUARD_PORT" --upstream "127.0.0.1:$RELAY_PORT" --metrics-listen "127.0.0.1:$M_METRICS" \
 		--audit-log "$AUDIT" --generation "$TORCH_MM" "${tls[@]}" >>"$WORK/master-guard.log" 2>&1 &
@@ -644,7 +659,10 @@ phase_A() {
 		pass "A5 openssl s_client with the worker's new certificate: the master's chain verifies, GETNUMKEYS answered ($got)"
 	else
 		fail "A5 openssl s_client with the worker's new certificate: reply '$got', $(grep -a -E 'verify|alert|error' "$WORK/s_client.err" | head -3 | tr '\n' ' ' | cut_lines)"
-	fi
+	fi	# That connection proved the worker's identity from the intruder's address, so the master's guard put that address
+	# in its peer set. The connection is closed: take the address out, as its timeout would, and the guard must not put
+	# it back (B-set).
+	[ "$PEERS" = on ] && inm nft delete element inet storeguard_peers peers "{ $I_ADDR }" 2>/dev/null || true
 }
 # after the job: its flows are written
 post_A() {
@@ -723,12 +741,28 @@ phase_B() {
 			&& pass "B-plain harness control: torch's client from the intruder reaches the store when nothing stops it [$got]" \
 			|| fail "B-plain harness control: the relay never saw the torch client's marker [$got]"
 	fi
-	# Not the issue's target, but where its promise ends: the ranks' own store (torchrun's shared TCPStore).
-	local ma; ma=$(cat "$JOB_OUT/started0" 2>/dev/null) || true
+	# The ranks' own store (torchrun's shared TCPStore, on a free port of the master, which no guard fronts): with the
+	# peer set, the intruder's connection is dropped and the worker's is not.
+	local ma wgot pset; ma=$(cat "$JOB_OUT/started0" 2>/dev/null) || true
 	if [ -n "$ma" ]; then
 		got=$(ini "$PY" "$WORK/numkeys.py" "${ma%:*}" "${ma##*:}" 2>&1 | tail -1 | cut_lines) || true
-		case "$got" in [0-9]*) note "B-shared the ranks' own store $ma (the rank-0 agent's TCPStore, MASTER_ADDR:MASTER_PORT) answers the intruder in plaintext: GETNUMKEYS = $got";;
-			*) note "B-shared the ranks' own store $ma does not answer the intruder: $got";; esac
+		if [ "$PEERS" != on ]; then
+			case "$got" in [0-9]*) note "B-shared the ranks' own store $ma (the rank-0 agent's TCPStore, MASTER_ADDR:MASTER_PORT) answers the intruder in plaintext: GETNUMKEYS = $got";;
+				*) note "B-shared the ranks' own store $ma does not answer the intruder: $got";; esac
+		else
+			wgot=$(inw "$PY" "$WORK/numkeys.py" "${ma%:*}" "${ma##*:}" 2>&1 | tail -1 | cut_lines) || true
+			pset=$(inm nft list set inet storeguard_peers peers 2>&1 | tr -s ' \t\n' ' ')
+			case "$got/$wgot" in
+			[0-9]*/*) fail "B-shared the ranks' own store $ma answers the intruder (GETNUMKEYS = $got) with the peer set on; set: $pset";;
+			*/[0-9]*) pass "B-shared the ranks' own store $ma (a free port of the master) does not answer the intruder [$got]; the worker, whose handshake passed, reaches it (GETNUMKEYS = $wgot)";;
+			*) fail "B-shared the ranks' own store $ma answers neither the intruder [$got] nor the worker [$wgot]; set: $pset";;
+			esac
+			case "$pset" in
+			*"$W_ADDR "*) if [[ "$pset" == *"$I_ADDR "* ]]; then fail "B-set the intruder $I_ADDR is in the master's peer set: $pset"
+				else pass "B-set the master's peer set holds the worker $W_ADDR and not the intruder $I_ADDR"; fi;;
+			*) fail "B-set the worker $W_ADDR is not in the master's peer set: $pset";;
+			esac
+		fi
 	fi
 }
 # after the job (what it does to the worker's guard must not decide the job's outcome): the intruder connects to the

@@ -1,7 +1,9 @@
 #!/bin/sh
-# Verifies the systemd units offline: systemd-analyze verify of every unit, the exposure score of the two
-# guards (storeguard.service, storeguard-connect.service), and that storeguard-connect.sysusers.conf makes
-# the user whose uid configs/nftables/storeguard-connect.nft lets past the redirect (systemd-sysusers --root).
+# Verifies the systemd units offline: systemd-analyze verify of every unit, and of storeguard.service and
+# storeguard-firewall.service with their peer-set drop-ins; the exposure score of the two guards
+# (storeguard.service, with and without its drop-in, and storeguard-connect.service); and that
+# storeguard-connect.sysusers.conf makes the user whose uid configs/nftables/storeguard-connect.nft lets past
+# the redirect (systemd-sysusers --root).
 # The units name /usr/local/bin/storeguard and /usr/sbin/nft; verify insists that they exist, so the units are
 # checked from a scratch copy pointing at STOREGUARD_BIN (default: the storeguard on PATH, else a stub).
 # Usage: configs/systemd/verify.sh          exit 1 on a verify error; prints SKIP without systemd-analyze.
@@ -18,12 +20,20 @@ UNITS="storeguard.service storeguard-firewall.service storeguard-connect.service
 for u in $UNITS; do
 	sed -e "s|/usr/local/bin/storeguard |$BIN |g" -e "s|/usr/sbin/nft |$NFT |g" "$DIR/$u" >"$TMP/$u"
 done
+# The peer-set drop-ins (storeguard.service.d, storeguard-firewall.service.d), each checked as its unit with the
+# drop-in's lines appended (a drop-in's [Service] lines add to or replace the unit's).
+for u in storeguard.service storeguard-firewall.service; do
+	d="$DIR/$u.d/peer-set.conf"
+	v=${u%.service}-peer-set.service
+	{ cat "$TMP/$u"; grep -v '^#' "$d"; } | sed -e "s|/usr/sbin/nft |$NFT |g" >"$TMP/$v"
+	UNITS="$UNITS $v"
+done
 # storeguard-connect.service names a static user; verify wants it to exist only when run, not offline.
 out=$(cd "$TMP" && systemd-analyze verify $(for u in $UNITS; do printf './%s ' "$u"; done) 2>&1) || { echo "$out"; echo "verify: FAILED"; exit 1; }
 # Anything printed is a warning (unknown key, bad value): treat it as a failure too.
 [ -z "$out" ] || { echo "$out"; echo "verify: FAILED (warnings)"; exit 1; }
 echo "verify: systemd-analyze verify ok"
-for u in storeguard.service storeguard-connect.service; do
+for u in storeguard.service storeguard-connect.service storeguard-peer-set.service; do
 	score=$(cd "$TMP" && systemd-analyze security --offline=yes "./$u" 2>/dev/null | sed -n "s/.*Overall exposure level for $u: \\([0-9.]*\\).*/\\1/p")
 	if [ -n "$score" ]; then
 		echo "verify: $u exposure $score (systemd-analyze security)"

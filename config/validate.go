@@ -156,7 +156,7 @@ func (c Config) validate() []error {
 			v.add("tls.peer-set", "is set while tls.mode is off: it holds the hosts a TLS handshake proved, and there are none")
 		}
 	}
-	if tl.PeerSetTimeout < 4*time.Second || tl.PeerSetTimeout > 24*time.Hour {
+	if (tl.PeerSet != "" || tl.PeerSetTimeout != 0) && (tl.PeerSetTimeout < 4*time.Second || tl.PeerSetTimeout > 24*time.Hour) {
 		v.add("tls.peer-set-timeout", "must be between 4s and 24h, got %s", tl.PeerSetTimeout)
 	}
 	if _, err := identity.ParseGroups(tl.KeyExchange); err != nil {

@@ -80,7 +80,12 @@ func (s *Server) tlsPeers() []netip.Addr {
 // it was refreshed less than a quarter timeout ago), and every address with a connection open
 // each quarter timeout, the first time as it starts.
 func (s *Server) peerLoop(ctx context.Context) {
-	every := func() time.Duration { return s.set.Load().cfg.TLS.PeerSetTimeout / 4 }
+	every := func() time.Duration {
+		if t := s.set.Load().cfg.TLS.PeerSetTimeout; t >= 4*time.Second {
+			return t / 4
+		}
+		return 30 * time.Second // a config made in code, without the key (Validate holds it to 4s or more)
+	}
 	period := every()
 	tick := time.NewTicker(period)
 	defer tick.Stop()

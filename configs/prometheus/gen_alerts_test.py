@@ -128,6 +128,12 @@ T('a rendezvous round sending its ranks to an unguarded store fires for an hour;
 ], [('1m', 'StoreguardUnguardedJobStore', []),
     ('3m', 'StoreguardUnguardedJobStore', [exp('StoreguardUnguardedJobStore')]),
     ('65m', 'StoreguardUnguardedJobStore', [])])
+T('a failed refresh of the peer set fires; ok refreshes are quiet, and a failure ages out after 10 minutes', [
+    S('storeguard_peer_set_updates_total', '0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1', result='failed'),
+    S('storeguard_peer_set_updates_total', '0+3x20', result='ok'),
+], [('2m', 'StoreguardPeerSetFailing', []),
+    ('4m', 'StoreguardPeerSetFailing', [exp('StoreguardPeerSetFailing')]),
+    ('20m', 'StoreguardPeerSetFailing', [])])
 missing = set(rules) - {e['alertname'] for t in tests for e in t['alert_rule_test'] if e['exp_alerts']}
 assert not missing, missing
 class D(yaml.SafeDumper): pass

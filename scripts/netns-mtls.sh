@@ -743,7 +743,7 @@ phase_B() {
 	fi
 	# The ranks' own store (torchrun's shared TCPStore, on a free port of the master, which no guard fronts): with the
 	# peer set, the intruder's connection is dropped and the worker's is not.
-	local ma wgot pset; ma=$(cat "$JOB_OUT/started0" 2>/dev/null) || true
+	local ma wgot pset ll got6; ma=$(cat "$JOB_OUT/started0" 2>/dev/null) || true
 	if [ -n "$ma" ]; then
 		got=$(ini "$PY" "$WORK/numkeys.py" "${ma%:*}" "${ma##*:}" 2>&1 | tail -1 | cut_lines) || true
 		if [ "$PEERS" != on ]; then
@@ -751,6 +751,14 @@ phase_B() {
 				*) note "B-shared the ranks' own store $ma does not answer the intruder: $got";; esac
 		else
 			wgot=$(inw "$PY" "$WORK/numkeys.py" "${ma%:*}" "${ma##*:}" 2>&1 | tail -1 | cut_lines) || true
+			# and over IPv6: torch binds the store's wildcard (libuv: "::", dual-stack), and every link has a link-local
+			# address, so the rule must hold for IPv6 too
+			ll=$(inm ip -6 addr show dev eth0 scope link | awk '/inet6/ {sub(/\/.*/, "", $2); print $2; exit}')
+			if [ -n "$ll" ]; then
+				got6=$(ini "$PY" "$WORK/numkeys.py" "$ll%eth0" "${ma##*:}" 2>&1 | tail -1 | cut_lines) || true
+				case "$got6" in [0-9]*) fail "B-shared6 the ranks' own store answers the intruder over IPv6 at [$ll%eth0]:${ma##*:} (GETNUMKEYS = $got6)";;
+					*) pass "B-shared6 nor over IPv6, at the master's link-local address [$ll]:${ma##*:} [$got6] (the store listens on $(inm ss -ltnH "sport = :${ma##*:}" | awk '{print $4}' | tr '\n' ' '))";; esac
+			fi
 			pset=$(inm nft list set inet storeguard_peers peers 2>&1 | tr -s ' \t\n' ' ')
 			case "$got/$wgot" in
 			[0-9]*/*) fail "B-shared the ranks' own store $ma answers the intruder (GETNUMKEYS = $got) with the peer set on; set: $pset";;

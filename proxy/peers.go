@@ -31,15 +31,17 @@ const peersQueued = 256
 // peerSetCheckTimeout bounds each nft run.
 const peerSetCheckTimeout = 10 * time.Second
 
-// checkPeerSet fails unless both sets of tc's peer-set exist and nft can reach them.
-func (s *Server) checkPeerSet(tc config.TLS) error {
+// CheckPeerSet fails unless both sets of tc's peer-set exist and nft, run by run, can reach them
+// (nothing to check without one). New checks, and a keeper checks before it starts a worker that
+// would fail to.
+func CheckPeerSet(tc config.TLS, run nftset.Runner) error {
 	if tc.PeerSet == "" {
 		return nil
 	}
 	sp, err := nftset.Parse(tc.PeerSet)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), peerSetCheckTimeout)
-		err = sp.Check(ctx, s.peers.run)
+		err = sp.Check(ctx, run)
 		cancel()
 	}
 	if err != nil {

@@ -222,7 +222,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if s.peers.run == nil {
 		s.peers.run = nftset.Nft
 	}
-	if err := s.checkPeerSet(cfg.TLS); err != nil {
+	if err := CheckPeerSet(cfg.TLS, s.peers.run); err != nil {
 		return nil, err
 	}
 	s.tickets = identity.NewTicketKeys(opts.Identity, identity.TicketPeriod)
@@ -543,7 +543,7 @@ func (s *Server) reload(cfg config.Config) error {
 			"tls.spiffe-socket) cannot change on reload; restart storeguard (the files' contents are re-read as they change)")
 	}
 	if cfg.TLS.PeerSet != old.TLS.PeerSet {
-		if err := s.checkPeerSet(cfg.TLS); err != nil {
+		if err := CheckPeerSet(cfg.TLS, s.peers.run); err != nil {
 			return err
 		}
 	}

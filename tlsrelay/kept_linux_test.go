@@ -195,6 +195,13 @@ func runRound(e *End, tlsSock, store Sock, own *owned, toClient *[]byte, echoed 
 	select {
 	case err = <-done:
 	case got = <-echoed:
+		// the echo is whole: stop both goroutines before the test goes on (and resets crashPoint,
+		// which they call)
+		armed.Store(false)
+		tlsSock.SetDeadline(time.Unix(1, 0))
+		store.SetDeadline(time.Unix(1, 0))
+		<-done
+		<-done
 		return got, nil
 	case <-freeze:
 		err = errFrozen

@@ -16,7 +16,8 @@ import (
 // store of torchrun's c10d rendezvous, gloo's listeners. An address goes in as its first
 // handshake passes, is refreshed every quarter of tls.peer-set-timeout while it has a connection
 // open, and leaves the set by itself a timeout after its last one ended (nftset). A process that
-// takes connections over (an upgrade, a keeper's restart) refreshes them as it starts.
+// takes connections over (an upgrade, a keeper's restart) refreshes them within a quarter timeout
+// of its start, while the elements its predecessor refreshed still have three quarters left.
 
 // peerSet is the server's side of it: what handshakes tell the refresher, and how nft is run.
 type peerSet struct {

@@ -76,6 +76,7 @@ type Keeper struct {
 	mu        sync.Mutex
 	lnFds     []int
 	ln        Listeners
+	listened  bool // a worker gave its listeners: from then on one serves, or is to
 	conns     map[uint64]*held
 	nextID    uint64
 	current   *worker
@@ -214,6 +215,13 @@ func (k *Keeper) exited(w *worker) (code int, again bool) {
 			return code, false
 		}
 		return 0, false // the signal passed on ended it before it had a handler: stopped as asked
+	}
+	if !k.listened && len(k.conns) == 0 && status.ExitCode() > 0 {
+		// it failed before it listened (its configuration, its certificates, its peer set): a
+		// new one would fail the same way, and there is nothing to keep
+		k.log.Error("keeper: the worker failed before it listened; not restarting it", "pid", w.cmd.Process.Pid,
+			"status", status.String())
+		return status.ExitCode(), false
 	}
 	k.log.Error("keeper: the worker died; restarting it with every connection", "pid", w.cmd.Process.Pid,
 		"status", status.String(), "connections", len(k.conns))
@@ -382,7 +390,7 @@ func (k *Keeper) packet(w *worker, kind byte, body []byte, fds []int) error {
 		}
 		// None: the worker shuts down, and the sockets close with its own.
 		fdpass.CloseFds(k.lnFds)
-		k.lnFds, k.ln = fds, ln
+		k.lnFds, k.ln, k.listened = fds, ln, true
 	case 'T':
 		if w == k.upgrading {
 			k.tookOver("keeper: the new worker took over")

@@ -310,6 +310,8 @@ func runWorker(role string) int {
 	switch role {
 	case "exit":
 		return 0
+	case "fail": // a configuration it cannot start with
+		return 2
 	case "term": // SIGTERM's default action ends it: killed by the signal, no exit status
 		select {}
 	}
@@ -388,6 +390,22 @@ func TestKeeperEndsWhenItsWorkerExitsZero(t *testing.T) {
 	code := runKeeper()
 	if got := logged(); code != 0 || !slices.Equal(got, []string{"exit restored=false"}) {
 		t.Fatalf("keeper exited %d after workers %q; want 0 after one, not restarted", code, got)
+	}
+}
+
+// A worker that fails before it gave the keeper its listeners or a connection (a configuration it
+// cannot start with) is not restarted again and again: the keeper exits with its status.
+func TestKeeperEndsWhenItsFirstWorkerFailsToStart(t *testing.T) {
+	logged := workers(t, "fail")
+	exited := make(chan int, 1)
+	go func() { exited <- runKeeper() }()
+	select {
+	case code := <-exited:
+		if got := logged(); code != 2 || !slices.Equal(got, []string{"fail restored=false"}) {
+			t.Fatalf("keeper exited %d after workers %q; want 2 after one, not restarted", code, got)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the keeper still runs 20 s after its worker failed to start; workers: %q", logged())
 	}
 }
 

@@ -46,8 +46,6 @@ func Parse(s string) (Spec, error) {
 	return sp, nil
 }
 
-func (sp Spec) String() string { return sp.Family + " " + sp.Table + " " + sp.Set }
-
 // sets are the IPv4 set's and the IPv6 set's full names.
 func (sp Spec) sets() [2]string {
 	p := sp.Family + " " + sp.Table + " "

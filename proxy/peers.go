@@ -32,10 +32,9 @@ const peersQueued = 256
 // peerSetCheckTimeout bounds each nft run.
 const peerSetCheckTimeout = 10 * time.Second
 
-// CheckPeerSet fails unless both sets of tc's peer-set exist and nft, run by run, can reach them
-// (nothing to check without one). New checks, and a keeper checks before it starts a worker that
-// would fail to.
-func CheckPeerSet(tc config.TLS, run nftset.Runner) error {
+// checkPeerSet fails unless both sets of tc's peer-set exist and nft, run by run, can reach them
+// (nothing to check without one).
+func checkPeerSet(tc config.TLS, run nftset.Runner) error {
 	if tc.PeerSet == "" {
 		return nil
 	}
@@ -83,17 +82,16 @@ func (s *Server) tlsPeers() []netip.Addr {
 // it was refreshed less than a quarter timeout ago), and every address with a connection open
 // each quarter timeout, the first time as it starts.
 func (s *Server) peerLoop(ctx context.Context) {
-	every := func() time.Duration {
+	quarter := func() time.Duration {
 		if t := s.set.Load().cfg.TLS.PeerSetTimeout; t >= 4*time.Second {
 			return t / 4
 		}
 		return 30 * time.Second // a config made in code, without the key (Validate holds it to 4s or more)
 	}
-	period := every()
+	period := quarter()
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	renewed := map[netip.Addr]time.Time{} // when each address last got its full timeout
-	var lastErr time.Time
 	refresh := func(addrs []netip.Addr, all bool) {
 		tc := s.set.Load().cfg.TLS
 		sp, err := nftset.Parse(tc.PeerSet)
@@ -106,8 +104,7 @@ func (s *Server) peerLoop(ctx context.Context) {
 		now := s.now()
 		if err != nil {
 			s.m.peerSetUpdates.WithLabelValues("failed").Inc()
-			if now.Sub(lastErr) >= 10*time.Second {
-				lastErr = now
+			if s.every.peerSet.allow(now) {
 				s.log.Error("tls.peer-set: cannot refresh the peer set; hosts whose handshake passed may be kept off this host's free ports",
 					"set", tc.PeerSet, "addresses", len(addrs), "err", err)
 			}
@@ -137,7 +134,7 @@ func (s *Server) peerLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if p := every(); p != period { // a reload changed the timeout
+			if p := quarter(); p != period { // a reload changed the timeout
 				period = p
 				tick.Reset(p)
 			}

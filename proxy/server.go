@@ -178,7 +178,7 @@ type policyState struct {
 }
 
 // rateLogs are the log lines a flood could otherwise fill: each at most once a second.
-type rateLogs struct{ dial, accept, audit, budget, evict, jobStore everySecond }
+type rateLogs struct{ dial, accept, audit, budget, evict, jobStore, peerSet everySecond }
 
 // listeners are the server's listening sockets: the clients', and the metrics endpoint's (nil: none).
 type listeners struct{ clients, metrics net.Listener }
@@ -222,7 +222,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if s.peers.run == nil {
 		s.peers.run = nftset.Nft
 	}
-	if err := CheckPeerSet(cfg.TLS, s.peers.run); err != nil {
+	if err := checkPeerSet(cfg.TLS, s.peers.run); err != nil {
 		return nil, err
 	}
 	s.tickets = identity.NewTicketKeys(opts.Identity, identity.TicketPeriod)
@@ -543,7 +543,7 @@ func (s *Server) reload(cfg config.Config) error {
 			"tls.spiffe-socket) cannot change on reload; restart storeguard (the files' contents are re-read as they change)")
 	}
 	if cfg.TLS.PeerSet != old.TLS.PeerSet {
-		if err := CheckPeerSet(cfg.TLS, s.peers.run); err != nil {
+		if err := checkPeerSet(cfg.TLS, s.peers.run); err != nil {
 			return err
 		}
 	}

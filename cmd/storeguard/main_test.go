@@ -42,10 +42,6 @@ func TestExitStatuses(t *testing.T) {
 		{"audit summary", []string{"audit", "--format", "json", probeLog}, 0, `"key_too_long"`, ""},
 		{"probe needs a generation", []string{"probe", "--target", "127.0.0.1:1", "--generation", "auto"}, 2, "", "not auto"},
 		{"serve with a bad flag value", []string{"serve", "--mode", "block"}, 2, "", "mode"},
-		// before the keeper starts a worker, which could only fail again and again
-		{"serve under a keeper with a peer set nft cannot read", []string{"serve", "--keeper", "--tls-mode", "on", "--tls-cert", "c.pem",
-			"--tls-key", "k.pem", "--tls-ca", "ca.pem", "--tls-peer-set", "inet storeguard_absent_test peers"}, 2, "",
-			`tls.peer-set "inet storeguard_absent_test peers": nft`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

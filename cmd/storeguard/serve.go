@@ -19,7 +19,6 @@ import (
 	"github.com/storeguard/storeguard/internal/pidfile"
 	"github.com/storeguard/storeguard/internal/version"
 	"github.com/storeguard/storeguard/keeper"
-	"github.com/storeguard/storeguard/nftset"
 	"github.com/storeguard/storeguard/proxy"
 	"github.com/storeguard/storeguard/upgrade"
 )
@@ -42,11 +41,6 @@ func newServeCommand() *cobra.Command {
 		}
 		cmd.SilenceUsage = true
 		if *useKeeper && os.Getenv(keeper.Env) == "" {
-			// what only the worker would find, found before it starts: a keeper restarts a worker
-			// that fails (a crash), and a worker that cannot start would fail again and again
-			if err := proxy.CheckPeerSet(cfg.TLS, nftset.Nft); err != nil {
-				return err
-			}
 			return runKeeper(cfg.Log)
 		}
 		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, opts.Path(), *pidFile)

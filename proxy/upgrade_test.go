@@ -385,7 +385,9 @@ func testUpgradeWhileAStoreDoesNotRead(t *testing.T, m mode, fail bool) {
 	eventually(t, "both connected", func() bool { return h.store.NumConns() == 2 })
 	h.store.Pause()
 	var sent []byte
+	wrote := make(chan struct{})
 	go func() { // 16 MiB of SETs: more than the sockets hold, so the guard's write to the store waits
+		defer close(wrote)
 		for range 16 {
 			busy.Write(set)
 		}
@@ -415,6 +417,11 @@ func testUpgradeWhileAStoreDoesNotRead(t *testing.T, m mode, fail bool) {
 	h.store.Resume()
 	time.Sleep(200 * time.Millisecond)
 	idle.Write(get)
+	select { // the last GET after every SET, as want has it: not written into their middle
+	case <-wrote:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client's 16 MiB of SETs were not all taken in 30 s after the store resumed")
+	}
 	busy.Write(get)
 	want := append(append(append([]byte{}, get...), sent...), get...)
 	// Waiting on the lengths: copying 16 MiB every few milliseconds (Received) holds the store's

@@ -112,25 +112,45 @@ func (e Encoding) String() string {
 
 // Report is what one scan found.
 type Report struct {
-	Encoding   Encoding
-	Protocol   int      // argument of the last PROTO opcode read (the unpickler's protocol), 0 without one
-	Complete   bool     // the scan reached STOP, and Python would return a value
-	Err        error    // why it stopped before STOP: errors.Is ErrMalformed or ErrLimit; a *Error
-	Globals    []Global // in the order the unpickler would import them, including those before an error
-	Calls      []Call
-	Truncated  bool // more than MaxGlobals globals or calls: the rest were not recorded
-	Ext        bool // an EXT1/EXT2/EXT4 opcode (copyreg extension registry) was read
-	Persistent bool // PERSID/BINPERSID read
-	End        int  // bytes consumed: the offset just past STOP when Complete
+	Encoding  Encoding
+	Protocol  int      // argument of the last PROTO opcode read (the unpickler's protocol), 0 without one
+	Complete  bool     // the scan reached STOP, and Python would return a value
+	Err       error    // why it stopped before STOP: errors.Is ErrMalformed or ErrLimit; a *Error
+	Globals   []Global // in the order the unpickler would import them, including those before an error
+	Calls     []Call
+	Truncated bool // more than MaxGlobals globals or calls: the rest were not recorded
+	// UnknownCalls counts the calls whose Callee is -1, those past MaxGlobals included: a call on
+	// something that is not a known global (a call's result, a value the scan did not keep).
+	UnknownCalls int
+	Ext          bool // an EXT1/EXT2/EXT4 opcode (copyreg extension registry) was read
+	Persistent   bool // PERSID/BINPERSID read
+	End          int  // bytes consumed: the offset just past STOP when Complete
 	// Bytes are where the bytes and bytearray literals lie in the (decoded) pickle, at most
 	// MaxGlobals of them (then BytesTruncated): a caller can inspect what a global such as
 	// torch.storage._load_from_bytes will load from one.
 	Bytes          []Span
 	BytesTruncated bool
+	// Strs are where the str literals lie (BINUNICODE's UTF-8, UNICODE's raw-unicode-escape line),
+	// at most MaxGlobals of them (then StrsTruncated): at protocols 0 to 2 a bytes object is pickled
+	// as _codecs.encode(str, "latin1"), so a caller can read such bytes from one (Latin1).
+	Strs          []Span
+	StrsTruncated bool
 }
 
 // Span is a range of the (decoded) pickle's bytes.
-type Span struct{ Off, Len int }
+type Span struct {
+	Off, Len int
+	Text     Text // for a str literal, how its bytes encode it
+}
+
+// Text is how a str literal's bytes encode it.
+type Text uint8
+
+const (
+	TextNone             Text = iota // not a str: a bytes literal
+	TextUTF8                         // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8
+	TextRawUnicodeEscape             // UNICODE: Python's raw-unicode-escape, one line
+)
 
 var (
 	// ErrMalformed: Python's unpickler would raise here; what it did before (Globals) still ran.

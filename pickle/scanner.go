@@ -249,6 +249,8 @@ func (f fault) limit() bool { return f >= fLimitOps }
 type pendingFrame struct {
 	at, end                      int // offset of the FRAME opcode, and of the frame's end; at -1: none
 	proto, globals, calls, bytes int
+	strs, unknownCalls           int
+	strsTruncated                bool
 	truncated, ext, persistent   bool
 }
 
@@ -260,6 +262,7 @@ type scanner struct {
 	globals []Global
 	calls   []Call
 	bytes   []Span
+	strs    []Span
 
 	proto int
 	stack []val
@@ -287,7 +290,7 @@ func getScanner(lim Limits) *scanner {
 	s := scannerPool.Get().(*scanner)
 	s.lim = lim.withDefaults()
 	s.r = Report{}
-	s.globals, s.calls, s.bytes = s.globals[:0], s.calls[:0], s.bytes[:0]
+	s.globals, s.calls, s.bytes, s.strs = s.globals[:0], s.calls[:0], s.bytes[:0], s.strs[:0]
 	s.proto = 0
 	s.stack, s.marks = s.stack[:0], s.marks[:0]
 	clear(s.memo)
@@ -351,7 +354,19 @@ func (s *scanner) addGlobal(g Global) int {
 	return len(s.globals) - 1
 }
 
+// addStr records where a str literal lies, up to MaxGlobals of them (then StrsTruncated).
+func (s *scanner) addStr(sp Span) {
+	if len(s.strs) >= s.lim.MaxGlobals {
+		s.r.StrsTruncated = true
+		return
+	}
+	s.strs = append(s.strs, sp)
+}
+
 func (s *scanner) addCall(op string, callee, at int) {
+	if callee < 0 {
+		s.r.UnknownCalls++ // counted past the bound too: a fail-closed caller needs every one
+	}
 	if len(s.calls) >= s.lim.MaxGlobals {
 		s.r.Truncated = true
 		return
@@ -516,7 +531,8 @@ func (s *scanner) frame(at int, size uint64) fault {
 		return fTruncated // more than the text could ever decode to
 	}
 	s.pend = pendingFrame{at: at, end: s.src.off() + int(size), proto: s.proto, globals: len(s.globals),
-		calls: len(s.calls), bytes: len(s.bytes), truncated: s.r.Truncated, ext: s.r.Ext, persistent: s.r.Persistent}
+		calls: len(s.calls), bytes: len(s.bytes), strs: len(s.strs), strsTruncated: s.r.StrsTruncated, unknownCalls: s.r.UnknownCalls, truncated: s.r.Truncated, ext: s.r.Ext,
+		persistent: s.r.Persistent}
 	return 0
 }
 
@@ -535,8 +551,10 @@ func (s *scanner) settleFrame() {
 func (s *scanner) rollback() {
 	p := s.pend
 	s.pend.at = -1
-	s.globals, s.calls, s.bytes = s.globals[:p.globals], s.calls[:p.calls], s.bytes[:p.bytes]
+	s.globals, s.calls, s.bytes, s.strs = s.globals[:p.globals], s.calls[:p.calls], s.bytes[:p.bytes], s.strs[:p.strs]
+	s.r.StrsTruncated = p.strsTruncated
 	s.proto, s.r.Truncated, s.r.Ext, s.r.Persistent = p.proto, p.truncated, p.ext, p.persistent
+	s.r.UnknownCalls = p.unknownCalls
 	s.r.Complete = false
 	s.r.Err = &Error{Kind: ErrMalformed, Op: opFRAME, Offset: p.at, Reason: faultText[fTruncated]}
 	s.src.rewindTo(p.at + 9)
@@ -576,6 +594,9 @@ func (s *scanner) finish() {
 	}
 	if len(s.bytes) > 0 {
 		s.r.Bytes = append([]Span(nil), s.bytes...)
+	}
+	if len(s.strs) > 0 {
+		s.r.Strs = append([]Span(nil), s.strs...)
 	}
 }
 
@@ -671,16 +692,25 @@ func (s *scanner) step(op byte, at int) fault {
 		if f != 0 {
 			return f
 		}
-		v, f := s.strPayload(size, op == opSHORT_BINUNICODE || op == opBINUNICODE || op == opBINUNICODE8)
+		start := s.src.off()
+		utf8 := op == opSHORT_BINUNICODE || op == opBINUNICODE || op == opBINUNICODE8
+		v, f := s.strPayload(size, utf8)
 		if f != 0 {
 			return f
+		}
+		if utf8 {
+			s.addStr(Span{Off: start, Len: int(size), Text: TextUTF8})
 		}
 		return s.push(v)
 
 	case opSTRING, opUNICODE:
+		start := s.src.off()
 		v, f := s.strLine(op)
 		if f != 0 {
 			return f
+		}
+		if op == opUNICODE {
+			s.addStr(Span{Off: start, Len: s.src.off() - 1 - start, Text: TextRawUnicodeEscape})
 		}
 		return s.push(v)
 

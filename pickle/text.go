@@ -3,6 +3,7 @@ package pickle
 import (
 	"bytes"
 	"math"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -532,4 +533,63 @@ func (d *rawUnicodeDecoder) end(o *strOut) bool {
 	}
 	d.state = 0
 	return !d.bad
+}
+
+// Latin1 returns the bytes _codecs.encode(s, "latin1") makes of the str literal whose encoded
+// bytes are p (t: how the pickle encodes it), the way pickle protocols 0 to 2 carry a bytes object;
+// ok is false when that call would raise (a code point above U+00FF) or p does not decode.
+func Latin1(p []byte, t Text) (out []byte, ok bool) {
+	out = make([]byte, 0, len(p))
+	put := func(r rune) bool {
+		if r < 0 || r > 0xff {
+			return false
+		}
+		out = append(out, byte(r))
+		return true
+	}
+	switch t {
+	case TextUTF8:
+		for len(p) > 0 {
+			r, n := utf8.DecodeRune(p)
+			if r == utf8.RuneError && n <= 1 || !put(r) {
+				return nil, false
+			}
+			p = p[n:]
+		}
+		return out, true
+	case TextRawUnicodeEscape:
+		for i := 0; i < len(p); {
+			if p[i] != '\\' {
+				out = append(out, p[i]) // a byte is the code point of the same value
+				i++
+				continue
+			}
+			// \u and \U escape only after an odd run of backslashes (CPython's raw_unicode_escape).
+			j := i
+			for j < len(p) && p[j] == '\\' {
+				j++
+			}
+			out = append(out, p[i:j]...)
+			run := j - i
+			i = j
+			if run&1 == 0 || j >= len(p) || p[j] != 'u' && p[j] != 'U' {
+				continue
+			}
+			out = out[:len(out)-1]
+			n := 4
+			if p[j] == 'U' {
+				n = 8
+			}
+			if j+1+n > len(p) {
+				return nil, false
+			}
+			v, err := strconv.ParseUint(string(p[j+1:j+1+n]), 16, 32)
+			if err != nil || !put(rune(v)) {
+				return nil, false
+			}
+			i = j + 1 + n
+		}
+		return out, true
+	}
+	return nil, false
 }

@@ -2,42 +2,55 @@ package policy
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/storeguard/storeguard/pickle"
 	"github.com/storeguard/storeguard/protocol"
 )
 
-// checkPickle applies the pickle globals rule to a value written on any key: read raw and as
-// base64, a pickle may import no denied global. A global imported before a malformed byte counts:
-// the unpickler imports (and calls) as it reads, and raises only when it reaches the bad byte.
+// checkPickle applies the pickle rule to a value written on any key: read raw and as base64, as a
+// reader may load it, a pickle may import and call only what the allow-list holds (allow.go), and
+// never what the deny list names. A global imported before a malformed byte counts: the unpickler
+// imports (and calls) as it reads, and raises only when it reaches the bad byte.
 func (p *Policy) checkPickle(v *fieldView) (Finding, bool) {
 	if p.cfg.PickleGlobals == Off || !v.hasValue() || v.val.Len == 0 || v.pickleJudged {
 		return Finding{}, false
 	}
-	r := pickle.Scan(v.va, v.vb, p.cfg.Pickle)
-	if f, hit := p.deniedIn(v, &r, "pickle"); hit {
-		return f, true
-	}
-	if f, hit := p.loadedBytes(v, &r, protocol.Split{A: v.va, B: v.vb}, "pickle"); hit {
-		return f, true
-	}
-	if r, ok := pickle.ScanBase64(v.va, v.vb, p.cfg.Pickle); ok {
-		if f, hit := p.deniedIn(v, &r, "base64 pickle"); hit {
-			return f, true
-		}
-		if loadsBytes(&r) {
-			// Its literals lie in the decoded bytes: decode it whole (a tensor broadcast as base64:
-			// rare, and the value is within the limits) and read them there.
-			raw, ok := pickle.DecodeBase64(v.va, v.vb)
-			if !ok {
-				return p.refuse(v, "base64 pickle", "loads bytes with "+bytesLoader+" and does not decode")
-			}
-			return p.loadedBytes(v, &r, protocol.Split{B: raw}, "base64 pickle")
-		}
+	if why := p.pickleUnsafe(v.va, v.vb, v.pickleAllow); why != "" {
+		return p.refuse(v, why)
 	}
 	return Finding{}, false
+}
+
+// pickleUnsafe says why a reader may not load a+b as a pickle, raw or base64, "" when it may.
+func (p *Policy) pickleUnsafe(a, b []byte, extra *globalAllow) string {
+	r := pickle.Scan(a, b, p.cfg.Pickle)
+	if why := p.unsafe(&r, extra, false); why != "" {
+		return "pickle " + why
+	}
+	if why := p.loadedBytes(&r, protocol.Split{A: a, B: b}, extra); why != "" {
+		return "pickle " + why
+	}
+	r, ok := pickle.ScanBase64(a, b, p.cfg.Pickle)
+	if !ok {
+		return ""
+	}
+	if why := p.unsafe(&r, extra, false); why != "" {
+		return "base64 pickle " + why
+	}
+	if loadsBytes(&r) {
+		// Its literals lie in the decoded bytes: decode it whole (a tensor broadcast as base64:
+		// rare, and the value is within the limits) and read them there.
+		raw, ok := pickle.DecodeBase64(a, b)
+		if !ok {
+			return "base64 pickle loads bytes with " + bytesLoader + " and does not decode"
+		}
+		if why := p.loadedBytes(&r, protocol.Split{B: raw}, extra); why != "" {
+			return "base64 pickle " + why
+		}
+	}
+	return ""
 }
 
 // bytesLoader is how torch pickles a tensor's storage: torch.storage._load_from_bytes(b) runs
@@ -55,62 +68,114 @@ func loadsBytes(r *pickle.Report) bool {
 	return false
 }
 
-// maxEmbedded bounds the pickles read from one embedded torch.save stream: the legacy format holds
-// five (magic number, protocol version, system info, the object, the storage keys), then raw data.
-const maxEmbedded = 8
+// maxEmbedded is how many pickles torch.load reads from a legacy torch.save stream (torch
+// serialization.py _legacy_load): the magic number, the protocol version, the system info, the
+// object, the storage keys; raw storage data follows.
+const maxEmbedded = 5
 
-// loadedBytes inspects what a raw pickle that calls torch.storage._load_from_bytes would load: each
-// of its bytes literals, read as torch.load reads a legacy torch.save stream (pickles one after
-// another, from its start). A zip (torch.save's newer format, whose records may be compressed) or
-// a loader inside a loader is refused: torch pickles its storages in the legacy format.
-func (p *Policy) loadedBytes(v *fieldView, r *pickle.Report, value protocol.Split, what string) (Finding, bool) {
+// loadedBytes says why what a pickle that calls torch.storage._load_from_bytes would load may not
+// be loaded, "" when it may: each of its bytes literals is read as torch.load(weights_only=False)
+// reads a legacy torch.save stream (pickles one after another, from its start), each judged as the
+// pickle itself is, persistent ids allowed (the stream's storages). A zip or tar archive (torch.load's
+// other formats, TorchScript among them), a loader inside a loader, or bytes made by a call (a str
+// through _codecs.encode, a list through bytearray: not read by the guard) are refused.
+func (p *Policy) loadedBytes(r *pickle.Report, value protocol.Split, extra *globalAllow) string {
 	if !loadsBytes(r) {
-		return Finding{}, false
+		return ""
 	}
 	if r.BytesTruncated {
-		return p.refuse(v, what, fmt.Sprintf("loads bytes with %s from more than %d literals", bytesLoader, len(r.Bytes)))
+		return fmt.Sprintf("loads bytes with %s from more than %d literals", bytesLoader, len(r.Bytes))
+	}
+	latin1 := false
+	for _, g := range r.Globals {
+		switch name := g.Module + "." + g.Name; {
+		case g.Resolved && bytesMakers[name]:
+			return "loads bytes with " + bytesLoader + " and makes bytes with " + globalName(g) +
+				": what it loads may not be a literal the guard can read"
+		case g.Resolved && name == latin1Maker:
+			latin1 = true
+		}
 	}
 	for _, sp := range r.Bytes {
-		for off, n := 0, 0; off < sp.Len && n < maxEmbedded; n++ {
-			x, y := value.Parts(uint64(sp.Off+off), uint64(sp.Len-off))
-			if n == 0 && bytes.HasPrefix(append(x[:min(len(x), 4):min(len(x), 4)], y[:min(len(y), 4)]...), []byte("PK\x03\x04")) {
-				return p.refuse(v, what, "loads a zip archive with "+bytesLoader+": not inspected")
-			}
-			in := pickle.Scan(x, y, p.cfg.Pickle)
-			if f, hit := p.deniedIn(v, &in, what+" loaded by "+bytesLoader); hit {
-				return f, true
-			}
-			if loadsBytes(&in) {
-				return p.refuse(v, what, "nests "+bytesLoader+" in what it loads")
-			}
-			if !in.Complete || in.End == 0 {
-				break
-			}
-			off += in.End
+		x, y := value.Parts(uint64(sp.Off), uint64(sp.Len))
+		if why := p.loadedStream(protocol.Split{A: x, B: y}, extra); why != "" {
+			return why
 		}
 	}
-	return Finding{}, false
+	if !latin1 {
+		return ""
+	}
+	if r.StrsTruncated {
+		return fmt.Sprintf("loads bytes with %s from more than %d str literals", bytesLoader, len(r.Strs))
+	}
+	for _, sp := range r.Strs {
+		x, y := value.Parts(uint64(sp.Off), uint64(sp.Len))
+		b, ok := pickle.Latin1(append(append(make([]byte, 0, sp.Len), x...), y...), sp.Text)
+		if !ok {
+			continue // _codecs.encode would raise: nothing is loaded from it
+		}
+		if why := p.loadedStream(protocol.Split{B: b}, extra); why != "" {
+			return why
+		}
+	}
+	return ""
 }
 
-func (p *Policy) refuse(v *fieldView, what, detail string) (Finding, bool) {
+// loadedStream says why torch.load may not read s, one bytes object a pickle hands to
+// _load_from_bytes, "" when it may.
+func (p *Policy) loadedStream(s protocol.Split, extra *globalAllow) string {
+	n := int(s.Len())
+	x, y := s.Parts(0, uint64(min(n, tarBlock)))
+	head := append(append(make([]byte, 0, tarBlock), x...), y...)
+	if bytes.HasPrefix(head, []byte("PK\x03\x04")) {
+		return "loads a zip archive with " + bytesLoader + ": not inspected"
+	}
+	if isTar(head) {
+		return "loads a tar archive with " + bytesLoader + ": not inspected"
+	}
+	for off, k := 0, 0; off < n && k < maxEmbedded; k++ {
+		x, y := s.Parts(uint64(off), uint64(n-off))
+		in := pickle.Scan(x, y, p.cfg.Pickle)
+		if why := p.unsafe(&in, extra, true); why != "" {
+			return "loads with " + bytesLoader + " a pickle that " + why
+		}
+		if loadsBytes(&in) {
+			return "nests " + bytesLoader + " in what it loads"
+		}
+		if !in.Complete || in.End == 0 {
+			break
+		}
+		off += in.End
+	}
+	return ""
+}
+
+// tarBlock is a tar header's size.
+const tarBlock = 512
+
+// isTar reports whether b starts with a tar header whose checksum holds: what tarfile.open, which
+// torch.load tries first on a legacy stream, would read (a V7 header has no magic).
+func isTar(b []byte) bool {
+	if len(b) < tarBlock {
+		return false
+	}
+	field := bytes.TrimRight(bytes.TrimLeft(b[148:156], " "), " \x00")
+	want, err := strconv.ParseInt(string(field), 8, 64)
+	if err != nil || len(field) == 0 {
+		return false
+	}
+	var unsigned, signed int64
+	for i, c := range b[:tarBlock] {
+		if i >= 148 && i < 156 {
+			c = ' '
+		}
+		unsigned += int64(c)
+		signed += int64(int8(c))
+	}
+	return want == unsigned || want == signed
+}
+
+func (p *Policy) refuse(v *fieldView, detail string) (Finding, bool) {
 	return Finding{Rule: protocol.RulePickleGlobalDenied, Field: v.val, Key: protocol.ShowKey(v.key),
-		Detail: what + " " + detail, Mode: p.cfg.PickleGlobals}, true
-}
-
-// deniedIn reports the first denied global of r, or a pickle whose globals the scan could not
-// all see: one past the scanner's bounds (whatever follows is unknown, so it is refused).
-func (p *Policy) deniedIn(v *fieldView, r *pickle.Report, what string) (Finding, bool) {
-	deny := func(detail string) (Finding, bool) { return p.refuse(v, what, detail) }
-	for _, g := range r.Globals {
-		if p.deny.denied(g) {
-			return deny("imports " + globalName(g))
-		}
-	}
-	switch {
-	case len(r.Globals) >= p.cfg.Pickle.MaxGlobals && p.cfg.Pickle.MaxGlobals > 0:
-		return deny(fmt.Sprintf("imports more than %d globals: the rest unseen", p.cfg.Pickle.MaxGlobals))
-	case errors.Is(r.Err, pickle.ErrLimit):
-		return deny("past the scanner's bounds: " + r.Err.Error())
-	}
-	return Finding{}, false
+		Detail: detail, Mode: p.cfg.PickleGlobals}, true
 }

@@ -57,7 +57,8 @@ func ParseMode(s string) (Mode, error) {
 type Config struct {
 	// RendezvousState: writes to torchrun's rendezvous state key (rendezvous.go).
 	RendezvousState Mode
-	// PickleGlobals: values on any key that are pickles importing a global that runs code (globals.go).
+	// PickleGlobals: values on any key that are pickles importing or calling what the allow-list does
+	// not hold (allow.go), or what the deny list names (globals.go).
 	PickleGlobals Mode
 	// WriteOnce: the keys torch writes once per rendezvous round (writeonce.go) are not written
 	// again nor deleted; it needs WithStore.
@@ -93,6 +94,7 @@ func Limits() pickle.Limits {
 type Policy struct {
 	cfg       Config
 	deny      globalSet
+	allow     globalAllow // what a pickle may import and call (allow.go)
 	rules     []compiled
 	writeOnce []writeOnce // the default rule, then the policy file's
 	written   *Written    // WithStore
@@ -104,7 +106,7 @@ type Policy struct {
 
 // New compiles c. Its errors name the rule and what is wrong.
 func New(c Config) (*Policy, error) {
-	p := &Policy{cfg: c, deny: defaultDeny(), writeOnce: []writeOnce{{keys: writeOnceKeys, mode: c.WriteOnce}}}
+	p := &Policy{cfg: c, deny: defaultDeny(), allow: defaultAllow(), writeOnce: []writeOnce{{keys: writeOnceKeys, mode: c.WriteOnce}}}
 	if err := p.deny.add(c.DenyGlobals); err != nil {
 		return nil, fmt.Errorf("deny-globals: %w", err)
 	}

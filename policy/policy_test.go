@@ -3,9 +3,11 @@ package policy
 import (
 	"encoding/base64"
 	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/storeguard/storeguard/pickle"
 	"github.com/storeguard/storeguard/protocol"
@@ -274,22 +276,29 @@ func BenchmarkCheck(b *testing.B) {
 	}
 }
 
-// TestFileAllowListReplacesDefaultDenyForItsKeys: a policy file's pickle allow-list for a key is
-// that key's judgement (a framework may need a global on the deny list); other keys keep the default.
-func TestFileAllowListReplacesDefaultDenyForItsKeys(t *testing.T) {
-	getattr := "\x80\x04\x8c\x08builtins\x8c\x07getattr\x93." // builtins.getattr, as a value
+// TestFileAllowListWidensTheDefaultForItsKeys: a policy file's pickle allow-list for a key adds a
+// framework's own classes to the default allow-list for that key only; it cannot lift the deny
+// list's floor, nor allow a call of what is not a global.
+func TestFileAllowListWidensTheDefaultForItsKeys(t *testing.T) {
+	thing := "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)\x81." // mylib.Thing(), a framework's class
+	getattr := "\x80\x04\x8c\x08builtins\x8c\x07getattr\x93."   // builtins.getattr, as a value
+	callOnCall := "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)R)R."  // mylib.Thing()()
 	c := Defaults()
 	c.Rules = []Rule{{Name: "fw", Keys: []string{"fw/*"}, Action: "value",
-		Value: &ValueRule{Kind: KindPickle, Globals: []string{"builtins.getattr"}}}}
+		Value: &ValueRule{Kind: KindPickle, Globals: []string{"mylib.Thing", "builtins.getattr"}}}}
 	p, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for key, want := range map[string]protocol.Rule{"/fw/x": "", "/other": protocol.RulePickleGlobalDenied} {
-		msg, b := message(t, setReq(key, getattr))
-		f, _ := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}}, nil)
-		if f.Rule != want {
-			t.Errorf("%s: %q, want %q", key, f.Rule, want)
+	for _, tc := range []struct{ key, value, detail string }{
+		{"/fw/x", thing, ""},
+		{"/other", thing, "imports mylib.Thing: not on the allow-list"},
+		{"/fw/x", getattr, "imports builtins.getattr, which runs code: never allowed"},
+		{"/fw/x", callOnCall, "calls what is not an allowed global (REDUCE at offset 20)"},
+	} {
+		f, broke := judgeSet(t, p, tc.key, []byte(tc.value))
+		if tc.detail == "" && broke || tc.detail != "" && (!broke || f.Rule != protocol.RulePickleGlobalDenied || !strings.Contains(f.Detail, tc.detail)) {
+			t.Errorf("%s %q: %v %s %q, want %q", tc.key, tc.value, broke, f.Rule, f.Detail, tc.detail)
 		}
 	}
 }
@@ -326,7 +335,8 @@ func TestWhatTorchStorageLoads(t *testing.T) {
 		inner  string
 		detail string
 	}{
-		{"the magic number, then an os.system", magic + string(unhex(t, evil4)), "loaded by torch.storage._load_from_bytes imports posix.system"},
+		{"the magic number, then an os.system", magic + string(unhex(t, evil4)), "loads with torch.storage._load_from_bytes a pickle that imports posix.system"},
+		{"a tar archive", tarHeader(), "tar archive"},
 		{"os.system first", string(unhex(t, evil0)), "imports posix.system"},
 		{"a zip", "PK\x03\x04" + strings.Repeat("\x00", 40), "zip archive"},
 		{"a loader in a loader", loader([]byte(magic)), "nests"},
@@ -366,6 +376,64 @@ func TestStateCallsTorchNeverMakes(t *testing.T) {
 		{"a REDUCE of the state class", "\x80\x04" + sg("_RendezvousState") + ")R.", "REDUCE of " + mod + "._RendezvousState"},
 	} {
 		f, broke := judgeSet(t, p, "/torch.rendezvous.j", []byte(base64.StdEncoding.EncodeToString([]byte(tc.pickle))))
+		if tc.detail == "" && broke || tc.detail != "" && (!broke || !strings.Contains(f.Detail, tc.detail)) {
+			t.Errorf("%s: %v %q, want %q", tc.name, broke, f.Detail, tc.detail)
+		}
+	}
+}
+
+// tarHeader is a V7 tar header (no magic) whose checksum holds: tarfile.open reads it.
+func tarHeader() string {
+	h := make([]byte, 512)
+	copy(h, "pickle")
+	copy(h[100:], "0000644\x00")
+	copy(h[124:], "00000000010\x00")
+	sum := 0
+	for i, c := range h {
+		if i >= 148 && i < 156 {
+			c = ' '
+		}
+		sum += int(c)
+	}
+	copy(h[148:], fmt.Sprintf("%06o\x00 ", sum))
+	return string(h) + strings.Repeat("\x00", 512)
+}
+
+// TestWhatTorchStorageLoadsAtOldProtocols: at pickle protocols 0 to 2 a tensor's torch.save stream
+// is a str handed to _codecs.encode(s, "latin1"): it is decoded and judged as a bytes literal is;
+// bytes made from a list of ints (bytearray, bytes), which the guard does not read, are refused.
+func TestWhatTorchStorageLoadsAtOldProtocols(t *testing.T) {
+	p, _ := New(Defaults())
+	latin1 := func(inner []byte) string {
+		var u []byte
+		for _, c := range inner {
+			u = utf8.AppendRune(u, rune(c))
+		}
+		return "\x80\x02ctorch.storage\n_load_from_bytes\nq\x00c_codecs\nencode\nq\x01X" +
+			string([]byte{byte(len(u)), byte(len(u) >> 8), 0, 0}) + string(u) + "X\x06\x00\x00\x00latin1\x86R\x85R."
+	}
+	rawEscape := func(inner []byte) string { // protocol 0: UNICODE, raw-unicode-escape
+		var u []byte
+		for _, c := range inner {
+			if c == '\\' || c == '\n' || c >= 0x80 {
+				u = fmt.Appendf(u, "\\u%04x", c)
+			} else {
+				u = append(u, c)
+			}
+		}
+		return "ctorch.storage\n_load_from_bytes\np0\n(c_codecs\nencode\np1\n(V" + string(u) + "\nVlatin1\ntRtR."
+	}
+	magic := "\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
+	evil := []byte(magic + string(unhex(t, evil4)))
+	for _, tc := range []struct{ name, value, detail string }{
+		{"BINUNICODE, torch's magic", latin1([]byte(magic)), ""},
+		{"BINUNICODE, an os.system after the magic", latin1(evil), "a pickle that imports posix.system"},
+		{"UNICODE, torch's magic", rawEscape([]byte(magic)), ""},
+		{"UNICODE, an os.system after the magic", rawEscape(evil), "a pickle that imports posix.system"},
+		{"a bytearray of ints", "\x80\x02ctorch.storage\n_load_from_bytes\ncbuiltins\nbytearray\n]K\x80a\x85R\x85R.",
+			"makes bytes with builtins.bytearray"},
+	} {
+		f, broke := judgeSet(t, p, "/vllm/t", []byte(tc.value))
 		if tc.detail == "" && broke || tc.detail != "" && (!broke || !strings.Contains(f.Detail, tc.detail)) {
 			t.Errorf("%s: %v %q, want %q", tc.name, broke, f.Detail, tc.detail)
 		}

@@ -12,9 +12,12 @@ type fieldView struct {
 	val      protocol.Field // the value written (FieldValue, or COMPARE_SET's FieldDesired); Kind FieldNone if none
 	va, vb   []byte         // the value's bytes in two parts
 	expected int64          // COMPARE_SET's expected value's length
-	// pickleJudged: an allow-list judged the value's pickle (the rendezvous state's, or a policy
-	// file's for the key), in place of the default pickle rule's deny list: one scan, not two.
+	// pickleJudged: the rendezvous state's own allow-list judged the value's pickle, in place of
+	// the default pickle rule: one scan, not two.
 	pickleJudged bool
+	// pickleAllow is a policy file's value.globals for the key: what its pickles may import beyond
+	// the default allow-list.
+	pickleAllow *globalAllow
 }
 
 func (v *fieldView) hasValue() bool { return v.val.Kind != protocol.FieldNone }

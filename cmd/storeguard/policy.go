@@ -2,7 +2,13 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,9 +24,9 @@ import (
 func newPolicyCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy",
-		Short: "Learn a policy file from a clean job's capture, or check one (docs/policy.md)",
+		Short: "Learn a policy file from a clean job's capture, check one, or judge values (docs/policy.md)",
 	}
-	cmd.AddCommand(newPolicyLearnCommand(), newPolicyCheckCommand())
+	cmd.AddCommand(newPolicyLearnCommand(), newPolicyCheckCommand(), newPolicyJudgeCommand())
 	return cmd
 }
 
@@ -189,4 +195,99 @@ func ruleScope(r policy.Rule) string {
 		parts = append(parts, "from "+strings.Join(r.Sources, ","))
 	}
 	return strings.Join(parts, "; ")
+}
+
+func newPolicyJudgeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "judge [flags] FILE",
+		Short: "Judge values as the policy stage would judge a SET of each (JSON lines in, JSON lines out)",
+		Long: "Reads FILE (- for stdin), one JSON object a line: {\"value\": HEX} or {\"text\": STRING},\n" +
+			"with an optional \"key\" (default --key). Judges each as a SET of that key through the\n" +
+			"configuration's value rules (its policy file, the rendezvous state rule, the pickle rule;\n" +
+			"not write-once or the quota, which depend on the store) and prints one JSON object a line:\n" +
+			"the input's other fields, and \"verdict\" (pass, blocked or would_block), \"rule\", \"detail\".\n" +
+			"Nothing is unpickled. Exit status: 0 judged, 2 a line is not such an object (named).",
+		Args:         cobra.ExactArgs(1),
+		SilenceUsage: true,
+	}
+	fs := cmd.Flags()
+	fs.String("config", "", "YAML config file (also $STOREGUARD_CONFIG): policy.*")
+	fs.String("key", "/storeguard/judge", "the key of a line without one")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		cfg, err := config.Load(loadOptions(fs))
+		if err != nil {
+			return fmt.Errorf("bad configuration:\n%w", err)
+		}
+		p, err := cfg.Rules()
+		if err != nil {
+			return exitError{2, err}
+		}
+		in := cmd.InOrStdin()
+		if args[0] != "-" {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return exitError{2, err}
+			}
+			defer f.Close()
+			in = f
+		}
+		defKey, _ := fs.GetString("key")
+		return judgeLines(in, cmd.OutOrStdout(), p, defKey)
+	}
+	return cmd
+}
+
+// judgeLines judges each JSON line of in (see `policy judge`) and writes its verdict to out.
+func judgeLines(in io.Reader, out io.Writer, p *policy.Policy, defKey string) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 0, 1<<20), 256<<20)
+	w := bufio.NewWriter(out)
+	enc := json.NewEncoder(w)
+	for n := 1; sc.Scan(); n++ {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			return exitError{2, fmt.Errorf("line %d: not a JSON object: %w", n, err)}
+		}
+		value, err := judgedValue(rec)
+		if err != nil {
+			return exitError{2, fmt.Errorf("line %d: %w", n, err)}
+		}
+		key := defKey
+		if k, ok := rec["key"].(string); ok {
+			key = k
+		}
+		delete(rec, "value")
+		rec["verdict"] = "pass"
+		if f, broke := p.JudgeValue([]byte(key), value, netip.IPv4Unspecified()); broke {
+			rec["verdict"], rec["rule"], rec["detail"] = "blocked", string(f.Rule), f.Detail
+			if f.Mode == policy.Monitor {
+				rec["verdict"] = "would_block"
+			}
+		}
+		if err := enc.Encode(rec); err != nil {
+			return exitError{2, err}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return exitError{2, err}
+	}
+	return w.Flush()
+}
+
+// judgedValue is a judge line's value: "value" in hex, or "text".
+func judgedValue(rec map[string]any) ([]byte, error) {
+	if h, ok := rec["value"].(string); ok {
+		b, err := hex.DecodeString(h)
+		if err != nil {
+			return nil, fmt.Errorf("value: not hex: %w", err)
+		}
+		return b, nil
+	}
+	if t, ok := rec["text"].(string); ok {
+		return []byte(t), nil
+	}
+	return nil, errors.New(`no "value" (hex) or "text" (a string)`)
 }

@@ -1,0 +1,184 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/storeguard/storeguard/pickle"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// The globals a pickle may import on any key, and call: what builds the data torch and the
+// frameworks write to a store, and nothing else. Measured, not guessed (interop/pickle_census.py
+// written, every pinned release, every pickle protocol): torchrun's rendezvous state, tensors of every
+// dtype and their storages, torch.Size, dtypes and devices, vLLM's PyNcclPipe metadata and its
+// ncclUniqueId (a ctypes structure), and the containers and scalars a StatelessProcessGroup broadcast
+// carries; plus what torch.load(weights_only=True) allows (torch/_weights_only_unpickler.py
+// _get_allowed_globals, torch 2.6), PyTorch's own list of what rebuilds data without running code.
+// Anything else, a framework's own classes included, is the operator's to allow, per key (a policy
+// file's value.globals, which `storeguard policy learn` writes from a clean job's capture).
+var allowedGlobals = map[string][]string{
+	"builtins": {"set", "frozenset", "bytearray", "complex", "slice", "range", "object", "list", "dict",
+		"tuple", "int", "float", "str", "bool", "bytes"},
+	"_codecs":                {"encode"},         // bytes at protocols 0-2: _codecs.encode(str, "latin1")
+	"copyreg":                {"_reconstructor"}, // an object at protocols 0-1: _reconstructor(cls, base, state)
+	"_ctypes":                {"_unpickle"},      // a ctypes structure (vLLM's ncclUniqueId): _unpickle(cls, state)
+	"collections":            {"OrderedDict", "Counter", "defaultdict", "deque"},
+	"datetime":               {"date", "time", "datetime", "timedelta", "timezone"},
+	"decimal":                {"Decimal"},
+	"fractions":              {"Fraction"},
+	"uuid":                   {"UUID"},
+	"numpy":                  {"dtype", "ndarray"},
+	"numpy.core.multiarray":  {"_reconstruct", "scalar"},
+	"numpy._core.multiarray": {"_reconstruct", "scalar"},
+	"numpy.core.numeric":     {"_frombuffer"},
+	"numpy._core.numeric":    {"_frombuffer"},
+	"torch": append(append(append(torchDtypes, torchStorages...), torchEnums...),
+		"Size", "device", "Tensor", "UntypedStorage", "TypedStorage"),
+	"torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+		"_rebuild_parameter_with_state", "_rebuild_qtensor", "_rebuild_sparse_tensor",
+		"_rebuild_meta_tensor_no_storage", "_rebuild_nested_tensor", "_rebuild_wrapper_subclass",
+		"_rebuild_device_tensor_from_cpu_tensor", "_rebuild_device_tensor_from_numpy"},
+	"torch._tensor":       {"_rebuild_from_type_v2"},
+	"torch.storage":       {"_load_from_bytes", "UntypedStorage", "TypedStorage"}, // what it loads is judged too (pickle.go)
+	"torch.nn.parameter":  {"Parameter"},
+	"torch.serialization": {"_get_layout"},
+	"torch.cuda":          torchStorages,
+	"torch.distributed.elastic.rendezvous.dynamic_rendezvous": {"_RendezvousState", "_NodeDesc"},
+	"vllm.distributed.device_communicators.pynccl_wrapper":    {"ncclUniqueId"}, // broadcast by PyNcclCommunicator
+}
+
+// torchDtypes are torch's dtype names, 1.13 to 2.15 (a dtype pickles as the global torch.<name>).
+var torchDtypes = []string{"bfloat16", "bit", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool",
+	"cdouble", "cfloat", "chalf", "complex128", "complex32", "complex64", "double", "float", "float16",
+	"float32", "float64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+	"float8_e8m0fnu", "float4_e2m1fn_x2", "half", "int", "int1", "int16", "int2", "int3", "int32", "int4",
+	"int5", "int6", "int64", "int7", "int8", "long", "qint32", "qint8", "quint2x4", "quint4x2", "quint8",
+	"short", "uint1", "uint16", "uint2", "uint3", "uint32", "uint4", "uint5", "uint6", "uint64", "uint7", "uint8"}
+
+// torchStorages are the typed storage and tensor classes torch.load(weights_only=True) allows.
+var torchStorages = []string{"BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage",
+	"ComplexDoubleStorage", "ComplexFloatStorage", "DoubleStorage", "FloatStorage", "HalfStorage",
+	"IntStorage", "LongStorage", "QInt32Storage", "QInt8Storage", "QUInt2x4Storage", "QUInt4x2Storage",
+	"QUInt8Storage", "ShortStorage", "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor",
+	"DoubleTensor", "FloatTensor", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor"}
+
+// torchEnums are torch's layouts, memory formats and quantization schemes.
+var torchEnums = []string{"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc",
+	"jagged", "_mkldnn", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
+	"legacy_contiguous_format", "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric",
+	"per_channel_symmetric", "per_channel_affine_float_qparams"}
+
+// bytesMakers build bytes from what is not a bytes literal (a list of ints): beside _load_from_bytes,
+// the torch.save stream it loads could hide in one, where the guard does not read it; such a value
+// is refused. _codecs.encode(str, "latin1"), how protocols 0 to 2 carry bytes, is read instead.
+var bytesMakers = map[string]bool{"builtins.bytearray": true, "builtins.bytes": true}
+
+// latin1Maker is how pickle protocols 0 to 2 carry a bytes object: _codecs.encode(str, "latin1").
+const latin1Maker = "_codecs.encode"
+
+func defaultAllow() globalAllow {
+	a := globalAllow{names: map[string]bool{}, modules: map[string]bool{}}
+	for m, names := range allowedGlobals {
+		for _, n := range names {
+			a.names[m+"."+n] = true
+		}
+	}
+	return a
+}
+
+// unsafe says why a reader may not load r, "" when it may: every global it imports is allowed (by
+// default, or by extra: a policy file's value.globals for the key) and not denied (the floor no
+// allow-list lifts), every call is a call of one of them, and nothing is left to the reader's own
+// tables (EXT, and PERSID outside a torch.save stream, inSave).
+func (p *Policy) unsafe(r *pickle.Report, extra *globalAllow, inSave bool) string {
+	for _, g := range r.Globals {
+		if g.Resolved && importable(g) && p.deny.denied(g) {
+			return "imports " + globalName(g) + ", which runs code: never allowed"
+		}
+	}
+	for _, g := range r.Globals {
+		switch {
+		case !g.Resolved:
+			return "imports a global whose name the scanner could not follow (" + g.Op + " at offset " + fmt.Sprint(g.Offset) + ")"
+		case !importable(g):
+			// No module of that name can exist: the import raises, nothing runs.
+		case p.allow.allowed(g) || extra != nil && extra.allowed(g):
+		default:
+			return "imports " + globalName(g) + ": not on the allow-list"
+		}
+	}
+	switch {
+	case r.Truncated:
+		return fmt.Sprintf("imports or calls more than %d globals: the rest unseen", p.cfg.Pickle.MaxGlobals)
+	case r.UnknownCalls > 0:
+		for _, c := range r.Calls {
+			if c.Callee < 0 {
+				return fmt.Sprintf("calls what is not an allowed global (%s at offset %d): a call's result or an unknown value", c.Op, c.Offset)
+			}
+		}
+		return "calls what is not an allowed global"
+	case errors.Is(r.Err, pickle.ErrLimit):
+		return "is past the scanner's bounds: " + r.Err.Error()
+	case r.Ext:
+		return "uses the copyreg extension registry (EXT): what it imports is the reader's"
+	case r.Persistent && !inSave:
+		return "has a persistent id (PERSID): what it loads is the reader's persistent_load"
+	}
+	return ""
+}
+
+// importable reports whether g's module is a dotted path of ASCII identifiers: what an installed
+// module is named. Any other name cannot be imported (ModuleNotFoundError), so the unpickler raises
+// there having run nothing of it; binary values read as pickles meet such names by chance.
+func importable(g pickle.Global) bool {
+	for _, part := range strings.Split(g.Module, ".") {
+		if part == "" || part[0] >= '0' && part[0] <= '9' {
+			return false
+		}
+		for i := 0; i < len(part); i++ {
+			c := part[i]
+			if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// JudgeValue judges value as a SET of key from src would be judged by the value rules (a policy
+// file's rules for the key, the rendezvous state's, the pickle rule): what `storeguard policy
+// judge` answers for a value, before any reaches a store. Write-once and the quota, which depend
+// on what the store holds, are not asked.
+func (p *Policy) JudgeValue(key, value []byte, src netip.Addr) (Finding, bool) {
+	m := Message{Src: src}
+	v := fieldView{op: protocol.OpSet, key: key, keyField: protocol.Field{Kind: protocol.FieldKey, Len: uint64(len(key))},
+		val: protocol.Field{Kind: protocol.FieldValue, Off: uint64(1 + 8 + len(key)), Len: uint64(len(value))}, vb: value}
+	var f Finding
+	broke := false
+	for i := range p.rules {
+		x, hit, decided := p.rules[i].check(&m, &v)
+		if hit && x.Mode == Enforce {
+			return x, true
+		}
+		if hit && !broke {
+			f, broke = x, true
+		}
+		if decided {
+			break
+		}
+	}
+	for _, check := range []func(*fieldView) (Finding, bool){p.checkRendezvous, p.checkPickle} {
+		if x, hit := check(&v); hit {
+			if x.Mode == Enforce {
+				return x, true
+			}
+			if !broke {
+				f, broke = x, true
+			}
+		}
+	}
+	return f, broke
+}

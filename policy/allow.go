@@ -92,7 +92,8 @@ func defaultAllow() globalAllow {
 // unsafe says why a reader may not load r, "" when it may: every global it imports is allowed (by
 // default, or by extra: a policy file's value.globals for the key) and not denied (the floor no
 // allow-list lifts), every call is a call of one of them, and nothing is left to the reader's own
-// tables (EXT, and PERSID outside a torch.save stream, inSave).
+// tables (EXT, and PERSID outside a torch.save stream, inSave). While learning, a global off the
+// allow-list is what is learned, not a finding; the rest still is.
 func (p *Policy) unsafe(r *pickle.Report, extra *globalAllow, inSave bool) string {
 	for _, g := range r.Globals {
 		if g.Resolved && importable(g) && p.deny.denied(g) {
@@ -106,6 +107,8 @@ func (p *Policy) unsafe(r *pickle.Report, extra *globalAllow, inSave bool) strin
 		case !importable(g):
 			// No module of that name can exist: the import raises, nothing runs.
 		case p.allow.allowed(g) || extra != nil && extra.allowed(g):
+		case p.cfg.Learn != nil:
+			// Learning: the allow-list is what is learned (learn.go records the globals).
 		default:
 			return "imports " + globalName(g) + ": not on the allow-list"
 		}

@@ -250,6 +250,9 @@ func (l *Learner) add(u *use) {
 	}
 }
 
+// defaultAllowed is the default pickle allow-list: what a learned value.globals need not name.
+var defaultAllowed = defaultAllow()
+
 // pickleKinds are the pickle kinds, in the order of keyUse.globals.
 var pickleKinds = [2]kindSet{kindPickle, kindBase64Pickle}
 
@@ -302,7 +305,8 @@ func firstNonSpace(a, b []byte) int {
 	return -1
 }
 
-// listable returns the globals of a complete pickle as value.globals entries, sorted and unique;
+// listable returns the globals of a complete pickle that the default allow-list does not hold, as
+// value.globals entries, sorted and unique;
 // ok is false when the pickle is not one a pickle kind accepts (incomplete, truncated) or imports
 // a global an entry cannot name exactly (unresolved, an empty module or name, a name that would
 // read as the module.* wildcard).
@@ -312,6 +316,9 @@ func listable(r pickle.Report) (names []string, ok bool) {
 	}
 	names = []string{} // not nil: a pickle with no global is still a pickle
 	for _, g := range r.Globals {
+		if defaultAllowed.allowed(g) {
+			continue
+		}
 		if !g.Resolved || g.Module == "" || g.Name == "" || g.Name == "*" ||
 			strings.HasSuffix(g.Name, ".") || strings.HasSuffix(g.Name, ".*") {
 			return nil, false
@@ -407,8 +414,7 @@ func (l *Learner) rules() []learnedRule {
 		if len(valueOps) > 0 {
 			v := &ValueRule{Kind: k.kinds.narrowest(), MaxBytes: marginBytes(k.maxBytes)}
 			if i := slices.Index([]string{KindPickle, KindBase64Pickle}, v.Kind); i >= 0 {
-				v.Globals = make([]string, 0, len(k.globals[i]))
-				for g := range k.globals[i] {
+				for g := range k.globals[i] { // what the default allow-list lacks; none: nil, as a file reads back
 					v.Globals = append(v.Globals, g)
 				}
 				slices.Sort(v.Globals)

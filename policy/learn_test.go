@@ -18,6 +18,7 @@ import (
 // protocol 0 (text that is valid UTF-8 too).
 const (
 	orderedDict4 = "80049529000000000000008c0b636f6c6c656374696f6e73948c0b4f726465726564446963749493942952948c0161944b01732e"
+	thing4       = "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)\x81." // mylib.Thing(): a framework's own class
 	fraction4    = "80049522000000000000008c096672616374696f6e73948c084672616374696f6e9493944b014b03869452942e"
 	list0        = "286c70300a49310a6149320a612e"
 )
@@ -64,14 +65,15 @@ func TestValueKinds(t *testing.T) {
 		{"JSON", `{"rank": 3, "hosts": ["a", "b"]}`, KindJSON, nil},
 		{"an address", "10.0.0.7:29500", KindUTF8, nil},
 		{"empty", "", KindUTF8, nil},
-		{"torch's rendezvous state", realState, KindBase64Pickle, []string{"datetime.datetime",
-			"torch.distributed.elastic.rendezvous.dynamic_rendezvous._NodeDesc",
-			"torch.distributed.elastic.rendezvous.dynamic_rendezvous._RendezvousState"}},
+		// The globals learned are those the default allow-list lacks: a framework's own.
+		{"torch's rendezvous state", realState, KindBase64Pickle, []string{}},
 		{"a pickled dict: a pickle importing nothing", raw(benignDict), KindPickle, []string{}},
-		{"an OrderedDict", raw(orderedDict4), KindPickle, []string{"collections.OrderedDict"}},
-		{"a datetime, protocol 2", raw(benignDT2), KindPickle, []string{"_codecs.encode", "datetime.datetime"}},
+		{"an OrderedDict", raw(orderedDict4), KindPickle, []string{}},
+		{"a datetime, protocol 2", raw(benignDT2), KindPickle, []string{}},
 		{"a list, protocol 0: UTF-8 too, pickle is narrower", raw(list0), KindPickle, []string{}},
-		{"the OrderedDict, base64", b64(orderedDict4), KindBase64Pickle, []string{"collections.OrderedDict"}},
+		{"the OrderedDict, base64", b64(orderedDict4), KindBase64Pickle, []string{}},
+		{"a framework's class", thing4, KindPickle, []string{"mylib.Thing"}},
+		{"a framework's class, base64", base64.StdEncoding.EncodeToString([]byte(thing4)), KindBase64Pickle, []string{"mylib.Thing"}},
 		{"half a pickle", raw(orderedDict4)[:20], KindAny, nil},
 		{"bytes", "\xff\xfe\x00\x01", KindAny, nil},
 	} {
@@ -171,7 +173,7 @@ func jobTraffic(t *testing.T) []protocol.Request {
 				Values: [][]byte{[]byte(`{"role": "default", "rank": 0}`)}},
 			protocol.Request{Op: protocol.OpMultiGet, Keys: [][]byte{[]byte("/torchelastic/role_info/0"), []byte("/torchelastic/role_info/1")}},
 			protocol.Request{Op: protocol.OpWait, Keys: [][]byte{[]byte(fmt.Sprintf("/broadcast/%d", rank))}},
-			protocol.Request{Op: protocol.OpSet, Key: []byte(fmt.Sprintf("/broadcast/%d", rank)), Value: raw([]string{benignDict, orderedDict4, benignDT2, list0}[rank])},
+			protocol.Request{Op: protocol.OpSet, Key: []byte(fmt.Sprintf("/broadcast/%d", rank)), Value: []byte([]string{string(raw(benignDict)), string(raw(orderedDict4)), string(raw(benignDT2)), thing4}[rank])},
 			protocol.Request{Op: protocol.OpGet, Key: []byte(fmt.Sprintf("/broadcast/%d", rank))},
 			protocol.Request{Op: protocol.OpPing},
 			protocol.Request{Op: protocol.OpGetNumKeys},
@@ -200,19 +202,17 @@ func TestLearnedPolicyPassesWhatItLearned(t *testing.T) {
 	}
 	want := map[string]Rule{
 		"/broadcast/* value": {Ops: []string{"set"}, Value: &ValueRule{Kind: KindPickle, MaxBytes: 4096,
-			Globals: []string{"_codecs.encode", "collections.OrderedDict", "datetime.datetime"}}},
+			Globals: []string{"mylib.Thing"}}},
 		"/broadcast/* allow":                                             {Ops: []string{"get", "wait"}},
 		"/torch.rendezvous.job-*.*/MASTER_PORT value":                    {Ops: []string{"set"}, Value: &ValueRule{Kind: KindInteger, MaxBytes: 4096}},
 		"/torch.rendezvous.job-*.*/MASTER_ADDR value":                    {Ops: []string{"set"}, Value: &ValueRule{Kind: KindUTF8, MaxBytes: 4096}},
 		"/torch.rendezvous.job-*.*/torchelastic/role_info/counter allow": {Ops: []string{"add"}},
-		"/torch.rendezvous.job-* value": {Ops: []string{"compare_set"}, Value: &ValueRule{Kind: KindBase64Pickle, MaxBytes: 4096,
-			Globals: []string{"datetime.datetime", "torch.distributed.elastic.rendezvous.dynamic_rendezvous._NodeDesc",
-				"torch.distributed.elastic.rendezvous.dynamic_rendezvous._RendezvousState"}}},
-		"/torch.rendezvous.job-* allow":   {Ops: []string{"get"}},
-		"/torchelastic/role_info/* value": {Ops: []string{"multi_set"}, Value: &ValueRule{Kind: KindJSON, MaxBytes: 4096}},
-		"/torchelastic/role_info/* allow": {Ops: []string{"multi_get"}},
-		" allow":                          {Ops: []string{"get_num_keys", "ping"}},
-		" deny":                           {Mode: "monitor"},
+		"/torch.rendezvous.job-* value":                                  {Ops: []string{"compare_set"}, Value: &ValueRule{Kind: KindBase64Pickle, MaxBytes: 4096}},
+		"/torch.rendezvous.job-* allow":                                  {Ops: []string{"get"}},
+		"/torchelastic/role_info/* value":                                {Ops: []string{"multi_set"}, Value: &ValueRule{Kind: KindJSON, MaxBytes: 4096}},
+		"/torchelastic/role_info/* allow":                                {Ops: []string{"multi_get"}},
+		" allow":                                                         {Ops: []string{"get_num_keys", "ping"}},
+		" deny":                                                          {Mode: "monitor"},
 	}
 	for k, w := range want {
 		got, ok := byName[k]
@@ -251,8 +251,8 @@ func TestNotLearnedIsRecorded(t *testing.T) {
 			protocol.RulePolicyDenied, Monitor, "rule not-learned: delete_key denied"},
 		{"LIST_KEYS, never done", protocol.Request{Op: protocol.OpListKeys},
 			protocol.RulePolicyDenied, Monitor, "rule not-learned: list_keys denied"},
-		{"a broadcast importing a global not learned", setReq("/broadcast/9", "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)\x81."),
-			protocol.RulePickleGlobalDenied, Enforce, "imports mylib.Thing: not on the allow-list"},
+		{"a broadcast importing a global not learned", setReq("/broadcast/9", "\x80\x04\x8c\x05mylib\x8c\x05Other\x93)\x81."),
+			protocol.RulePickleGlobalDenied, Enforce, "imports mylib.Other: not on the allow-list"},
 		{"a broadcast of os.system", setReq("/broadcast/9", string(unhex(t, evil4))),
 			protocol.RulePickleGlobalDenied, Enforce, "imports posix.system, which runs code"},
 		{"a MASTER_PORT that is not a number", setReq("/torch.rendezvous.job-7.3/MASTER_PORT", "29501; rm -rf"),

@@ -294,6 +294,8 @@ func levelName(l slog.Level) (string, bool) {
 type Policy struct {
 	RendezvousState string   `mapstructure:"rendezvous-state"`
 	PickleGlobals   string   `mapstructure:"pickle-globals"`
+	ValueSplit      string   `mapstructure:"value-split"`
+	ReplySize       string   `mapstructure:"reply-size"`
 	WriteOnce       string   `mapstructure:"write-once"`
 	DenyGlobals     []string `mapstructure:"deny-globals"`
 	File            string   `mapstructure:"file"`
@@ -359,6 +361,13 @@ func (c Config) Rules() (*policy.Policy, error) {
 	if pc.PickleGlobals, err = policy.ParseMode(c.Policy.PickleGlobals); err != nil {
 		return nil, &FieldError{Key: "policy.pickle-globals", Msg: err.Error()}
 	}
+	if pc.ValueSplit, err = policy.ParseMode(c.Policy.ValueSplit); err != nil {
+		return nil, &FieldError{Key: "policy.value-split", Msg: err.Error()}
+	}
+	if pc.ReplySize, err = policy.ParseMode(c.Policy.ReplySize); err != nil {
+		return nil, &FieldError{Key: "policy.reply-size", Msg: err.Error()}
+	}
+	pc.MaxReplyBytes = int64(c.LoosestLimits().MaxMessageBytes)
 	if pc.WriteOnce, err = policy.ParseMode(c.Policy.WriteOnce); err != nil {
 		return nil, &FieldError{Key: "policy.write-once", Msg: err.Error()}
 	}
@@ -375,7 +384,7 @@ func (c Config) Rules() (*policy.Policy, error) {
 	pc.Quota.SourceBytes, pc.Quota.TotalBytes = q.PerSourceStoreBytes, q.StoreBytes
 	pc.Quota.SourceKeys, pc.Quota.TotalKeys = q.PerSourceStoreKeys, q.StoreKeys
 	if pc.RendezvousState == policy.Off && pc.PickleGlobals == policy.Off && pc.WriteOnce == policy.Off &&
-		pc.Quota.Mode == policy.Off && len(pc.Rules) == 0 {
+		pc.ValueSplit == policy.Off && pc.ReplySize == policy.Off && pc.Quota.Mode == policy.Off && len(pc.Rules) == 0 {
 		return nil, nil
 	}
 	p, err := policy.New(pc)

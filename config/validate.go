@@ -194,8 +194,10 @@ func (c Config) validate() []error {
 
 	oneOf(&v, "policy.rendezvous-state", c.Policy.RendezvousState, "enforce", "monitor", "off")
 	oneOf(&v, "policy.pickle-globals", c.Policy.PickleGlobals, "enforce", "monitor", "off")
+	oneOf(&v, "policy.value-split", c.Policy.ValueSplit, "enforce", "monitor", "off")
+	oneOf(&v, "policy.reply-size", c.Policy.ReplySize, "enforce", "monitor", "off")
 	oneOf(&v, "policy.write-once", c.Policy.WriteOnce, "enforce", "monitor", "off")
-	if v.ok("policy.rendezvous-state", "policy.pickle-globals", "policy.write-once", "quota.mode") {
+	if v.ok("policy.rendezvous-state", "policy.pickle-globals", "policy.value-split", "policy.reply-size", "policy.write-once", "quota.mode") {
 		if _, err := c.Rules(); err != nil {
 			v.errs = append(v.errs, err)
 		}

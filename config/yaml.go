@@ -189,6 +189,8 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"ban.serving-burst":                 num(int64(c.Ban.ServingBurst)),
 		"policy.rendezvous-state":           str(c.Policy.RendezvousState),
 		"policy.pickle-globals":             str(c.Policy.PickleGlobals),
+		"policy.value-split":                str(c.Policy.ValueSplit),
+		"policy.reply-size":                 str(c.Policy.ReplySize),
 		"policy.write-once":                 str(c.Policy.WriteOnce),
 		"policy.deny-globals":               list(strs(c.Policy.DenyGlobals)),
 		"policy.file":                       str(c.Policy.File),

@@ -12,6 +12,7 @@ package guard
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/storeguard/storeguard/policy"
@@ -109,13 +110,18 @@ type Stream struct {
 	own    []byte     // the message in progress, kept for the policy when no holder does
 	ruled  bool       // a policy rule ended the stream
 	warns  []Warning
+	seq    uint64 // the stream's number (streamSeq)
 }
 
 // Reset readies s for a new stream begun at start, decoded as dc, under pol.
 func (s *Stream) Reset(dc protocol.Config, pol *Policy, start time.Time) {
-	*s = Stream{pol: pol, start: start}
+	*s = Stream{pol: pol, start: start, seq: streamSeq.Add(1)}
 	s.dec.Reset(dc)
 }
+
+// streamSeq numbers streams for the policy (policy.Message.Stream): the messages of one stream
+// reach the store in the order it judged them.
+var streamSeq atomic.Uint64
 
 // From tells s the address of the client whose stream it judges, for the policy's rules by source.
 func (s *Stream) From(src netip.Addr) { s.src = src }
@@ -227,7 +233,7 @@ func (s *Stream) judge(msg *protocol.Message, p []byte, end int, base uint64) *p
 		}
 		b.A, b.B = held, p[:end]
 	}
-	f, broke := s.pol.Rules.Check(policy.Message{Msg: msg, Bytes: b, Src: s.src, Identity: s.id}, func(f policy.Finding) {
+	f, broke := s.pol.Rules.Check(policy.Message{Msg: msg, Bytes: b, Src: s.src, Identity: s.id, Stream: s.seq}, func(f policy.Finding) {
 		s.warn(msg, b, f)
 	})
 	if !broke {

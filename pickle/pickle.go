@@ -112,10 +112,13 @@ func (e Encoding) String() string {
 
 // Report is what one scan found.
 type Report struct {
-	Encoding  Encoding
-	Protocol  int      // argument of the last PROTO opcode read (the unpickler's protocol), 0 without one
-	Complete  bool     // the scan reached STOP, and Python would return a value
-	Err       error    // why it stopped before STOP: errors.Is ErrMalformed or ErrLimit; a *Error
+	Encoding Encoding
+	Protocol int   // argument of the last PROTO opcode read (the unpickler's protocol), 0 without one
+	Complete bool  // the scan reached STOP, and Python would return a value
+	Err      error // why it stopped before STOP: errors.Is ErrMalformed or ErrLimit; a *Error
+	// RanOut: the scan stopped because the input ended inside the pickle (Python's "ran out of
+	// input", "pickle data was truncated"): more bytes after these could have gone on with it.
+	RanOut    bool
 	Globals   []Global // in the order the unpickler would import them, including those before an error
 	Calls     []Call
 	Truncated bool // more than MaxGlobals globals or calls: the rest were not recorded
@@ -209,4 +212,23 @@ func ScanBase64(a, b []byte, lim Limits) (r Report, ok bool) {
 		return Report{}, false
 	}
 	return s.r, true
+}
+
+// Extendable reports whether bytes written after a+b (a TCPStore APPEND) could change what loading
+// the value does. Read raw, the pickle ran out of input; read as base64 (Python's b64decode), no
+// padding ends the text and either a quantum is under way (b64decode raises now, and may not
+// then) or the decoded pickle ran out of input. Otherwise loading stops where it does now whatever
+// follows: at STOP (pickle.loads ignores what comes after it), at a malformed byte, or at the
+// padding (b64decode ignores what comes after it).
+func Extendable(a, b []byte, lim Limits) bool {
+	if r := Scan(a, b, lim); r.RanOut {
+		return true
+	}
+	s := getScanner(lim)
+	defer putScanner(s)
+	s.src.initBase64(a, b)
+	s.run()
+	d := &s.src.dec
+	d.finish()
+	return !d.done && (d.quad != 0 || s.r.RanOut)
 }

@@ -557,6 +557,7 @@ func (s *scanner) rollback() {
 	s.r.UnknownCalls = p.unknownCalls
 	s.r.Complete = false
 	s.r.Err = &Error{Kind: ErrMalformed, Op: opFRAME, Offset: p.at, Reason: faultText[fTruncated]}
+	s.r.RanOut = true
 	s.src.rewindTo(p.at + 9)
 }
 
@@ -579,6 +580,7 @@ func (s *scanner) stop(op byte, at int, f fault) {
 		kind = ErrLimit
 	}
 	s.r.Err = &Error{Kind: kind, Op: op, Offset: at, Reason: faultText[f]}
+	s.r.RanOut = f == fEOF || f == fTruncated
 	s.settleFrame()
 	s.finish()
 }

@@ -60,6 +60,12 @@ type Config struct {
 	// PickleGlobals: values on any key that are pickles importing or calling what the allow-list does
 	// not hold (allow.go), or what the deny list names (globals.go).
 	PickleGlobals Mode
+	// ValueSplit: values made of APPENDs, judged whole as the reader loads them (append.go).
+	ValueSplit Mode
+	// ReplySize: reads whose reply the guard can tell is too large (reply.go), with MaxReplyBytes
+	// the largest reply the values the quota's account knows may add up to (0: no bound).
+	ReplySize     Mode
+	MaxReplyBytes int64
 	// WriteOnce: the keys torch writes once per rendezvous round (writeonce.go) are not written
 	// again nor deleted; it needs WithStore.
 	WriteOnce Mode
@@ -78,7 +84,8 @@ type Config struct {
 
 // Defaults is the configuration the product ships: both default rules enforced.
 func Defaults() Config {
-	return Config{RendezvousState: Enforce, PickleGlobals: Enforce, WriteOnce: Enforce, Pickle: Limits()}
+	return Config{RendezvousState: Enforce, PickleGlobals: Enforce, ValueSplit: Enforce, ReplySize: Enforce, WriteOnce: Enforce,
+		Pickle: Limits()}
 }
 
 // Limits are the pickle scanner's bounds for the policy: every opcode of the largest value a store
@@ -102,6 +109,8 @@ type Policy struct {
 	quota     *Quota
 	count     Count
 	jobStores *JobStores
+	appends   *Appends
+	value     Value
 }
 
 // New compiles c. Its errors name the rule and what is wrong.
@@ -149,7 +158,9 @@ func (p *Policy) Wants(op protocol.Op) bool {
 	switch op {
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpAppend, protocol.OpMultiSet, protocol.OpQueuePush:
 		return true
-	case protocol.OpGet, protocol.OpMultiGet, protocol.OpCheck, protocol.OpWait:
+	case protocol.OpMultiGet:
+		return p.cfg.ReplySize != Off || p.jobStores != nil && p.jobStores.Asked != nil
+	case protocol.OpGet, protocol.OpCheck, protocol.OpWait:
 		return p.jobStores != nil && p.jobStores.Asked != nil // reads of a round's MASTER_PORT (jobstore.go)
 	case protocol.OpAdd, protocol.OpDeleteKey, protocol.OpQueuePop:
 		return p.written != nil && len(p.writeOnce) > 0 || p.quotaOn()
@@ -183,6 +194,9 @@ type Message struct {
 	// plaintext connection. Rules may name it (Rule.Identities); the store quota and write-once
 	// marks stay keyed by Src.
 	Identity string
+	// Stream numbers the client's stream: its messages reach the store in the order they are
+	// judged (append.go); 0 when not known.
+	Stream uint64
 }
 
 // Finding is a rule a message broke.
@@ -206,6 +220,8 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	var chArr [4]change
 	changes := chArr[:0]   // what the message does to the quota's account
 	var jobs []jobStoreKey // what it does with the rounds' MASTER_ADDR and MASTER_PORT
+	var splits []splitMark // the keys it writes whole or appends to (append.go)
+	var replies replyCheck // the keys it reads (reply.go)
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
 	report := func(x Finding) bool {
 		if x.Mode == Monitor {
@@ -235,6 +251,12 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		if x, hit := p.checkPickle(&fld); hit && report(x) {
 			return false
 		}
+		if x, hit := p.checkSplit(&m, &fld, &splits); hit && report(x) {
+			return false
+		}
+		if x, hit := p.checkReply(&fld, &replies); hit && report(x) {
+			return false
+		}
 		for i := range p.writeOnce {
 			if x, hit := p.checkWriteOnce(&p.writeOnce[i], &fld, &marks); hit && report(x) {
 				return false
@@ -259,6 +281,9 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		}
 		if len(jobs) > 0 {
 			p.jobStores.tell(jobs, m)
+		}
+		if len(splits) > 0 {
+			p.appends.note(splits)
 		}
 	}
 	if p.cfg.Learn != nil {

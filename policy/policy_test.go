@@ -280,9 +280,9 @@ func BenchmarkCheck(b *testing.B) {
 // framework's own classes to the default allow-list for that key only; it cannot lift the deny
 // list's floor, nor allow a call of what is not a global.
 func TestFileAllowListWidensTheDefaultForItsKeys(t *testing.T) {
-	thing := "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)\x81." // mylib.Thing(), a framework's class
+	thing := "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)\x81."     // mylib.Thing(), a framework's class
 	getattr := "\x80\x04\x8c\x08builtins\x8c\x07getattr\x93."   // builtins.getattr, as a value
-	callOnCall := "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)R)R."  // mylib.Thing()()
+	callOnCall := "\x80\x04\x8c\x05mylib\x8c\x05Thing\x93)R)R." // mylib.Thing()()
 	c := Defaults()
 	c.Rules = []Rule{{Name: "fw", Keys: []string{"fw/*"}, Action: "value",
 		Value: &ValueRule{Kind: KindPickle, Globals: []string{"mylib.Thing", "builtins.getattr"}}}}

@@ -84,12 +84,17 @@ type Store struct {
 	Count   Count    // asks the store how many keys it holds, when the quota refuses; nil: never
 	// JobStores is told where each rendezvous round sends its ranks (jobstore.go); nil: nobody asks
 	JobStores *JobStores
+	// Appends remembers the keys written whole and appended to (append.go); nil: APPEND unjudged
+	Appends *Appends
+	// Value asks the store for a key's value, to judge an APPEND with it; nil: no store to ask (replay)
+	Value Value
 }
 
 // WithStore returns a copy of p that keeps what it learns of the store in s.
 func (p *Policy) WithStore(s Store) *Policy {
 	q := *p
 	q.written, q.lookup, q.quota, q.count, q.jobStores = s.Written, s.Lookup, s.Quota, s.Count, s.JobStores
+	q.appends, q.value = s.Appends, s.Value
 	return &q
 }
 

@@ -94,6 +94,13 @@ const (
 	RulePolicyDenied Rule = "policy_denied"
 	// RuleValueInvalid: a value that is not of the kind a policy rule asks for.
 	RuleValueInvalid Rule = "value_invalid"
+	// RuleValueSplit: a value made of pieces (APPEND) that a reader would load as a pickle no single
+	// write of it could carry: an APPEND that leaves a value more bytes could still turn into a
+	// pickle, to a key written whole through the guard, or a whole write racing an APPEND (a policy rule).
+	RuleValueSplit Rule = "value_split"
+	// RuleReplyTooLarge: a read whose reply the guard can tell would exceed what a client may hold
+	// (a MULTI_GET naming a key more than once; the sizes the quota's account knows) (a policy rule).
+	RuleReplyTooLarge Rule = "reply_too_large"
 	// RuleStoreQuota: a write that would make the store hold more for its source, or for everyone,
 	// than quota.* allows (valid SETs that fill the store's host).
 	RuleStoreQuota Rule = "store_quota_exceeded"
@@ -116,14 +123,14 @@ func Rules() []Rule {
 		RulePingBeforeValidate, RuleOpNotInBackend, RuleWatchKeyBlocked, RuleZeroCount,
 		RuleMessageTimeout, RuleFirstMessageTimeout, RuleValidateToLegacyStore, RuleRepliesUnread,
 		RuleTruncatedMessage, RulePickleGlobalDenied, RuleRendezvousStateInvalid, RuleKeyWriteOnce,
-		RulePolicyDenied, RuleValueInvalid, RuleStoreQuota}
+		RulePolicyDenied, RuleValueInvalid, RuleStoreQuota, RuleValueSplit, RuleReplyTooLarge}
 }
 
 // IsPolicyRule reports whether r is one of the policy stage's rules: broken by a well-formed message.
 func IsPolicyRule(r Rule) bool {
 	switch r {
 	case RulePickleGlobalDenied, RuleRendezvousStateInvalid, RuleKeyWriteOnce, RulePolicyDenied, RuleValueInvalid,
-		RuleStoreQuota:
+		RuleStoreQuota, RuleValueSplit, RuleReplyTooLarge:
 		return true
 	}
 	return false

@@ -86,6 +86,10 @@ func newSettings(c config.Config, onMessage func(*protocol.Message), store polic
 // writtenKeys bounds the write-once keys remembered: about 4 + 2 × agents per rendezvous round.
 const writtenKeys = 1 << 16
 
+// appendedKeys bounds the keys remembered as written whole, and as appended to (policy.Appends):
+// 8 bytes and a map entry each, about 3 MiB in all.
+const appendedKeys = 1 << 16
+
 var refuseReasons = []admission.Reason{admission.Denied, admission.NotAllowed, admission.Banned, admission.BanThrottled,
 	admission.MaxConnections, admission.PrefixConnections, admission.SourceConnections, admission.SourceRate,
 	admission.SourceTable, refuseDraining}
@@ -175,6 +179,7 @@ type policyState struct {
 	written   *policy.Written
 	quota     *policy.Quota
 	jobStores *policy.JobStores
+	appends   *policy.Appends
 }
 
 // rateLogs are the log lines a flood could otherwise fill: each at most once a second.
@@ -214,6 +219,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	}
 	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
 	s.learned.written, s.learned.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
+	s.learned.appends = policy.NewAppends(appendedKeys)
 	s.learned.jobStores = policy.NewJobStores(jobStoreRounds, s.jobStore)
 	s.learned.jobStores.Asked = s.askJobStore
 	s.jobAsks = make(chan jobAsk, jobAsksQueued)
@@ -571,7 +577,7 @@ func (s *Server) reload(cfg config.Config) error {
 // policyStore is what the policy of every configuration shares about the store.
 func (s *Server) policyStore() policy.Store {
 	return policy.Store{Written: s.learned.written, Lookup: s.store.Exists, Quota: s.learned.quota, Count: s.store.Count,
-		JobStores: s.learned.jobStores}
+		JobStores: s.learned.jobStores, Appends: s.learned.appends, Value: s.store.Value}
 }
 
 // jobStoreRounds bounds the rendezvous rounds remembered (policy.JobStores); jobAsksQueued the
@@ -690,6 +696,7 @@ func portOf(hostport string) uint16 {
 func (s *Server) storeGone() {
 	s.learned.written.Reset()
 	s.learned.quota.Reset()
+	s.learned.appends.Reset()
 }
 
 // sweepLoop lets the gate forget idle sources and ended bans every 5 s until ctx ends.

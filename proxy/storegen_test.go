@@ -52,7 +52,8 @@ func testAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T, m mode) {
 	h := autoGuard(t, m, addr)
 	c := h.dial()
 	ops := enc(t, protocol.G1, protocol.Request{Op: protocol.OpAppend, Key: []byte("k"), Value: []byte("ab")},
-		protocol.Request{Op: protocol.OpMultiGet, Keys: [][]byte{[]byte("k"), []byte("k")}})
+		protocol.Request{Op: protocol.OpAppend, Key: []byte("j"), Value: []byte("ab")},
+		protocol.Request{Op: protocol.OpMultiGet, Keys: [][]byte{[]byte("k"), []byte("j")}})
 	c.Write(ops)
 	time.Sleep(300 * time.Millisecond)
 	if _, ok := h.srv.Store(); ok {

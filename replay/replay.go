@@ -192,7 +192,7 @@ func New(cfg config.Config, opts Options) (*Replayer, error) {
 		// the quota counts what the capture wrote from its start, and a round's store is known when
 		// the capture wrote its MASTER_PORT.
 		r.pol.Rules = rules.WithStore(policy.Store{Written: policy.NewWritten(1 << 16), Quota: policy.NewQuota(),
-			JobStores: policy.NewJobStores(1<<10, r.jobStore)})
+			JobStores: policy.NewJobStores(1<<10, r.jobStore), Appends: policy.NewAppends(1 << 16)})
 	}
 	ports := opts.Ports
 	if len(ports) == 0 {

@@ -1,0 +1,244 @@
+package policy
+
+import (
+	"fmt"
+	"hash/maphash"
+	"sync"
+
+	"github.com/storeguard/storeguard/pickle"
+	"github.com/storeguard/storeguard/protocol"
+)
+
+// A reader loads a key's whole value; APPEND makes it of pieces, each harmless alone (the
+// os.system pickle as b"co", then the rest). Torch and the frameworks measured never APPEND
+// (interop/results/policy-facts.md: SET, COMPARE_SET, MULTI_SET, ADD only); the TCPStore API has it
+// all the same. So an APPEND is judged as the value it leaves: the store's value (asked on the
+// guard's own connection), the bytes of APPENDs the guard passed that the store does not show yet,
+// and the appended bytes, together; and the appended bytes alone (the key may be deleted before
+// they land). Each must pass the pickle rule.
+//
+// What the store's value cannot show is a write on its way. The messages of one stream reach the
+// store in order, so the bytes its own earlier APPENDs add are put in (Message.Stream). An APPEND
+// of another stream still on its way (the store's value is shorter than the APPENDs passed make
+// it) may land before or after this one: both are let through only when each leaves a settled
+// value, one that no bytes appended later change (pickle.Extendable), so that whichever lands first
+// decides, and was judged. A write of the whole value (SET, COMPARE_SET, MULTI_SET) cannot be seen
+// on its way either: an APPEND to a key written whole through the guard is refused, and so is a
+// whole write of an unsettled value to a key appended to through the guard (value_split).
+
+// appendValueLimit bounds the store's value the guard reads to judge an APPEND, and the bytes of
+// APPENDs on their way it keeps for a key: past it the APPEND is refused.
+const appendValueLimit = 16 << 20
+
+// Value asks the store for key's value, as the wire has it, if key exists and the value is at most
+// limit bytes long (storeinfo.Learner.Value).
+type Value func(key []byte, limit int) (value []byte, exists bool, err error)
+
+// Appends remembers the keys written whole and the keys appended to through the guard, with the
+// APPENDs on their way: one for a server, shared by its streams and kept across reloads; bounded,
+// the oldest key forgotten first.
+type Appends struct {
+	mu       sync.Mutex
+	seed     maphash.Seed
+	written  hashRing
+	appended hashRing
+	state    map[uint64]*appendState // by key hash, for the keys in appended
+	kept     int                     // bytes of pending kept, in all states
+}
+
+// Bounds on the bytes of APPENDs on their way that Appends keeps: a key's past pendingKept, or
+// all keys' past pendingTotal, are not kept (appendState.lost), and the stream's next APPEND to the
+// key before the store shows them is refused.
+const (
+	pendingKept  = 64 << 10
+	pendingTotal = 16 << 20
+)
+
+// appendState is what the guard passed to a key by APPEND that the store may not show yet.
+type appendState struct {
+	stream  uint64 // the stream of the last APPEND passed
+	base    int    // the value's length when that stream's first APPEND still on its way was judged
+	pending []byte // what that stream appended since base (nil when lost)
+	n       int    // how many bytes that is
+	lost    bool   // pending was not kept: past pendingKept or pendingTotal
+	settled bool   // the value the last APPEND leaves is settled
+}
+
+func (st *appendState) end() int { return st.base + st.n }
+
+// NewAppends remembers at most n keys of each kind.
+func NewAppends(n int) *Appends {
+	return &Appends{seed: maphash.MakeSeed(), written: newHashRing(n), appended: newHashRing(n),
+		state: map[uint64]*appendState{}}
+}
+
+// Reset forgets every key: the store behind the guard is another.
+func (a *Appends) Reset() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.written.reset()
+	a.appended.reset()
+	clear(a.state)
+	a.kept = 0
+}
+
+// splitMark is what a message that passes tells Appends.
+type splitMark struct {
+	h     uint64
+	whole bool        // a write of the whole value, else an APPEND
+	st    appendState // an APPEND: the key's state once it passed
+}
+
+// checkSplit applies the rule to one field of a message; marks collects what it tells Appends if
+// the message passes.
+func (p *Policy) checkSplit(m *Message, v *fieldView, marks *[]splitMark) (Finding, bool) {
+	if p.appends == nil || p.cfg.ValueSplit == Off || v.key == nil || !v.hasValue() {
+		return Finding{}, false
+	}
+	a := p.appends
+	h := maphash.Bytes(a.seed, v.key)
+	fail := func(rule protocol.Rule, detail string) (Finding, bool) {
+		return Finding{Rule: rule, Field: v.val, Key: protocol.ShowKey(v.key), Detail: detail, Mode: p.cfg.ValueSplit}, true
+	}
+	switch v.op {
+	case protocol.OpSet, protocol.OpCompareSet, protocol.OpMultiSet:
+		a.mu.Lock()
+		appended := a.appended.has(h)
+		a.mu.Unlock()
+		if appended && pickle.Extendable(v.va, v.vb, p.cfg.Pickle) {
+			return fail(protocol.RuleValueSplit, v.op.String()+" of a value that an APPEND could still make a pickle, to a key appended to through the guard")
+		}
+		*marks = append(*marks, splitMark{h: h, whole: true})
+		return Finding{}, false
+	case protocol.OpAppend:
+	default:
+		return Finding{}, false
+	}
+	a.mu.Lock()
+	written := a.written.has(h)
+	var st appendState
+	if s := a.state[h]; s != nil {
+		st = *s
+	}
+	a.mu.Unlock()
+	if written {
+		return fail(protocol.RuleValueSplit, "append to a key written whole through the guard: the reader loads both as one value")
+	}
+	var stored []byte
+	if p.value != nil {
+		var err error
+		if stored, _, err = p.value(v.key, appendValueLimit); err != nil {
+			return fail(protocol.RuleValueSplit, "append to a key whose value the store did not tell: "+err.Error())
+		}
+	}
+	prefix, mustSettle := stored, false
+	if n := len(stored); st.stream != 0 && n < st.end() {
+		switch {
+		case st.stream == m.Stream && n >= st.base && !st.lost: // its own APPENDs, on their way in order
+			prefix = append(stored[:n:n], st.pending[n-st.base:]...)
+		case st.stream == m.Stream && n >= st.base:
+			return fail(protocol.RuleValueSplit, fmt.Sprintf("append while the connection's earlier appends to the key, more than %d bytes, are on their way", pendingKept))
+		case st.stream != m.Stream && st.settled: // another's, settled: whichever lands first decides
+			mustSettle = true
+		case st.stream != m.Stream:
+			return fail(protocol.RuleValueSplit, "append while another connection's append to the key, which leaves it unsettled, is on its way")
+		default:
+			return fail(protocol.RuleValueSplit, "append to a key whose value shrank while an append to it was on its way")
+		}
+	}
+	if len(prefix)+len(v.va)+len(v.vb) > appendValueLimit {
+		return fail(protocol.RuleValueSplit, fmt.Sprintf("append that leaves a value of more than %d bytes, which the guard does not judge", appendValueLimit))
+	}
+	whole := append(append(prefix[:len(prefix):len(prefix)], v.va...), v.vb...)
+	for _, c := range []struct {
+		what  string
+		value []byte
+	}{{"the value it leaves", whole}, {"the appended bytes alone", whole[len(prefix):]}} {
+		if why := p.pickleUnsafe(c.value, nil, v.pickleAllow); why != "" {
+			return fail(protocol.RulePickleGlobalDenied, "append: "+c.what+": "+why)
+		}
+	}
+	settled := !pickle.Extendable(whole, nil, p.cfg.Pickle)
+	if mustSettle && !settled {
+		return fail(protocol.RuleValueSplit, "append that leaves an unsettled value while another connection's append to the key is on its way")
+	}
+	next := appendState{stream: m.Stream, base: len(stored), settled: settled}
+	if st.stream == m.Stream && len(stored) < st.end() {
+		next.base = st.base
+	}
+	next.pending = whole[next.base:]
+	next.n = len(next.pending)
+	*marks = append(*marks, splitMark{h: h, st: next})
+	return Finding{}, false
+}
+
+// note records what a message that passed did.
+func (a *Appends) note(marks []splitMark) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range marks {
+		if m.whole {
+			a.written.put(m.h)
+			continue
+		}
+		if evicted, ok := a.appended.put(m.h); ok {
+			a.forget(evicted)
+		}
+		a.forget(m.h)
+		st := m.st
+		if st.n > pendingKept || a.kept+st.n > pendingTotal {
+			st.pending, st.lost = nil, true
+		} else {
+			st.pending = append([]byte(nil), st.pending...) // the message's bytes are not the policy's to keep
+			a.kept += st.n
+		}
+		a.state[m.h] = &st
+	}
+}
+
+// forget drops h's state; a.mu is held.
+func (a *Appends) forget(h uint64) {
+	if st := a.state[h]; st != nil {
+		a.kept -= len(st.pending)
+		delete(a.state, h)
+	}
+}
+
+// hashRing is a set of at most n hashes, forgetting the oldest first. Not safe for concurrent use.
+type hashRing struct {
+	m    map[uint64]struct{}
+	ring []uint64
+	used int
+	next int
+}
+
+func newHashRing(n int) hashRing {
+	return hashRing{m: make(map[uint64]struct{}), ring: make([]uint64, max(n, 1))}
+}
+
+func (r *hashRing) has(h uint64) bool {
+	_, ok := r.m[h]
+	return ok
+}
+
+// put adds h; evicted is the hash it forgot to make room, if any.
+func (r *hashRing) put(h uint64) (evicted uint64, ok bool) {
+	if _, in := r.m[h]; in {
+		return 0, false
+	}
+	if r.used == len(r.ring) {
+		evicted, ok = r.ring[r.next], true
+		delete(r.m, evicted)
+	} else {
+		r.used++
+	}
+	r.ring[r.next] = h
+	r.next = (r.next + 1) % len(r.ring)
+	r.m[h] = struct{}{}
+	return evicted, ok
+}
+
+func (r *hashRing) reset() {
+	clear(r.m)
+	r.used, r.next = 0, 0
+}

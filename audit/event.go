@@ -138,6 +138,11 @@ type Event struct {
 	Replies    *uint64           `json:"storeguard.replies,omitempty"`   // replies the store completed
 	Ops        map[string]uint64 `json:"storeguard.ops,omitempty"`       // client messages by op
 	StoreBytes *uint64           `json:"storeguard.store_bytes,omitempty"`
+	// What of it a reader may unpickle: values written that were complete pickles (raw, base64)
+	// and passed the policy, and the first keys they went to.
+	Pickles       uint64   `json:"storeguard.pickles,omitempty"`
+	Base64Pickles uint64   `json:"storeguard.base64_pickles,omitempty"`
+	PickleKeys    []string `json:"storeguard.pickle_keys,omitempty"`
 
 	// Scan notices (ActionScan).
 	ScanConnections *uint64           `json:"storeguard.scan.connections,omitempty"`

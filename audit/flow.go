@@ -53,6 +53,9 @@ type Flow struct {
 	First []byte
 	// TLS: the connection's mutual TLS (NewTLS), shared with its events; nil without.
 	TLS *TLS
+	// Pickles: the values written that were complete pickles and passed (policy.PickleWrites).
+	Pickles, Base64Pickles uint64
+	PickleKeys             []string
 }
 
 // Closed-by values.
@@ -72,7 +75,7 @@ func (f *Flow) Event() Event {
 		Start: f.Start, Duration: new(int64(f.End.Sub(f.Start))),
 		SourceBytes: new(f.FromClient), DestBytes: new(f.FromStore), NetBytes: new(f.FromClient + f.FromStore),
 		StoreBytes: new(f.ToStore), Messages: new(f.Messages), Replies: new(f.Replies),
-		TLS: f.TLS,
+		TLS: f.TLS, Pickles: f.Pickles, Base64Pickles: f.Base64Pickles, PickleKeys: f.PickleKeys,
 	}
 	if f.Verdict != VerdictOpen {
 		e.End = f.End

@@ -111,6 +111,8 @@ type Stream struct {
 	ruled  bool       // a policy rule ended the stream
 	warns  []Warning
 	seq    uint64 // the stream's number (streamSeq)
+	// pickles: the complete pickles the stream wrote that passed, for its flow record
+	pickles policy.PickleWrites
 }
 
 // Reset readies s for a new stream begun at start, decoded as dc, under pol.
@@ -233,7 +235,8 @@ func (s *Stream) judge(msg *protocol.Message, p []byte, end int, base uint64) *p
 		}
 		b.A, b.B = held, p[:end]
 	}
-	f, broke := s.pol.Rules.Check(policy.Message{Msg: msg, Bytes: b, Src: s.src, Identity: s.id, Stream: s.seq}, func(f policy.Finding) {
+	f, broke := s.pol.Rules.Check(policy.Message{Msg: msg, Bytes: b, Src: s.src, Identity: s.id, Stream: s.seq,
+		Pickles: &s.pickles}, func(f policy.Finding) {
 		s.warn(msg, b, f)
 	})
 	if !broke {
@@ -360,3 +363,7 @@ func (s *Stream) Talked() bool { return s.talked }
 
 // Counts returns the complete messages by protocol.Op.
 func (s *Stream) Counts() *[32]uint64 { return &s.counts }
+
+// Pickles is what the stream wrote that is a complete pickle and passed; like Counts, read by the
+// stream's reader, or once it has ended.
+func (s *Stream) Pickles() *policy.PickleWrites { return &s.pickles }

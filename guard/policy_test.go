@@ -80,7 +80,7 @@ func TestPolicyJudgesWholeMessagesBeforeTheyAreSent(t *testing.T) {
 					}
 					continue
 				}
-				if v == nil || v.Rule != protocol.RulePickleGlobalDenied || v.Key != "/vllm/obj" || v.Detail != "pickle imports posix.system" {
+				if v == nil || v.Rule != protocol.RulePickleGlobalDenied || v.Key != "/vllm/obj" || v.Detail != "pickle imports posix.system, which runs code: never allowed" {
 					t.Fatalf("own %v, pieces of %d: violation %+v", own, n, v)
 				}
 				if want := len(good) + len(get); !bytes.Equal(sent, stream[:want]) {

@@ -154,7 +154,7 @@ func (p *Policy) checkSplit(m *Message, v *fieldView, marks *[]splitMark) (Findi
 		what  string
 		value []byte
 	}{{"the value it leaves", whole}, {"the appended bytes alone", whole[len(prefix):]}} {
-		if why := p.pickleUnsafe(c.value, nil, v.pickleAllow); why != "" {
+		if why, _ := p.pickleUnsafe(c.value, nil, v.pickleAllow); why != "" {
 			return fail(protocol.RulePickleGlobalDenied, "append: "+c.what+": "+why)
 		}
 	}

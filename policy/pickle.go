@@ -13,44 +13,69 @@ import (
 // reader may load it, a pickle may import and call only what the allow-list holds (allow.go), and
 // never what the deny list names. A global imported before a malformed byte counts: the unpickler
 // imports (and calls) as it reads, and raises only when it reaches the bad byte.
-func (p *Policy) checkPickle(v *fieldView) (Finding, bool) {
+func (p *Policy) checkPickle(v *fieldView, kinds *[]pickleWrite) (Finding, bool) {
 	if p.cfg.PickleGlobals == Off || !v.hasValue() || v.val.Len == 0 || v.pickleJudged {
 		return Finding{}, false
 	}
-	if why := p.pickleUnsafe(v.va, v.vb, v.pickleAllow); why != "" {
+	why, kind := p.pickleUnsafe(v.va, v.vb, v.pickleAllow)
+	if why != "" {
 		return p.refuse(v, why)
+	}
+	if kind != 0 {
+		*kinds = append(*kinds, pickleWrite{key: v.key, kind: kind})
 	}
 	return Finding{}, false
 }
 
-// pickleUnsafe says why a reader may not load a+b as a pickle, raw or base64, "" when it may.
-func (p *Policy) pickleUnsafe(a, b []byte, extra *globalAllow) string {
+// PickleKind says how a value is a complete pickle: raw, as base64, both, or neither (0).
+type PickleKind uint8
+
+const (
+	PickleRaw PickleKind = 1 << iota
+	PickleBase64
+)
+
+// pickleWrite is a value written that is a complete pickle, which passed.
+type pickleWrite struct {
+	key  []byte // valid while the message is
+	kind PickleKind
+}
+
+// pickleUnsafe says why a reader may not load a+b as a pickle, raw or base64, "" when it may, and
+// how the value is a complete pickle.
+func (p *Policy) pickleUnsafe(a, b []byte, extra *globalAllow) (why string, kind PickleKind) {
 	r := pickle.Scan(a, b, p.cfg.Pickle)
 	if why := p.unsafe(&r, extra, false); why != "" {
-		return "pickle " + why
+		return "pickle " + why, 0
 	}
 	if why := p.loadedBytes(&r, protocol.Split{A: a, B: b}, extra); why != "" {
-		return "pickle " + why
+		return "pickle " + why, 0
+	}
+	if r.Complete {
+		kind |= PickleRaw
 	}
 	r, ok := pickle.ScanBase64(a, b, p.cfg.Pickle)
 	if !ok {
-		return ""
+		return "", kind
 	}
 	if why := p.unsafe(&r, extra, false); why != "" {
-		return "base64 pickle " + why
+		return "base64 pickle " + why, 0
+	}
+	if r.Complete {
+		kind |= PickleBase64
 	}
 	if loadsBytes(&r) {
 		// Its literals lie in the decoded bytes: decode it whole (a tensor broadcast as base64:
 		// rare, and the value is within the limits) and read them there.
 		raw, ok := pickle.DecodeBase64(a, b)
 		if !ok {
-			return "base64 pickle loads bytes with " + bytesLoader + " and does not decode"
+			return "base64 pickle loads bytes with " + bytesLoader + " and does not decode", 0
 		}
 		if why := p.loadedBytes(&r, protocol.Split{B: raw}, extra); why != "" {
-			return "base64 pickle " + why
+			return "base64 pickle " + why, 0
 		}
 	}
-	return ""
+	return "", kind
 }
 
 // bytesLoader is how torch pickles a tensor's storage: torch.storage._load_from_bytes(b) runs

@@ -197,6 +197,38 @@ type Message struct {
 	// Stream numbers the client's stream: its messages reach the store in the order they are
 	// judged (append.go); 0 when not known.
 	Stream uint64
+	// Pickles, if set, is told each value the message writes that is a complete pickle, raw or
+	// base64, when the message passes: what a flow record says reached the store.
+	Pickles *PickleWrites
+}
+
+// PickleWrites counts a stream's values written that were complete pickles and passed, with the
+// first keys they went to: the evidence of what a reader may load, for the flow record.
+type PickleWrites struct {
+	Raw, Base64 uint64   // values that are pickles raw, and as base64 (a value may be both)
+	Keys        []string // the first MaxPickleKeys distinct keys, as protocol.ShowKey shows them
+}
+
+// MaxPickleKeys bounds PickleWrites.Keys.
+const MaxPickleKeys = 4
+
+func (w *PickleWrites) add(pw pickleWrite) {
+	if pw.kind&PickleRaw != 0 {
+		w.Raw++
+	}
+	if pw.kind&PickleBase64 != 0 {
+		w.Base64++
+	}
+	if len(w.Keys) >= MaxPickleKeys {
+		return
+	}
+	k := protocol.ShowKey(pw.key)
+	for _, have := range w.Keys {
+		if have == k {
+			return
+		}
+	}
+	w.Keys = append(w.Keys, k)
 }
 
 // Finding is a rule a message broke.
@@ -222,6 +254,7 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	var jobs []jobStoreKey // what it does with the rounds' MASTER_ADDR and MASTER_PORT
 	var splits []splitMark // the keys it writes whole or appends to (append.go)
 	var replies replyCheck // the keys it reads (reply.go)
+	var pickles []pickleWrite
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
 	report := func(x Finding) bool {
 		if x.Mode == Monitor {
@@ -248,8 +281,11 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		if x, hit := p.checkRendezvous(&fld); hit && report(x) {
 			return false
 		}
-		if x, hit := p.checkPickle(&fld); hit && report(x) {
+		if x, hit := p.checkPickle(&fld, &pickles); hit && report(x) {
 			return false
+		}
+		if fld.statePickle {
+			pickles = append(pickles, pickleWrite{key: fld.key, kind: PickleBase64})
 		}
 		if x, hit := p.checkSplit(&m, &fld, &splits); hit && report(x) {
 			return false
@@ -284,6 +320,11 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		}
 		if len(splits) > 0 {
 			p.appends.note(splits)
+		}
+		if m.Pickles != nil {
+			for _, w := range pickles {
+				m.Pickles.add(w)
+			}
 		}
 	}
 	if p.cfg.Learn != nil {

@@ -108,7 +108,7 @@ func (p *Policy) checkRendezvous(v *fieldView) (Finding, bool) {
 	}
 	// An allow-list of torch's own globals judged it; as raw bytes, strict base64 imports nothing
 	// (GLOBAL and INST need a newline, STACK_GLOBAL is 0x93): the deny list has nothing to add.
-	v.pickleJudged = true
+	v.pickleJudged, v.statePickle = true, true
 	return Finding{}, false
 }
 

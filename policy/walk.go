@@ -15,6 +15,7 @@ type fieldView struct {
 	// pickleJudged: the rendezvous state's own allow-list judged the value's pickle, in place of
 	// the default pickle rule: one scan, not two.
 	pickleJudged bool
+	statePickle  bool // the rendezvous state's rule passed a state pickle (base64)
 	// pickleAllow is a policy file's value.globals for the key: what its pickles may import beyond
 	// the default allow-list.
 	pickleAllow *globalAllow

@@ -130,6 +130,8 @@ func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
 		for _, n := range f.Ops {
 			f.Messages += n
 		}
+		pw := c.g.Pickles()
+		f.Pickles, f.Base64Pickles, f.PickleKeys = pw.Raw, pw.Base64, append([]string(nil), pw.Keys...)
 		f.ClosedBy = closedBy[c.flow.endedBy.Load()]
 	}
 	switch {

@@ -460,6 +460,8 @@ func (s *stream) flowRecord() audit.Flow {
 	for _, n := range ops {
 		f.Messages += n
 	}
+	pw := s.g.Pickles()
+	f.Pickles, f.Base64Pickles, f.PickleKeys = pw.Raw, pw.Base64, append([]string(nil), pw.Keys...)
 	if g, ok := s.g.Generation(); ok {
 		f.Generation = g.String()
 	}

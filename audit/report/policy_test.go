@@ -507,3 +507,62 @@ func TestPolicyGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestPicklesThatPassedAreListed: issue 41's report. A source had one connection blocked
+// (os.system) and 36 that passed, each storing a pickle the deny list missed: the answer lists the
+// source, its pickles and their keys, and what its passed connections forwarded; never "NO: nothing
+// reached the store". A job source's pickles are listed too, as what a reader will load.
+func TestPicklesThatPassedAreListed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	pv := policyViolation{at: at("12:10"), src: scannerIP, rule: protocol.RulePickleGlobalDenied, op: protocol.OpSet,
+		key: "/bc/control", detail: "pickle imports posix.system, which runs code: never allowed", value: evilPickle,
+		action: audit.ActionBlocked}
+	writePolicyLog(t, path, pv)
+	w, err := audit.Open(path, audit.Options{Observer: &audit.Observer{Hostname: "master-0", Type: "proxy", Version: "test", Host: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 36 {
+		f := audit.Flow{ConnID: uint64(200 + i), Src: netip.AddrPortFrom(scannerIP, uint16(50000+i)), Dst: storeAddr,
+			Start: at("12:20"), End: at("12:21"), Verdict: audit.VerdictPassed, Generation: "G3", Mode: audit.ModeEnforce,
+			ClosedBy: audit.ClosedByClient, FromClient: 120, ToStore: 120, Messages: 3, Pickles: uint64(i % 2), Base64Pickles: uint64(1 - i%2),
+			PickleKeys: []string{fmt.Sprintf("/gadget/%d", i%3)}}
+		if err := w.Write(f.Event()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := audit.Flow{ConnID: 300, Src: netip.AddrPortFrom(jobIP, 41000), Dst: storeAddr, Start: at("12:00"), End: at("12:30"),
+		Verdict: audit.VerdictPassed, Generation: "G3", Mode: audit.ModeEnforce, ClosedBy: audit.ClosedByClient, FromClient: 900,
+		ToStore: 900, Messages: 9, Base64Pickles: 4, PickleKeys: []string{"/torch.rendezvous.r1"}}
+	if err := w.Write(job.Event()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Summarize([]string{path}, Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Join(strings.Fields(strings.Join(answer(t, render(t, s, "table")), " ")), " ") // unwrapped
+	for _, want := range []string{
+		"from 10.0.0.5 reached the store",
+		"18 pickles and 18 base64 pickles (on /gadget/0, /gadget/1, /gadget/2) passed the policy",
+		"its 36 connections that passed forwarded 4,320 B",
+		"job source 10.0.0.7 stored 4 base64 pickles (on /torch.rendezvous.r1)",
+	} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("no %q in the answer:\n%s", want, lines)
+		}
+	}
+	if strings.Contains(lines, "NO: ") {
+		t.Errorf("the answer says NO:\n%s", lines)
+	}
+	if s.Reached.Verdict != ReachedForwarded { // the blocked connection's VALIDATE went before its SET
+		t.Errorf("verdict %s, want %s", s.Reached.Verdict, ReachedForwarded)
+	}
+	if src := s.Sources[slices.IndexFunc(s.Sources, func(st SourceStats) bool { return st.IP == scannerIP })]; src.Pickles != 18 ||
+		src.Base64Pickles != 18 || src.PassedStoreBytes != 36*120 || len(src.PickleKeys) != 3 {
+		t.Errorf("source %+v", src)
+	}
+}

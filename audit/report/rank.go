@@ -63,6 +63,7 @@ func (z *Summarizer) Summary() Summary {
 		st.ByVerdict, st.Ops, st.Rules = maps.Clone(st.ByVerdict), maps.Clone(st.Ops), maps.Clone(st.Rules)
 		st.WouldBlockRules = maps.Clone(st.WouldBlockRules)
 		st.Probes = slices.Clone(st.Probes)
+		st.PickleKeys = slices.Clone(st.PickleKeys)
 		if len(src.ips) > 0 {
 			st.IPs = slices.Clone(src.ips)
 			slices.SortFunc(st.IPs, netip.Addr.Compare)
@@ -117,6 +118,8 @@ func reachedOf(st *SourceStats) string {
 		return ReachedWouldBlock
 	case st.StoreBytes > 0:
 		return ReachedForwarded
+	case st.Pickles+st.Base64Pickles > 0:
+		return ReachedPickles
 	case st.Connections == 0 && st.Rules != nil:
 		return ReachedUnknown // blocked events and no flow records: a log from before them
 	}

@@ -50,7 +50,7 @@ const (
 	maxQuiet    = 2
 )
 
-var reachedRank = map[string]int{ReachedWouldBlock: 0, ReachedForwarded: 1, ReachedUnknown: 2, ReachedNothing: 3}
+var reachedRank = map[string]int{ReachedWouldBlock: 0, ReachedForwarded: 1, ReachedPickles: 2, ReachedUnknown: 3, ReachedNothing: 4}
 
 // hostileConnections: a source's connections recorded, those of its job apart.
 func hostileConnections(st *SourceStats) uint64 {
@@ -99,6 +99,7 @@ func reached(all []SourceStats, listed int) Reached {
 	}
 	if len(hostile) == 0 {
 		r.Findings = append(r.Findings, Finding{Verdict: ReachedNone, Headline: true, Text: "no hostile source in these logs"})
+		r.Findings = append(r.Findings, jobPickles(all, maxFindings)...)
 		return r
 	}
 	slices.SortStableFunc(hostile, func(a, b entry) int {
@@ -126,14 +127,14 @@ func reached(all []SourceStats, listed int) Reached {
 	r.Findings = append(r.Findings, head)
 
 	room := maxFindings
-	for _, verdict := range []string{ReachedWouldBlock, ReachedForwarded, ReachedUnknown, ReachedNothing} {
+	for _, verdict := range []string{ReachedWouldBlock, ReachedForwarded, ReachedPickles, ReachedUnknown, ReachedNothing} {
 		rest := Finding{Verdict: verdict}
 		quiet := 0
 		for _, h := range hostile {
 			if h.st.Reached != verdict || len(worst) == 1 && h.st == worst[0] {
 				continue
 			}
-			shown := verdict == ReachedWouldBlock || verdict == ReachedForwarded
+			shown := verdict == ReachedWouldBlock || verdict == ReachedForwarded || verdict == ReachedPickles
 			if !shown && (listed <= 0 || h.rank < listed) && quiet < maxQuiet {
 				shown = true
 				quiet++
@@ -154,12 +155,14 @@ func reached(all []SourceStats, listed int) Reached {
 		r.Findings = append(r.Findings, rest)
 		room--
 	}
+	r.Findings = append(r.Findings, jobPickles(all, room)...)
 	return r
 }
 
 var headlinePrefix = map[string]string{
 	ReachedWouldBlock: "YES, IN MONITOR MODE: ",
 	ReachedForwarded:  "YES: ",
+	ReachedPickles:    "PICKLES PASSED: ",
 	ReachedUnknown:    "NOT RECORDED: ",
 	ReachedNothing:    "NO: ",
 }
@@ -193,6 +196,9 @@ func sourceSentence(st *SourceStats) string {
 			}
 			b.WriteString(")")
 		}
+	case ReachedPickles:
+		fmt.Fprintf(&b, "%s from %s passed the policy and reached the store; nothing of its other %s did",
+			picklesText(st), ip, plural(conns, "connection"))
 	case ReachedUnknown:
 		var blocked uint64
 		for _, n := range st.Rules {
@@ -206,6 +212,13 @@ func sourceSentence(st *SourceStats) string {
 		} else {
 			fmt.Fprintf(&b, "nothing from %s reached the store (0 B forwarded in %s)", ip, plural(conns, "connection"))
 		}
+	}
+	if st.Reached != ReachedPickles && st.Pickles+st.Base64Pickles > 0 {
+		fmt.Fprintf(&b, "; %s passed the policy", picklesText(st))
+	}
+	if st.PassedStoreBytes > 0 {
+		fmt.Fprintf(&b, "; its %s that passed forwarded %s", plural(st.PassedStoreConnections, "connection"),
+			bytesText(st.PassedStoreBytes))
 	}
 	if st.Unrecorded > 0 && st.Reached != ReachedUnknown {
 		fmt.Fprintf(&b, "; %s sampled away: what they forwarded is not recorded", plural(st.Unrecorded, "more connection"))
@@ -225,6 +238,8 @@ func groupSentence(f Finding, other string) string {
 		return s
 	case ReachedForwarded:
 		return fmt.Sprintf("%s from %s reached the store (%s)", bytesText(f.StoreBytes), srcs, plural(f.Messages, "message"))
+	case ReachedPickles:
+		return fmt.Sprintf("pickles from %s passed the policy and reached the store", srcs)
 	case ReachedUnknown:
 		return fmt.Sprintf("no flow records for %s: their blocked messages never reached the store, what came before is not recorded", srcs)
 	}
@@ -232,4 +247,41 @@ func groupSentence(f Finding, other string) string {
 		return fmt.Sprintf("nothing from the %s reached the store (no connection recorded)", srcs)
 	}
 	return fmt.Sprintf("nothing from the %s reached the store (0 B forwarded in %s)", srcs, plural(f.Connections, "connection"))
+}
+
+// picklesText words what pickles a source stored: how many of each kind, and on which keys.
+func picklesText(st *SourceStats) string {
+	var kinds []string
+	if st.Pickles > 0 {
+		kinds = append(kinds, plural(st.Pickles, "pickle"))
+	}
+	if st.Base64Pickles > 0 {
+		kinds = append(kinds, plural(st.Base64Pickles, "base64 pickle"))
+	}
+	s := strings.Join(kinds, " and ")
+	if len(st.PickleKeys) > 0 {
+		s += " (on " + strings.Join(st.PickleKeys, ", ")
+		if len(st.PickleKeys) >= MaxPickleKeys {
+			s += ", ..."
+		}
+		s += ")"
+	}
+	return s
+}
+
+// jobPickles are findings for the sources that are not hostile and stored pickles: not a verdict,
+// but what a reader of those keys will unpickle, each value having passed the allow-list.
+func jobPickles(all []SourceStats, room int) []Finding {
+	var out []Finding
+	for i := range all {
+		st := &all[i]
+		if st.Reached != "" || st.Pickles+st.Base64Pickles == 0 || room <= 0 {
+			continue
+		}
+		out = append(out, Finding{Verdict: ReachedPickles, IP: st.IP, Identity: st.Identity, Sources: 1,
+			Connections: st.Connections, StoreBytes: st.PassedStoreBytes,
+			Text: fmt.Sprintf("%s source %s stored %s: each passed the pickle allow-list", st.Role, st.label(), picklesText(st))})
+		room--
+	}
+	return out
 }

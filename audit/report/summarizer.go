@@ -352,9 +352,18 @@ func (z *Summarizer) countFlow(src *source, e *audit.Event, d uint64) {
 	src.stats.Connections += d
 	z.tl.add(keyOf(e), cmp.Or(e.Start, e.Timestamp), seriesConnections, d)
 	storeBytes, messages := deref(e.StoreBytes), deref(e.Messages)
+	src.stats.Pickles += d * e.Pickles
+	src.stats.Base64Pickles += d * e.Base64Pickles
+	if d == 1 {
+		src.addPickleKeys(e.PickleKeys)
+	}
 	switch e.Verdict {
 	case audit.VerdictPassed:
 		src.passed += d
+		src.stats.PassedStoreBytes += d * storeBytes
+		if storeBytes > 0 {
+			src.stats.PassedStoreConnections += d
+		}
 		return
 	case audit.VerdictOpen:
 		src.openBytes += d * storeBytes
@@ -528,6 +537,19 @@ func (src *source) verdictSuppressed(v audit.Verdict, n uint64) {
 	default:
 		src.strong += n
 		src.stats.Unrecorded += n
+	}
+}
+
+// addPickleKeys adds keys to the source's first MaxPickleKeys (escaped: a log is untrusted).
+func (src *source) addPickleKeys(keys []string) {
+	for _, k := range keys {
+		if len(src.stats.PickleKeys) >= MaxPickleKeys {
+			return
+		}
+		k = printable(k)
+		if !slices.Contains(src.stats.PickleKeys, k) {
+			src.stats.PickleKeys = append(src.stats.PickleKeys, k)
+		}
 	}
 }
 

@@ -185,10 +185,16 @@ const (
 const (
 	ReachedWouldBlock = "would_block" // monitor mode let hostile messages through
 	ReachedForwarded  = "forwarded"   // bytes of connections that did not pass reached the store
+	// ReachedPickles: connections of a hostile or mixed source that passed stored pickles (values a
+	// reader may unpickle); what they were is listed.
+	ReachedPickles = "pickles"
 	ReachedUnknown    = "unknown"     // no flow records: what came before a block is not recorded
 	ReachedNothing    = "nothing"     // 0 B forwarded
 	ReachedNone       = "none"        // no hostile source (headline only)
 )
+
+// MaxPickleKeys bounds SourceStats.PickleKeys.
+const MaxPickleKeys = 8
 
 // SourceStats are one source's counts: Exact events written, Suppressed by sampling. A source is
 // an identity a TLS handshake proved (Identity: storeguard.identity), over every address it came
@@ -221,5 +227,13 @@ type SourceStats struct {
 	WouldBlockRules  map[string]uint64 `json:"would_block_rules,omitempty"` // of Rules, the would_block events
 	Unrecorded       uint64            `json:"unrecorded"`                  // connections sampled away that may have forwarded bytes
 	Probes           []string          `json:"probes,omitempty"`
+	// What the source's connections that passed forwarded to the store (flow records, open ones
+	// apart), and of every connection of its, the values written that were complete pickles (raw,
+	// base64) and passed the policy, with the first MaxPickleKeys keys they went to.
+	PassedStoreBytes       uint64   `json:"passed_store_bytes"`
+	PassedStoreConnections uint64   `json:"passed_store_connections"`
+	Pickles                uint64   `json:"pickles"`
+	Base64Pickles          uint64   `json:"base64_pickles"`
+	PickleKeys             []string `json:"pickle_keys,omitempty"`
 	Reached          string            `json:"reached,omitempty"` // hostile and mixed sources: would_block, forwarded, unknown or nothing
 }

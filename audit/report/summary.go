@@ -188,9 +188,9 @@ const (
 	// ReachedPickles: connections of a hostile or mixed source that passed stored pickles (values a
 	// reader may unpickle); what they were is listed.
 	ReachedPickles = "pickles"
-	ReachedUnknown    = "unknown"     // no flow records: what came before a block is not recorded
-	ReachedNothing    = "nothing"     // 0 B forwarded
-	ReachedNone       = "none"        // no hostile source (headline only)
+	ReachedUnknown = "unknown" // no flow records: what came before a block is not recorded
+	ReachedNothing = "nothing" // 0 B forwarded
+	ReachedNone    = "none"    // no hostile source (headline only)
 )
 
 // MaxPickleKeys bounds SourceStats.PickleKeys.
@@ -235,5 +235,5 @@ type SourceStats struct {
 	Pickles                uint64   `json:"pickles"`
 	Base64Pickles          uint64   `json:"base64_pickles"`
 	PickleKeys             []string `json:"pickle_keys,omitempty"`
-	Reached          string            `json:"reached,omitempty"` // hostile and mixed sources: would_block, forwarded, unknown or nothing
+	Reached                string   `json:"reached,omitempty"` // hostile and mixed sources: would_block, forwarded, unknown or nothing
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/storeguard/storeguard/pickle"
@@ -186,4 +187,16 @@ func (p *Policy) JudgeValue(key, value []byte, src netip.Addr) (Finding, bool) {
 		}
 	}
 	return f, broke
+}
+
+// AllowedGlobals is the default allow-list, sorted: what a pickle may import and call on any key.
+func AllowedGlobals() []string {
+	var out []string
+	for m, names := range allowedGlobals {
+		for _, n := range names {
+			out = append(out, m+"."+n)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

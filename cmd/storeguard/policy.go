@@ -26,7 +26,7 @@ func newPolicyCommand() *cobra.Command {
 		Use:   "policy",
 		Short: "Learn a policy file from a clean job's capture, check one, or judge values (docs/policy.md)",
 	}
-	cmd.AddCommand(newPolicyLearnCommand(), newPolicyCheckCommand(), newPolicyJudgeCommand())
+	cmd.AddCommand(newPolicyLearnCommand(), newPolicyCheckCommand(), newPolicyJudgeCommand(), newPolicyAllowedCommand())
 	return cmd
 }
 
@@ -290,4 +290,23 @@ func judgedValue(rec map[string]any) ([]byte, error) {
 		return []byte(t), nil
 	}
 	return nil, errors.New(`no "value" (hex) or "text" (a string)`)
+}
+
+func newPolicyAllowedCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "allowed",
+		Short: "Print the default pickle allow-list: the globals a pickle may import and call on any key",
+		Long: "One module.name a line: what builds the data torch and the frameworks write (measured on every\n" +
+			"release; docs/policy.md). A policy file's value.globals add to it for their keys; the deny\n" +
+			"list (policy.deny-globals and the built-in one) is never lifted.",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w := bufio.NewWriter(cmd.OutOrStdout())
+			for _, g := range policy.AllowedGlobals() {
+				fmt.Fprintln(w, g)
+			}
+			return w.Flush()
+		},
+	}
 }

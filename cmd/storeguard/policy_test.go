@@ -255,3 +255,45 @@ func writeCapture(t *testing.T, path string, port uint16, payloads ...[]byte) {
 		packet(true, false, true, false, nil)
 	}
 }
+
+// TestPolicyJudge: `policy judge` answers for each value as a SET of its key would be judged:
+// torch's rendezvous sentinel and a plain dict pass, an os.system pickle and a framework's class
+// are blocked, each named; a line that is no object stops it with status 2, naming the line.
+func TestPolicyJudge(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "values.jsonl")
+	os.WriteFile(in, []byte(`{"name": "sentinel", "key": "/torch.rendezvous.j", "text": "Y2FuaW1hZGFt"}`+"\n"+
+		`{"name": "dict", "value": "80047d942e"}`+"\n"+
+		`{"name": "system", "value": "63706f7369780a73797374656d0a2856746f7563680a74522e"}`+"\n"+
+		`{"name": "framework", "value": "80048c056d796c69628c055468696e679329812e"}`+"\n"), 0o600)
+	var out, errOut bytes.Buffer
+	if status := run([]string{"policy", "judge", in}, &out, &errOut); status != 0 {
+		t.Fatalf("status %d: %s", status, errOut.String())
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var rec struct{ Name, Verdict, Detail string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		got[rec.Name] = rec.Verdict + ": " + rec.Detail
+	}
+	for name, want := range map[string]string{"sentinel": "pass: ", "dict": "pass: ",
+		"system": "blocked: pickle imports posix.system, which runs code", "framework": "blocked: pickle imports mylib.Thing: not on the allow-list"} {
+		if !strings.HasPrefix(got[name], want) {
+			t.Errorf("%s: %q, want %q", name, got[name], want)
+		}
+	}
+	bad := filepath.Join(dir, "bad.jsonl")
+	os.WriteFile(bad, []byte(`{"text": "x"}`+"\nnot json\n"), 0o600)
+	out.Reset()
+	errOut.Reset()
+	if status := run([]string{"policy", "judge", bad}, &out, &errOut); status != 2 || !strings.Contains(errOut.String(), "line 2: not a JSON object") {
+		t.Errorf("status %d, stderr %q", status, errOut.String())
+	}
+	out.Reset()
+	if status := run([]string{"policy", "allowed"}, &out, &errOut); status != 0 || !strings.Contains(out.String(), "\ntorch._utils._rebuild_tensor_v2\n") ||
+		strings.Contains(out.String(), "os.system") {
+		t.Errorf("policy allowed: status %d, %d bytes", status, out.Len())
+	}
+}

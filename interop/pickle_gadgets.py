@@ -22,6 +22,16 @@ import struct
 import sys
 
 
+class System:
+    """An object whose pickle calls os.system(cmd): the control every deny list stopped."""
+
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
 def s(text):  # a str: SHORT_BINUNICODE or BINUNICODE
     b = text.encode()
     return (b"\x8c" + bytes([len(b)]) + b) if len(b) < 256 else (b"X" + struct.pack("<I", len(b)) + b)

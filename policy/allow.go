@@ -52,7 +52,7 @@ var allowedGlobals = map[string][]string{
 }
 
 // torchDtypes are torch's dtype names, 1.13 to 2.15 (a dtype pickles as the global torch.<name>).
-var torchDtypes = []string{"bfloat16", "bit", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool",
+var torchDtypes = []string{"bcomplex32", "bfloat16", "bit", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool",
 	"cdouble", "cfloat", "chalf", "complex128", "complex32", "complex64", "double", "float", "float16",
 	"float32", "float64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
 	"float8_e8m0fnu", "float4_e2m1fn_x2", "half", "int", "int1", "int16", "int2", "int3", "int32", "int4",

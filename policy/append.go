@@ -38,6 +38,7 @@ type Value func(key []byte, limit int) (value []byte, exists bool, err error)
 // APPENDs on their way: one for a server, shared by its streams and kept across reloads; bounded,
 // the oldest key forgotten first.
 type Appends struct {
+	judging  sync.Mutex // held while an APPEND is judged
 	mu       sync.Mutex
 	seed     maphash.Seed
 	written  hashRing
@@ -82,16 +83,10 @@ func (a *Appends) Reset() {
 	a.kept = 0
 }
 
-// splitMark is what a message that passes tells Appends.
-type splitMark struct {
-	h     uint64
-	whole bool        // a write of the whole value, else an APPEND
-	st    appendState // an APPEND: the key's state once it passed
-}
-
-// checkSplit applies the rule to one field of a message; marks collects what it tells Appends if
-// the message passes.
-func (p *Policy) checkSplit(m *Message, v *fieldView, marks *[]splitMark) (Finding, bool) {
+// checkSplit applies the rule to one field of a message. What it learns it records at once, under
+// the lock that its question was asked under, so that no other stream's write slips between them;
+// a message refused later for another rule leaves its marks, which can only refuse more APPENDs.
+func (p *Policy) checkSplit(m *Message, v *fieldView) (Finding, bool) {
 	if p.appends == nil || p.cfg.ValueSplit == Off || v.key == nil || !v.hasValue() {
 		return Finding{}, false
 	}
@@ -104,18 +99,24 @@ func (p *Policy) checkSplit(m *Message, v *fieldView, marks *[]splitMark) (Findi
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpMultiSet:
 		a.mu.Lock()
 		appended := a.appended.has(h)
+		a.written.put(h)
 		a.mu.Unlock()
 		if appended && pickle.Extendable(v.va, v.vb, p.cfg.Pickle) {
 			return fail(protocol.RuleValueSplit, v.op.String()+" of a value that an APPEND could still make a pickle, to a key appended to through the guard")
 		}
-		*marks = append(*marks, splitMark{h: h, whole: true})
 		return Finding{}, false
 	case protocol.OpAppend:
 	default:
 		return Finding{}, false
 	}
+	// One APPEND judged at a time: the store's value it reads and the state it leaves go together.
+	a.judging.Lock()
+	defer a.judging.Unlock()
 	a.mu.Lock()
 	written := a.written.has(h)
+	if evicted, ok := a.appended.put(h); ok {
+		a.forget(evicted)
+	}
 	var st appendState
 	if s := a.state[h]; s != nil {
 		st = *s
@@ -150,6 +151,13 @@ func (p *Policy) checkSplit(m *Message, v *fieldView, marks *[]splitMark) (Findi
 		return fail(protocol.RuleValueSplit, fmt.Sprintf("append that leaves a value of more than %d bytes, which the guard does not judge", appendValueLimit))
 	}
 	whole := append(append(prefix[:len(prefix):len(prefix)], v.va...), v.vb...)
+	settled := !pickle.Extendable(whole, nil, p.cfg.Pickle)
+	next := appendState{stream: m.Stream, base: len(stored), settled: settled}
+	if st.stream == m.Stream && len(stored) < st.end() {
+		next.base = st.base
+	}
+	next.pending = whole[next.base:]
+	next.n = len(next.pending)
 	for _, c := range []struct {
 		what  string
 		value []byte
@@ -158,42 +166,30 @@ func (p *Policy) checkSplit(m *Message, v *fieldView, marks *[]splitMark) (Findi
 			return fail(protocol.RulePickleGlobalDenied, "append: "+c.what+": "+why)
 		}
 	}
-	settled := !pickle.Extendable(whole, nil, p.cfg.Pickle)
 	if mustSettle && !settled {
 		return fail(protocol.RuleValueSplit, "append that leaves an unsettled value while another connection's append to the key is on its way")
 	}
-	next := appendState{stream: m.Stream, base: len(stored), settled: settled}
-	if st.stream == m.Stream && len(stored) < st.end() {
-		next.base = st.base
-	}
-	next.pending = whole[next.base:]
-	next.n = len(next.pending)
-	*marks = append(*marks, splitMark{h: h, st: next})
+	// Recorded now, while APPENDs wait: a rule after this one may still refuse the message, and then
+	// the state claims bytes that never land, which can only refuse more APPENDs to the key.
+	a.record(h, next)
 	return Finding{}, false
 }
 
-// note records what a message that passed did.
-func (a *Appends) note(marks []splitMark) {
+// record keeps st as key hash h's state, its pending bytes within pendingKept and pendingTotal.
+func (a *Appends) record(h uint64, st appendState) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, m := range marks {
-		if m.whole {
-			a.written.put(m.h)
-			continue
-		}
-		if evicted, ok := a.appended.put(m.h); ok {
-			a.forget(evicted)
-		}
-		a.forget(m.h)
-		st := m.st
-		if st.n > pendingKept || a.kept+st.n > pendingTotal {
-			st.pending, st.lost = nil, true
-		} else {
-			st.pending = append([]byte(nil), st.pending...) // the message's bytes are not the policy's to keep
-			a.kept += st.n
-		}
-		a.state[m.h] = &st
+	a.forget(h)
+	if !a.appended.has(h) {
+		return // forgotten meanwhile: a state only for the keys remembered
 	}
+	if st.n > pendingKept || a.kept+st.n > pendingTotal {
+		st.pending, st.lost = nil, true
+	} else {
+		st.pending = append([]byte(nil), st.pending...)
+		a.kept += st.n
+	}
+	a.state[h] = &st
 }
 
 // forget drops h's state; a.mu is held.

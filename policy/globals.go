@@ -54,7 +54,9 @@ var (
 // allowedNames are exceptions to deniedModules: names that rebuild data and call nothing of their
 // own. _ctypes._unpickle(type, state) is how a ctypes Structure pickles (vLLM's PyNccl sends its
 // ncclUniqueId so); the type is a global of its own, judged by itself.
-var allowedNames = map[string]bool{"_ctypes._unpickle": true}
+// torch.serialization._get_layout(name) returns a layout by its name (torch.load(weights_only=True)
+// allows it; the rest of torch.serialization, torch.load among it, stays denied).
+var allowedNames = map[string]bool{"_ctypes._unpickle": true, "torch.serialization._get_layout": true}
 
 // moduleNames are modules that no name of a pickle may be, whatever module it is found in: a
 // module's attribute that is such a module hands it over (pathlib.os, then os.system by name).

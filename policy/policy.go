@@ -158,9 +158,9 @@ func (p *Policy) Wants(op protocol.Op) bool {
 	switch op {
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpAppend, protocol.OpMultiSet, protocol.OpQueuePush:
 		return true
-	case protocol.OpMultiGet:
+	case protocol.OpMultiGet, protocol.OpCheck, protocol.OpWait:
 		return p.cfg.ReplySize != Off || p.jobStores != nil && p.jobStores.Asked != nil
-	case protocol.OpGet, protocol.OpCheck, protocol.OpWait:
+	case protocol.OpGet:
 		return p.jobStores != nil && p.jobStores.Asked != nil // reads of a round's MASTER_PORT (jobstore.go)
 	case protocol.OpAdd, protocol.OpDeleteKey, protocol.OpQueuePop:
 		return p.written != nil && len(p.writeOnce) > 0 || p.quotaOn()
@@ -252,7 +252,6 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	var chArr [4]change
 	changes := chArr[:0]   // what the message does to the quota's account
 	var jobs []jobStoreKey // what it does with the rounds' MASTER_ADDR and MASTER_PORT
-	var splits []splitMark // the keys it writes whole or appends to (append.go)
 	var replies replyCheck // the keys it reads (reply.go)
 	var pickles []pickleWrite
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
@@ -287,7 +286,7 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		if fld.statePickle {
 			pickles = append(pickles, pickleWrite{key: fld.key, kind: PickleBase64})
 		}
-		if x, hit := p.checkSplit(&m, &fld, &splits); hit && report(x) {
+		if x, hit := p.checkSplit(&m, &fld); hit && report(x) {
 			return false
 		}
 		if x, hit := p.checkReply(&fld, &replies); hit && report(x) {
@@ -317,9 +316,6 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		}
 		if len(jobs) > 0 {
 			p.jobStores.tell(jobs, m)
-		}
-		if len(splits) > 0 {
-			p.appends.note(splits)
 		}
 		if m.Pickles != nil {
 			for _, w := range pickles {

@@ -42,6 +42,8 @@ func TestReplyTooLarge(t *testing.T) {
 		{"one known value", multiGet("/big/0", "/absent"), ""},
 		{"a key named twice", multiGet("/k", "/j", "/k"), "names a key twice"},
 		{"one key 131,072 times", multiGet(strings.Split(strings.Repeat("/big/0,", 1<<17), ",")[:1<<17]...), "names a key twice"},
+		{"a WAIT naming a key twice", protocol.Request{Op: protocol.OpWait, Keys: [][]byte{[]byte("/k"), []byte("/k")}}, "wait names a key twice"},
+		{"torch's WAIT of its keys", protocol.Request{Op: protocol.OpWait, Keys: [][]byte{[]byte(role + "0"), []byte(role + "1")}}, ""},
 		{"known values past the bound", multiGet("/big/0", "/big/1"), "more than limits.max-message-bytes 1048576"},
 	} {
 		f, broke := checkOn(t, p, 2, tc.req)

@@ -2,10 +2,11 @@
 """A vLLM-style pickle broadcast through a TCPStore at HOST:PORT (vLLM's StatelessProcessGroup does
 store.set(key, pickle.dumps(obj)) on the source rank and pickle.loads(store.get(key)) on the others).
 
-  pickle_broadcast.py HOST PORT [--prefix bc] [--timeout 10] [--serve-store SPORT] [--each]
+  pickle_broadcast.py HOST PORT [--prefix bc] [--timeout 10] [--serve-store SPORT] [--objects ordinary|framework|all] [--each]
 
-Two clients (two connections): the first SETs every ordinary object (dicts, lists, a dataclass, a
-namedtuple, a datetime, a tensor, a nested structure, ...) at every pickle protocol the interpreter has,
+Two clients (two connections): the first SETs every object (--objects ordinary: dicts, lists, a datetime, a
+tensor, torch.Size and dtypes, vLLM's PyNcclPipe metadata, a nested structure, ...; framework: a dataclass, a
+namedtuple and them nested, the framework's own classes) at every pickle protocol the interpreter has,
 raw and base64; the second GETs each and checks pickle.loads(value) == the object. Prints one JSON line
 {"ok", "checked", "protocols", "mismatches": [...], "torch"} (or {"ok": false, "error"} when the SETs'
 connection was closed); exit 0 iff ok.
@@ -36,23 +37,33 @@ class Metadata:  # a dataclass as a framework broadcasts it (module pickle_broad
 Addr = collections.namedtuple("Addr", "host port")
 
 
-def objects():
+def objects(which="ordinary"):
+    """The objects broadcast: "ordinary" (builtins, datetime, torch's tensors, Size and dtypes: what the default
+    allow-list holds), "framework" (a framework's own classes: a dataclass, a namedtuple, and them nested, which a
+    policy file allows per key), or "all"."""
     import torch
     import pickle_broadcast as mod  # the classes as pickle_broadcast.Metadata / .Addr, importable by any reader
     when = datetime.datetime(2026, 3, 4, 5, 6, 7, 890, tzinfo=datetime.timezone.utc)
     meta = mod.Metadata("layer.0.weight", (4096, 4096), "bfloat16", [0, 1, 2, 3])
-    return {
+    ordinary = {
         "dict": {"rank": 3, "world_size": 8, "host": "node-3", "ok": True, "ratio": 0.25, "none": None},
         "list": [1, 2.5, "three", b"four", None, True, -7, 2 ** 70],
-        "dataclass": meta,
-        "namedtuple": mod.Addr("10.0.0.7", 29500),
         "datetime": when,
         "tensor": torch.arange(12, dtype=torch.float32).reshape(3, 4),
-        "nested": {"step": 1200, "metas": [meta, meta], "addrs": (mod.Addr("a", 1), mod.Addr("b", 2)),
-                   "sets": {frozenset({1, 2}), frozenset()}, "when": [when, datetime.date(2026, 1, 1)],
-                   "blob": bytes(range(256)) * 4, "text": "ünïcødé ✓", "deep": [[[[{"x": [1, {"y": (2,)}]}]]]]},
+        "nested": {"step": 1200, "sets": {frozenset({1, 2}), frozenset()}, "when": [when, datetime.date(2026, 1, 1)],
+                   "blob": bytes(range(256)) * 4, "text": "ünïcødé ✓", "deep": [[[[{"x": [1, {"y": (2,)}]}]]]],
+                   "meta": {"name": "layer.0.weight", "shape": torch.Size([4096, 4096]), "dtype": torch.bfloat16}},
         "set_bytes_complex": ({1, 2, 3}, bytearray(b"ba"), 3 + 4j, 1e300, -0.0),
+        # vLLM's PyNcclPipe: send_obj({"dtype", "shape"}) before a tensor (vllm/distributed/kv_transfer/kv_pipe)
+        "pynccl_metadata": {"dtype": torch.float16, "shape": torch.Size([2, 4096])},
+        "collections": [collections.OrderedDict(a=1), collections.Counter("aab"), collections.deque([1, 2])],
     }
+    framework = {
+        "dataclass": meta,
+        "namedtuple": mod.Addr("10.0.0.7", 29500),
+        "nested_classes": {"metas": [meta, meta], "addrs": (mod.Addr("a", 1), mod.Addr("b", 2))},
+    }
+    return {"ordinary": ordinary, "framework": framework, "all": {**ordinary, **framework}}[which]
 
 
 def same(a, b):
@@ -76,12 +87,13 @@ def main():
     ap.add_argument("--serve-store", type=int, metavar="SPORT", default=None,
                     help="first host a TCPStore master on 127.0.0.1:SPORT (the store behind HOST:PORT): "
                     "one torch start less")
+    ap.add_argument("--objects", choices=["ordinary", "framework", "all"], default="ordinary")
     ap.add_argument("--each", action="store_true", help="diagnosis: every SET on a connection of its own, followed by "
                     "num_keys(); print the keys whose connection was closed instead of stopping at the first")
     a = ap.parse_args()
     import torch
     server = serve_store(a.serve_store) if a.serve_store else None  # noqa: F841 (kept alive)
-    objs = objects()
+    objs = objects(a.objects)
     protocols = list(range(pickle.HIGHEST_PROTOCOL + 1))
     src, dst = client(a.host, a.port, a.timeout), client(a.host, a.port, a.timeout)
     keys, closed = [], []

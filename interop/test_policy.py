@@ -352,9 +352,9 @@ BROADCAST_VERSIONS = [v for v in ("1.13.1", "2.4.1", "2.15.0") if v in ENVS]
 
 @pytest.mark.parametrize("version", BROADCAST_VERSIONS)
 def test_pickle_broadcast_of_ordinary_objects_passes(procs, binary, tmp_path, version):
-    """vLLM-style: one client SETs pickle.dumps(obj) of dicts, lists, a dataclass, a namedtuple, a datetime, a
-    tensor and a nested structure, at every protocol, raw and base64; another GETs and compares each.
-    All pass through the default guard, 0 violations, every flow passed/empty/open."""
+    """vLLM-style: one client SETs pickle.dumps(obj) of dicts, lists, a datetime, a tensor, torch.Size and dtypes
+    (vLLM's PyNcclPipe metadata), collections and a nested structure, at every protocol, raw and base64; another
+    GETs and compares each. All pass through the default guard, 0 violations, every flow passed/empty/open."""
     sport = free_port()  # the store is pickle_broadcast.py's own (one torch start less); the guard holds it until it is up
     guard = Guard(procs, binary, sport, "auto", tmp_path)
     p = run_py(version, HERE / "pickle_broadcast.py", "127.0.0.1", guard.port, "--prefix", "bc", "--serve-store", sport,
@@ -364,6 +364,48 @@ def test_pickle_broadcast_of_ordinary_objects_passes(procs, binary, tmp_path, ve
     assert p.returncode == 0 and res and res["ok"], f"rc={p.returncode} {p.stdout.strip()[-1500:]}; guard: {blocked}"
     assert res["checked"] == 8 * len(res["protocols"]) * 2 and len(res["protocols"]) >= 5, res  # objects x protocols x forms
     guard.assert_clean()
+
+
+FRAMEWORK_POLICY = """rules:
+  - name: framework-raw
+    keys: ["fw/*/raw"]
+    action: value
+    value: {kind: pickle, globals: ["pickle_broadcast.*"]}
+  - name: framework-b64
+    keys: ["fw/*/b64"]
+    action: value
+    value: {kind: base64-pickle, globals: ["pickle_broadcast.*"]}
+"""
+
+
+@pytest.mark.parametrize("version", BROADCAST_VERSIONS)
+def test_pickle_broadcast_of_a_frameworks_classes(procs, binary, tmp_path, version):
+    """A framework's own classes (a dataclass, a namedtuple, them nested) are not on the default allow-list: each
+    such SET is refused on its own connection, naming the class. With a policy file that allows the framework's
+    module on its keys (value.globals), the same broadcast passes and reads back equal, 0 violations."""
+    sport = free_port()
+    guard = Guard(procs, binary, sport, "auto", tmp_path)
+    p = run_py(version, HERE / "pickle_broadcast.py", "127.0.0.1", guard.port, "--prefix", "fw", "--serve-store", sport,
+               "--objects", "framework", "--each", timeout=180)
+    res = last_json(p.stdout)
+    assert res and res["passed"] == 0 and len(res["closed"]) >= 3 * 5 * 2, f"rc={p.returncode} {p.stdout[-1500:]}"
+    refused = sum(v for k, v in guard.metrics().items()
+                  if k.startswith("storeguard_violations_total") and "pickle_global_denied" in k)
+    assert refused == len(res["closed"]), f"{refused} refused, {len(res['closed'])} closed"
+    blocked = [e for e in guard.events() if e.get("event.action") == "blocked"]  # sampled past the first ones
+    assert blocked and all(e.get("event.reason") == "pickle_global_denied" and
+                                                 "pickle_broadcast." in e.get("storeguard.detail", "") for e in blocked), blocked[:3]
+
+    policy, config = tmp_path / "framework.yaml", tmp_path / "storeguard.yaml"
+    policy.write_text(FRAMEWORK_POLICY)
+    config.write_text(f"policy:\n  file: {policy}\n")
+    sport2 = free_port()
+    guard2 = Guard(procs, binary, sport2, "auto", tmp_path, extra=("--config", str(config)))
+    p = run_py(version, HERE / "pickle_broadcast.py", "127.0.0.1", guard2.port, "--prefix", "fw", "--serve-store", sport2,
+               "--objects", "framework", timeout=180)
+    res = last_json(p.stdout)
+    assert p.returncode == 0 and res and res["ok"], f"rc={p.returncode} {p.stdout.strip()[-1500:]}; guard: {guard2.events()}"
+    guard2.assert_clean()
 
 
 # --- T9: a pickle that runs code, on any key (vLLM-style broadcast keys) ---------------------------

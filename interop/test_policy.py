@@ -406,6 +406,13 @@ def test_pickle_broadcast_of_a_frameworks_classes(procs, binary, tmp_path, versi
     res = last_json(p.stdout)
     assert p.returncode == 0 and res and res["ok"], f"rc={p.returncode} {p.stdout.strip()[-1500:]}; guard: {guard2.events()}"
     guard2.assert_clean()
+    # What passed is in the flow records and the report: the pickles stored, on which keys, by whom.
+    stored = sum(int(e.get("storeguard.pickles", 0)) + int(e.get("storeguard.base64_pickles", 0)) for e in guard2.flows())
+    assert stored >= 3 * 5 * 2, f"{stored} pickles in the flow records"
+    rep = subprocess.run([binary, "audit", "--format", "json", str(guard2.audit)], capture_output=True, text=True, timeout=60)
+    summary = json.loads(rep.stdout)
+    texts = [f["text"] for f in summary["reached_store"]["findings"]]
+    assert any("stored" in t and "/fw/" in t and "127.0.0.1" in t for t in texts), texts
 
 
 # --- T9: a pickle that runs code, on any key (vLLM-style broadcast keys) ---------------------------

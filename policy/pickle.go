@@ -139,6 +139,11 @@ func (p *Policy) loadedBytes(r *pickle.Report, value protocol.Split, extra *glob
 		if !ok {
 			continue // _codecs.encode would raise: nothing is loaded from it
 		}
+		if isOtherCodec(b) {
+			// Python writes _codecs.encode(s, "latin1"); another codec's bytes are not the ones read here.
+			return "loads bytes with " + bytesLoader + " and names the codec " + protocol.ShowKey(b) +
+				" beside " + latin1Maker + ": what it loads is not the latin-1 bytes the guard reads"
+		}
 		if why := p.loadedStream(protocol.Split{B: b}, extra); why != "" {
 			return why
 		}

@@ -430,6 +430,7 @@ func TestWhatTorchStorageLoadsAtOldProtocols(t *testing.T) {
 		{"BINUNICODE, an os.system after the magic", latin1(evil), "a pickle that imports posix.system"},
 		{"UNICODE, torch's magic", rawEscape([]byte(magic)), ""},
 		{"UNICODE, an os.system after the magic", rawEscape(evil), "a pickle that imports posix.system"},
+		{"a stream in another codec: cp037", strings.Replace(latin1([]byte(magic)), "X\x06\x00\x00\x00latin1", "X\x05\x00\x00\x00cp037", 1), "names the codec cp037"},
 		{"a bytearray of ints", "\x80\x02ctorch.storage\n_load_from_bytes\ncbuiltins\nbytearray\n]K\x80a\x85R\x85R.",
 			"makes bytes with builtins.bytearray"},
 	} {

@@ -134,8 +134,9 @@ type Report struct {
 	Bytes          []Span
 	BytesTruncated bool
 	// Strs are where the str literals lie (BINUNICODE's UTF-8, UNICODE's raw-unicode-escape line),
-	// at most MaxGlobals of them (then StrsTruncated): at protocols 0 to 2 a bytes object is pickled
-	// as _codecs.encode(str, "latin1"), so a caller can read such bytes from one (Latin1).
+	// at most MaxGlobals of them (then StrsTruncated), in a pickle that imports _codecs.encode (nil
+	// in any other): at protocols 0 to 2 a bytes object is pickled as _codecs.encode(str, "latin1"),
+	// so a caller can read such bytes from one (Latin1).
 	Strs          []Span
 	StrsTruncated bool
 }

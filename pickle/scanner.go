@@ -354,6 +354,17 @@ func (s *scanner) addGlobal(g Global) int {
 	return len(s.globals) - 1
 }
 
+// encodes reports whether the pickle imports _codecs.encode, the one reader of Report.Strs: the
+// strs are copied out for it alone.
+func (s *scanner) encodes() bool {
+	for _, g := range s.globals {
+		if g.Resolved && g.Module == "_codecs" && g.Name == "encode" {
+			return true
+		}
+	}
+	return false
+}
+
 // addStr records where a str literal lies, up to MaxGlobals of them (then StrsTruncated).
 func (s *scanner) addStr(sp Span) {
 	if len(s.strs) >= s.lim.MaxGlobals {
@@ -597,7 +608,7 @@ func (s *scanner) finish() {
 	if len(s.bytes) > 0 {
 		s.r.Bytes = append([]Span(nil), s.bytes...)
 	}
-	if len(s.strs) > 0 {
+	if len(s.strs) > 0 && s.encodes() {
 		s.r.Strs = append([]Span(nil), s.strs...)
 	}
 }

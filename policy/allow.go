@@ -174,9 +174,7 @@ func (p *Policy) JudgeValue(key, value []byte, src netip.Addr) (Finding, bool) {
 			break
 		}
 	}
-	var kinds []pickleWrite
-	checkPickle := func(v *fieldView) (Finding, bool) { return p.checkPickle(v, &kinds) }
-	for _, check := range []func(*fieldView) (Finding, bool){p.checkRendezvous, checkPickle} {
+	for _, check := range []func(*fieldView) (Finding, bool){p.checkRendezvous, p.checkPickle} {
 		if x, hit := check(&v); hit {
 			if x.Mode == Enforce {
 				return x, true

@@ -13,7 +13,7 @@ import (
 // reader may load it, a pickle may import and call only what the allow-list holds (allow.go), and
 // never what the deny list names. A global imported before a malformed byte counts: the unpickler
 // imports (and calls) as it reads, and raises only when it reaches the bad byte.
-func (p *Policy) checkPickle(v *fieldView, kinds *[]pickleWrite) (Finding, bool) {
+func (p *Policy) checkPickle(v *fieldView) (Finding, bool) {
 	if p.cfg.PickleGlobals == Off || !v.hasValue() || v.val.Len == 0 || v.pickleJudged {
 		return Finding{}, false
 	}
@@ -21,9 +21,7 @@ func (p *Policy) checkPickle(v *fieldView, kinds *[]pickleWrite) (Finding, bool)
 	if why != "" {
 		return p.refuse(v, why)
 	}
-	if kind != 0 {
-		*kinds = append(*kinds, pickleWrite{key: v.key, kind: kind})
-	}
+	v.pickleKind = kind
 	return Finding{}, false
 }
 

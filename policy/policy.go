@@ -280,11 +280,14 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		if x, hit := p.checkRendezvous(&fld); hit && report(x) {
 			return false
 		}
-		if x, hit := p.checkPickle(&fld, &pickles); hit && report(x) {
+		if x, hit := p.checkPickle(&fld); hit && report(x) {
 			return false
 		}
 		if fld.statePickle {
-			pickles = append(pickles, pickleWrite{key: fld.key, kind: PickleBase64})
+			fld.pickleKind = PickleBase64
+		}
+		if fld.pickleKind != 0 && m.Pickles != nil {
+			pickles = append(pickles, pickleWrite{key: fld.key, kind: fld.pickleKind})
 		}
 		if x, hit := p.checkSplit(&m, &fld); hit && report(x) {
 			return false
@@ -317,10 +320,8 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		if len(jobs) > 0 {
 			p.jobStores.tell(jobs, m)
 		}
-		if m.Pickles != nil {
-			for _, w := range pickles {
-				m.Pickles.add(w)
-			}
+		for _, w := range pickles {
+			m.Pickles.add(w)
 		}
 	}
 	if p.cfg.Learn != nil {

@@ -244,12 +244,14 @@ func pickleGlobal(module, name string) pickle.Global {
 
 // BenchmarkCheck is the policy's cost per message: a torchrun state write (the rendezvous rule
 // decodes and scans its base64 pickle, then the pickle rule scans it again raw and as base64), a
-// small SET of an address, and a 1 MiB raw pickle of bytes (a tensor-like payload).
+// small SET of an address, a 1 MiB raw pickle of bytes (a tensor-like payload), and a WAIT of one
+// key (torch's get: judged for a key named twice), with what a server keeps of the store.
 func BenchmarkCheck(b *testing.B) {
 	p, err := New(Defaults())
 	if err != nil {
 		b.Fatal(err)
 	}
+	p = p.WithStore(Store{Appends: NewAppends(1 << 16)})        // not Written: the SET would be a second write
 	big := append([]byte{0x80, 0x04, 0x8e}, make([]byte, 8)...) // BINBYTES8 of 1 MiB, then STOP
 	big[3], big[5] = 0x00, 0x10
 	big = append(append(big, make([]byte, 1<<20)...), '.')
@@ -260,6 +262,7 @@ func BenchmarkCheck(b *testing.B) {
 		{"rendezvous state", protocol.Request{Op: protocol.OpCompareSet, Key: []byte(stateKey), Value: []byte("Y2FuaW1hZGFt"), Desired: []byte(realState)}},
 		{"small SET", setReq("/torch.rendezvous.job-7.0/MASTER_ADDR", "10.1.2.3")},
 		{"1 MiB pickle", protocol.Request{Op: protocol.OpSet, Key: []byte("/vllm/t"), Value: big}},
+		{"WAIT of one key", protocol.Request{Op: protocol.OpWait, Keys: [][]byte{[]byte("/torch.rendezvous.job-7.0/MASTER_ADDR")}}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			msg, raw := message(b, bc.req)

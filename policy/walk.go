@@ -15,7 +15,8 @@ type fieldView struct {
 	// pickleJudged: the rendezvous state's own allow-list judged the value's pickle, in place of
 	// the default pickle rule: one scan, not two.
 	pickleJudged bool
-	statePickle  bool // the rendezvous state's rule passed a state pickle (base64)
+	statePickle  bool       // the rendezvous state's rule passed a state pickle (base64)
+	pickleKind   PickleKind // the pickle rule passed a complete pickle of this kind
 	// pickleAllow is a policy file's value.globals for the key: what its pickles may import beyond
 	// the default allow-list.
 	pickleAllow *globalAllow

@@ -61,8 +61,10 @@ func setup(t testing.TB) {
 }
 
 // startFuzzProxy starts a proxy in front of upstream with the fuzzing limits, and no bans, rate
-// caps, dial pacing or store quota: the fuzzer is one source that breaks rules all the time, opens
-// thousands of connections a second and writes keys it never deletes.
+// caps, dial pacing, store quota or value-split rule: the fuzzer is one source that breaks rules
+// all the time, opens thousands of connections a second, writes keys it never deletes, and
+// APPENDs, for each of which the rule asks the store on a connection of the guard's own (policy's
+// tests and interop/test_allow_list.py judge that rule).
 func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Server {
 	cfg := config.Default()
 	cfg.Listen, cfg.MetricsListen, cfg.Upstream = "127.0.0.1:0", "", upstream
@@ -74,6 +76,7 @@ func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Se
 	cfg.Caps.PerSourceRate = 0
 	cfg.Caps.StoreDialRate, cfg.Caps.PerSourceStoreDialRate = 0, 0
 	cfg.Quota.Mode = "off"
+	cfg.Policy.ValueSplit = "off"
 	srv, err := proxy.New(cfg, proxy.Options{})
 	if err != nil {
 		t.Fatal(err)

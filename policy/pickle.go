@@ -99,9 +99,11 @@ const maxEmbedded = 5
 // loadedBytes says why what a pickle that calls torch.storage._load_from_bytes would load may not
 // be loaded, "" when it may: each of its bytes literals is read as torch.load(weights_only=False)
 // reads a legacy torch.save stream (pickles one after another, from its start), each judged as the
-// pickle itself is, persistent ids allowed (the stream's storages). A zip or tar archive (torch.load's
-// other formats, TorchScript among them), a loader inside a loader, or bytes made by a call (a str
-// through _codecs.encode, a list through bytearray: not read by the guard) are refused.
+// pickle itself is, persistent ids allowed (the stream's storages); so is each str literal of a
+// pickle that makes bytes with _codecs.encode(s, "latin1") (protocols 0 to 2), read as latin-1. A
+// zip or tar archive (torch.load's other formats, TorchScript among them), a loader inside a
+// loader, bytes made from what is no literal (bytearray or bytes of a list of ints), or a codec
+// named beside _codecs.encode other than latin-1 are refused: the guard would not read what loads.
 func (p *Policy) loadedBytes(r *pickle.Report, value protocol.Split, extra *globalAllow) string {
 	if !loadsBytes(r) {
 		return ""

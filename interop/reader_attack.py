@@ -9,7 +9,8 @@ with what it reads (pickle.loads(store.get(key)), raw or base64) on a connection
 Each pickle touches its own marker file in MARKER_DIR when it runs.
 
   gadgets   every pickle of pickle_gadgets.py, raw and base64, each SET on a connection of its own
-  splits    the os.system pickle cut in pieces and sent by APPEND (one connection, two, one byte a time, base64)
+  splits    the os.system pickle cut in pieces and sent by APPEND (one connection, two, one byte a time, base64,
+            after a SET, the first piece written past the guard)
   multiget  SET one key of --value-bytes, then one MULTI_GET naming it 131,072 times, while another client
             GETs a small key in a loop; then torch's own kind of multi_get (each key once)
 
@@ -128,6 +129,7 @@ def splits(a):
     case("one_byte_at_a_time", lambda v: [v[i:i + 1] for i in range(len(v))], 1)
     case("base64_in_three", lambda v: [v[:7], v[7:30], v[30:]], 1, form="b64")
     case("set_then_append", lambda v: [v[:5], v[5:]], 2)  # the first piece by SET
+    case("head_past_the_guard", lambda v: [v[:2], v[2:]], 1)  # the first piece straight to the store
     keys, control = [], []
     direct = client(a.store_port)
     for name, parts, conns, form, marker in cases:
@@ -139,6 +141,9 @@ def splits(a):
                 c = clients[i % conns]
                 if name == "set_then_append" and i == 0:
                     c.set(key, part)
+                elif name == "head_past_the_guard" and i == 0:
+                    direct.append(key, part)  # a writer on the store's host, past the guard
+                    time.sleep(0.1)
                 else:
                     c.append(key, part)
             for c in clients:

@@ -81,9 +81,20 @@ func TestAppendSplitsRefused(t *testing.T) {
 		{"base64, in two appends", []protocol.Request{appendReq("/k", b64[:10]), appendReq("/k", b64[10:])},
 			[]uint64{1, 1}, []bool{true, false}, protocol.RulePickleGlobalDenied},
 		{"a refused pickle appended whole", []protocol.Request{appendReq("/k", evil)}, nil, nil, protocol.RulePickleGlobalDenied},
+		{"by QUEUE_PUSH: each item is popped whole", []protocol.Request{{Op: protocol.OpQueuePush, Key: []byte("/q"), Value: []byte(evil)}},
+			nil, nil, protocol.RulePickleGlobalDenied},
+		{"by MULTI_SET, beside a harmless pair", []protocol.Request{{Op: protocol.OpMultiSet, Keys: [][]byte{[]byte("/a"), []byte("/k")},
+			Values: [][]byte{[]byte("x"), []byte(evil)}}}, nil, nil, protocol.RulePickleGlobalDenied},
+		{"by COMPARE_SET's desired value", []protocol.Request{{Op: protocol.OpCompareSet, Key: []byte("/k"), Value: []byte(""),
+			Desired: []byte(evil)}}, nil, nil, protocol.RulePickleGlobalDenied},
+		{"the head past the guard, the tail by APPEND", []protocol.Request{appendReq("/k", tail)},
+			nil, nil, protocol.RulePickleGlobalDenied},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := fakeStore{}
+			if strings.HasPrefix(tc.name, "the head past the guard") {
+				store["/k"] = []byte(head) // written by a rank on the store's host, past the guard
+			}
 			p := splitPolicy(t, store)
 			var f Finding
 			broke := false

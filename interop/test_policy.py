@@ -415,6 +415,35 @@ def test_pickle_broadcast_of_a_frameworks_classes(procs, binary, tmp_path, versi
     assert any("stored" in t and "/fw/" in t and "127.0.0.1" in t for t in texts), texts
 
 
+VLLM_VERSION = "2.15.0"  # vLLM 0.33.0 pins torch 2.14; its StatelessProcessGroup and PyNccl id class need only torch
+
+
+@pytest.fixture(scope="module")
+def vllm_path():
+    """vLLM's Python source and the few packages its vllm.distributed.utils imports (scripts/vllm-src.sh)."""
+    p = subprocess.run([str(HERE.parent / "scripts" / "vllm-src.sh")], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    root = p.stdout.strip().splitlines()[-1]
+    return f"{root}/src:{root}/deps"
+
+
+@pytest.mark.skipif(VLLM_VERSION not in ENVS, reason="no torch for vLLM")
+def test_vllm_stateless_process_group_passes(procs, binary, tmp_path, vllm_path):
+    """vLLM's own StatelessProcessGroup (a real release's vllm/distributed/utils.py) over three ranks through the
+    default guard: broadcast_obj, send_obj/recv_obj of PyNcclPipe metadata, all_gather_obj, tensor broadcast,
+    send/recv and all_reduce (tensors pickled), barrier, and PyNcclCommunicator's broadcast of its ncclUniqueId.
+    Every rank gets what was sent; 0 violations."""
+    sport = free_port()
+    guard = Guard(procs, binary, sport, "auto", tmp_path)
+    p = run_py(VLLM_VERSION, HERE / "vllm_spg.py", "127.0.0.1", guard.port, "--serve-store", sport, timeout=180,
+               env={"PYTHONPATH": vllm_path})
+    res = last_json(p.stdout)
+    assert p.returncode == 0 and res and res["ok"], f"rc={p.returncode} {p.stdout[-1500:]} {p.stderr[-1500:]}; {guard.events()}"
+    guard.assert_clean()
+    stored = sum(int(e.get("storeguard.pickles", 0)) for e in guard.flows())
+    assert stored > 0, "no pickle in the flow records"
+
+
 # --- T9: a pickle that runs code, on any key (vLLM-style broadcast keys) ---------------------------
 
 @pytest.mark.parametrize("version", [v for v in ("1.13.1", "2.4.1", "2.15.0") if v in ENVS])

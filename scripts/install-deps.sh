@@ -3,7 +3,8 @@
 # nftables, iptables, nmap, iproute2, python3-torch, chromium; masscan, redis-tools, openssh-client, curl,
 # openssl, wget for probename/testdata/capture-all.sh), Go modules, pytest, sigma-cli with its
 # Elasticsearch and Splunk backends (a venv of scripts/sigma-convert.sh), and the real-torch
-# environments of interop/torch-versions.txt (scripts/torch-envs.sh), and a real SPIRE server and
+# environments of interop/torch-versions.txt (scripts/torch-envs.sh), a real vLLM release's Python source
+# (scripts/vllm-src.sh), and a real SPIRE server and
 # agent for identity's test (scripts/install-spire.sh). Safe to run again: it skips what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,4 +45,5 @@ python3 -c 'import kubernetes_validate, yaml' 2>/dev/null \
   || { log "pip install kubernetes-validate"; python3 -m pip install -q kubernetes-validate pyyaml >&2; }
 scripts/sigma-convert.sh --install-only
 scripts/torch-envs.sh >/dev/null
+scripts/vllm-src.sh >/dev/null   # vLLM's own StatelessProcessGroup, for interop/test_policy.py (about 20 s, 340 MB fetched once)
 scripts/install-spire.sh >/dev/null

@@ -127,7 +127,9 @@ type Report struct {
 	UnknownCalls int
 	Ext          bool // an EXT1/EXT2/EXT4 opcode (copyreg extension registry) was read
 	Persistent   bool // PERSID/BINPERSID read
-	End          int  // bytes consumed: the offset just past STOP when Complete
+	// ExtOffset and PersistentOffset are where the first of each lies, when Ext or Persistent.
+	ExtOffset, PersistentOffset int
+	End                         int // bytes consumed: the offset just past STOP when Complete
 	// Bytes are where the bytes and bytearray literals lie in the (decoded) pickle, at most
 	// MaxGlobals of them (then BytesTruncated): a caller can inspect what a global such as
 	// torch.storage._load_from_bytes will load from one.

@@ -354,6 +354,13 @@ func (s *scanner) addGlobal(g Global) int {
 	return len(s.globals) - 1
 }
 
+// persistentAt records a persistent id read at offset at.
+func (s *scanner) persistentAt(at int) {
+	if !s.r.Persistent {
+		s.r.Persistent, s.r.PersistentOffset = true, at
+	}
+}
+
 // encodes reports whether the pickle imports _codecs.encode, the one reader of Report.Strs: the
 // strs are copied out for it alone.
 func (s *scanner) encodes() bool {
@@ -924,7 +931,7 @@ func (s *scanner) step(op byte, at int) fault {
 		return s.get(key)
 
 	case opPERSID:
-		s.r.Persistent = true
+		s.persistentAt(at)
 		s.nameL = nameLine{ascii: true}
 		if _, f := s.readLine(sinkName); f != 0 {
 			return f
@@ -934,7 +941,7 @@ func (s *scanner) step(op byte, at int) fault {
 		}
 		return s.push(val{k: kAny, x: -1})
 	case opBINPERSID:
-		s.r.Persistent = true
+		s.persistentAt(at)
 		if _, f := s.pop(); f != 0 {
 			return f
 		}
@@ -953,7 +960,9 @@ func (s *scanner) step(op byte, at int) fault {
 		if code <= 0 {
 			return fExtCode
 		}
-		s.r.Ext = true
+		if !s.r.Ext {
+			s.r.Ext, s.r.ExtOffset = true, at
+		}
 		return s.push(val{k: kGlobal, x: -1})
 
 	case opPROTO:

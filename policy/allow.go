@@ -92,17 +92,32 @@ func defaultAllow() globalAllow {
 
 // unsafe says why a reader may not load r, "" when it may: every global it imports is allowed (by
 // default, or by extra: a policy file's value.globals for the key) and not denied (the floor no
-// allow-list lifts), every call is a call of one of them, and nothing is left to the reader's own
-// tables (EXT, and PERSID outside a torch.save stream, inSave). While learning, a global off the
+// allow-list lifts), and every call is a call of one of them. While learning, a global off the
 // allow-list is what is learned, not a finding; the rest still is.
+//
+// An EXT opcode makes the unpickler look its code up in the reading process's copyreg registry,
+// which is empty unless that process registered codes (nothing in the standard library, torch or
+// the frameworks measured does): it raises there. A persistent id makes pickle.loads raise (it has
+// no persistent_load); torch.load's unpickler of a torch.save stream has one (inSave). So what
+// follows the first of them never runs, and is not judged: binary values read as pickles (a gloo
+// address as base64) meet these opcodes by chance, and refusing them refused torch's own traffic.
 func (p *Policy) unsafe(r *pickle.Report, extra *globalAllow, inSave bool) string {
+	stop := -1 // where the reader raises: what lies after it never runs
+	if r.Ext {
+		stop = r.ExtOffset
+	}
+	if r.Persistent && !inSave && (stop < 0 || r.PersistentOffset < stop) {
+		stop = r.PersistentOffset
+	}
+	runs := func(off int) bool { return stop < 0 || off < stop }
 	for _, g := range r.Globals {
-		if g.Resolved && importable(g) && p.deny.denied(g) {
+		if runs(g.Offset) && g.Resolved && importable(g) && p.deny.denied(g) {
 			return "imports " + globalName(g) + ", which runs code: never allowed"
 		}
 	}
 	for _, g := range r.Globals {
 		switch {
+		case !runs(g.Offset):
 		case !g.Resolved:
 			return "imports a global whose name the scanner could not follow (" + g.Op + " at offset " + fmt.Sprint(g.Offset) + ")"
 		case !importable(g):
@@ -117,19 +132,14 @@ func (p *Policy) unsafe(r *pickle.Report, extra *globalAllow, inSave bool) strin
 	switch {
 	case r.Truncated:
 		return fmt.Sprintf("imports or calls more than %d globals: the rest unseen", p.cfg.Pickle.MaxGlobals)
+	case errors.Is(r.Err, pickle.ErrLimit):
+		return "is past the scanner's bounds: " + r.Err.Error()
 	case r.UnknownCalls > 0:
 		for _, c := range r.Calls {
-			if c.Callee < 0 {
+			if c.Callee < 0 && runs(c.Offset) {
 				return fmt.Sprintf("calls what is not an allowed global (%s at offset %d): a call's result or an unknown value", c.Op, c.Offset)
 			}
 		}
-		return "calls what is not an allowed global"
-	case errors.Is(r.Err, pickle.ErrLimit):
-		return "is past the scanner's bounds: " + r.Err.Error()
-	case r.Ext:
-		return "uses the copyreg extension registry (EXT): what it imports is the reader's"
-	case r.Persistent && !inSave:
-		return "has a persistent id (PERSID): what it loads is the reader's persistent_load"
 	}
 	return ""
 }

@@ -83,3 +83,32 @@ func TestGadgetsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestReadersRaiseAtExtAndPersistentIDs: pickle.loads raises at an EXT opcode (no process registers
+// copyreg codes) and at a persistent id (it has no persistent_load), so what follows them never
+// runs: binary values read as pickles meet them by chance (a gloo address of torch 1.13, read as
+// base64, was refused so and its job failed). What comes before them is judged as ever.
+func TestReadersRaiseAtExtAndPersistentIDs(t *testing.T) {
+	p, _ := New(Defaults())
+	system := "cposix\nsystem\n(S'x'\ntR"
+	for _, tc := range []struct{ name, value, detail string }{
+		{"EXT, then a call of its result", "\x82\x05)R.", ""},
+		{"a persistent id, then a call of it", "P1\n)R.", ""},
+		{"BINPERSID, then a call of it", "K\x01Q)R.", ""},
+		{"os.system after an EXT: never runs", "\x82\x05" + system + ".", ""},
+		{"os.system before an EXT", system + "\x82\x05.", "imports posix.system"},
+		{"a call of an unknown value before an EXT", "\x80\x04K\x01)R\x82\x05.", ""},
+	} {
+		for _, form := range []string{tc.value, base64.StdEncoding.EncodeToString([]byte(tc.value))} {
+			f, broke := p.JudgeValue([]byte("/0/0/2"), []byte(form), netip.IPv4Unspecified())
+			if tc.detail == "" && broke || tc.detail != "" && (!broke || !strings.Contains(f.Detail, tc.detail)) {
+				t.Errorf("%s (%q): %v %q, want %q", tc.name, form, broke, f.Detail, tc.detail)
+			}
+		}
+	}
+	// torch 1.13's gloo address of rank 2 (sockaddr_in 127.0.0.1, padded), as its job wrote it.
+	addr := append([]byte{0x02, 0x00, 0x91, 0xbf, 0x7f, 0x00, 0x00, 0x01}, make([]byte, 400)...)
+	if f, broke := p.JudgeValue([]byte("/0/0/2"), addr, netip.IPv4Unspecified()); broke {
+		t.Errorf("a gloo address: %q", f.Detail)
+	}
+}

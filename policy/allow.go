@@ -162,39 +162,37 @@ func importable(g pickle.Global) bool {
 	return true
 }
 
-// JudgeValue judges value as a SET of key from src would be judged by the value rules (a policy
-// file's rules for the key, the rendezvous state's, the pickle rule): what `storeguard policy
-// judge` answers for a value, before any reaches a store. Write-once and the quota, which depend
-// on what the store holds, are not asked.
+// JudgeValue judges value as Check judges a SET of key from src: what `storeguard policy judge`
+// answers for a value, before any reaches a store. On a policy that keeps nothing of a store (no
+// WithStore), write-once and the quota are not asked. The first finding in enforce mode is the
+// answer, else the first in monitor mode.
 func (p *Policy) JudgeValue(key, value []byte, src netip.Addr) (Finding, bool) {
-	m := Message{Src: src}
-	v := fieldView{op: protocol.OpSet, key: key, keyField: protocol.Field{Kind: protocol.FieldKey, Len: uint64(len(key))},
-		val: protocol.Field{Kind: protocol.FieldValue, Off: uint64(1 + 8 + len(key)), Len: uint64(len(value))}, vb: value}
-	var f Finding
-	broke := false
-	for i := range p.rules {
-		x, hit, decided := p.rules[i].check(&m, &v)
-		if hit && x.Mode == Enforce {
-			return x, true
-		}
-		if hit && !broke {
-			f, broke = x, true
-		}
-		if decided {
-			break
-		}
+	b, err := protocol.Append(nil, protocol.G1, protocol.Request{Op: protocol.OpSet, Key: key, Value: value})
+	if err != nil {
+		return Finding{Rule: protocol.RuleValueInvalid, Detail: err.Error(), Mode: Enforce}, true
 	}
-	for _, check := range []func(*fieldView) (Finding, bool){p.checkRendezvous, p.checkPickle} {
-		if x, hit := check(&v); hit {
-			if x.Mode == Enforce {
-				return x, true
-			}
-			if !broke {
-				f, broke = x, true
-			}
+	lim := protocol.Limits{MaxKeyBytes: protocol.MaxLimit, MaxValueBytes: protocol.MaxLimit, MaxKeys: protocol.MaxLimit,
+		MaxMessageBytes: protocol.MaxLimit}
+	d := protocol.NewDecoder(protocol.Config{Gen: protocol.GenSetting{Gen: protocol.G1}, Limits: lim})
+	var msg *protocol.Message
+	for off := 0; msg == nil && off < len(b); {
+		n, m, err := d.Scan(b[off:])
+		if err != nil {
+			return Finding{Rule: protocol.RuleValueInvalid, Detail: err.Error(), Mode: Enforce}, true
 		}
+		off, msg = off+n, m
 	}
-	return f, broke
+	var warned Finding
+	monitor := false
+	f, broke := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}, Src: src}, func(x Finding) {
+		if !monitor {
+			warned, monitor = x, true
+		}
+	})
+	if broke {
+		return f, true
+	}
+	return warned, monitor
 }
 
 // AllowedGlobals is the default allow-list, sorted: what a pickle may import and call on any key.

@@ -23,8 +23,10 @@ import (
 // it) may land before or after this one: both are let through only when each leaves a settled
 // value, one that no bytes appended later change (pickle.Extendable), so that whichever lands first
 // decides, and was judged. A write of the whole value (SET, COMPARE_SET, MULTI_SET) cannot be seen
-// on its way either: an APPEND to a key written whole through the guard is refused, and so is a
-// whole write of an unsettled value to a key appended to through the guard (value_split).
+// on its way either: an APPEND to a key written whole through the guard is refused (value_split).
+// A whole write is never refused for an APPEND: an intruder's APPEND to a key the job writes
+// later (MASTER_ADDR before torchrun's agent) would make the rule refuse the job's own write. What
+// that leaves: an APPEND judged just before a whole write of an unsettled value, landing after it.
 
 // appendValueLimit bounds the store's value the guard reads to judge an APPEND, and the bytes of
 // APPENDs on their way it keeps for a key: past it the APPEND is refused.
@@ -41,10 +43,9 @@ type Appends struct {
 	judging  sync.Mutex // held while an APPEND is judged
 	mu       sync.Mutex
 	seed     maphash.Seed
-	written  hashRing
-	appended hashRing
-	state    map[uint64]*appendState // by key hash, for the keys in appended
-	kept     int                     // bytes of pending kept, in all states
+	written  recent[uint64, struct{}]
+	appended recent[uint64, *appendState] // by key hash; nil: appended, nothing passed on its way
+	kept     int                          // bytes of pending kept, in all states
 }
 
 // Bounds on the bytes of APPENDs on their way that Appends keeps: a key's past pendingKept, or
@@ -69,8 +70,8 @@ func (st *appendState) end() int { return st.base + st.n }
 
 // NewAppends remembers at most n keys of each kind.
 func NewAppends(n int) *Appends {
-	return &Appends{seed: maphash.MakeSeed(), written: newHashRing(n), appended: newHashRing(n),
-		state: map[uint64]*appendState{}}
+	return &Appends{seed: maphash.MakeSeed(), written: newRecent[uint64, struct{}](n),
+		appended: newRecent[uint64, *appendState](n)}
 }
 
 // Reset forgets every key: the store behind the guard is another.
@@ -79,7 +80,6 @@ func (a *Appends) Reset() {
 	defer a.mu.Unlock()
 	a.written.reset()
 	a.appended.reset()
-	clear(a.state)
 	a.kept = 0
 }
 
@@ -98,12 +98,8 @@ func (p *Policy) checkSplit(m *Message, v *fieldView) (Finding, bool) {
 	switch v.op {
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpMultiSet:
 		a.mu.Lock()
-		appended := a.appended.has(h)
-		a.written.put(h)
+		a.written.put(h, struct{}{})
 		a.mu.Unlock()
-		if appended && pickle.Extendable(v.va, v.vb, p.cfg.Pickle) {
-			return fail(protocol.RuleValueSplit, v.op.String()+" of a value that an APPEND could still make a pickle, to a key appended to through the guard")
-		}
 		return Finding{}, false
 	case protocol.OpAppend:
 	default:
@@ -113,13 +109,12 @@ func (p *Policy) checkSplit(m *Message, v *fieldView) (Finding, bool) {
 	a.judging.Lock()
 	defer a.judging.Unlock()
 	a.mu.Lock()
-	written := a.written.has(h)
-	if evicted, ok := a.appended.put(h); ok {
-		a.forget(evicted)
-	}
+	_, written := a.written.get(h)
 	var st appendState
-	if s := a.state[h]; s != nil {
+	if s, ok := a.appended.get(h); ok && s != nil {
 		st = *s
+	} else if !ok {
+		a.keep(h, nil)
 	}
 	a.mu.Unlock()
 	if written {
@@ -179,62 +174,24 @@ func (p *Policy) checkSplit(m *Message, v *fieldView) (Finding, bool) {
 func (a *Appends) record(h uint64, st appendState) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.forget(h)
-	if !a.appended.has(h) {
-		return // forgotten meanwhile: a state only for the keys remembered
-	}
 	if st.n > pendingKept || a.kept+st.n > pendingTotal {
 		st.pending, st.lost = nil, true
 	} else {
 		st.pending = append([]byte(nil), st.pending...)
-		a.kept += st.n
 	}
-	a.state[h] = &st
+	a.keep(h, &st)
 }
 
-// forget drops h's state; a.mu is held.
-func (a *Appends) forget(h uint64) {
-	if st := a.state[h]; st != nil {
-		a.kept -= len(st.pending)
-		delete(a.state, h)
+// keep sets key hash h's state, and accounts for the pending bytes it and what it displaces hold;
+// a.mu is held.
+func (a *Appends) keep(h uint64, st *appendState) {
+	if old, ok := a.appended.get(h); ok && old != nil {
+		a.kept -= len(old.pending)
 	}
-}
-
-// hashRing is a set of at most n hashes, forgetting the oldest first. Not safe for concurrent use.
-type hashRing struct {
-	m    map[uint64]struct{}
-	ring []uint64
-	used int
-	next int
-}
-
-func newHashRing(n int) hashRing {
-	return hashRing{m: make(map[uint64]struct{}), ring: make([]uint64, max(n, 1))}
-}
-
-func (r *hashRing) has(h uint64) bool {
-	_, ok := r.m[h]
-	return ok
-}
-
-// put adds h; evicted is the hash it forgot to make room, if any.
-func (r *hashRing) put(h uint64) (evicted uint64, ok bool) {
-	if _, in := r.m[h]; in {
-		return 0, false
+	if st != nil {
+		a.kept += len(st.pending)
 	}
-	if r.used == len(r.ring) {
-		evicted, ok = r.ring[r.next], true
-		delete(r.m, evicted)
-	} else {
-		r.used++
+	if old, evicted := a.appended.put(h, st); evicted && old != nil {
+		a.kept -= len(old.pending)
 	}
-	r.ring[r.next] = h
-	r.next = (r.next + 1) % len(r.ring)
-	r.m[h] = struct{}{}
-	return evicted, ok
-}
-
-func (r *hashRing) reset() {
-	clear(r.m)
-	r.used, r.next = 0, 0
 }

@@ -38,7 +38,7 @@ type JobStores struct {
 	Asked func(key []byte, js JobStore)
 
 	mu     sync.Mutex
-	rounds recent[*round]
+	rounds recent[string, *round]
 }
 
 type round struct {
@@ -48,7 +48,7 @@ type round struct {
 
 // NewJobStores remembers at most n rounds.
 func NewJobStores(n int, notify func(JobStore)) *JobStores {
-	return &JobStores{Notify: notify, rounds: newRecent[*round](n)}
+	return &JobStores{Notify: notify, rounds: newRecent[string, *round](n)}
 }
 
 // roundLocked returns the round named r, remembered from now on if it was not.

@@ -1,37 +1,43 @@
 package policy
 
 // recent is a map that keeps at most n keys, forgetting the oldest first: what the policy
-// remembers of the store (Written, JobStores) is bounded by configuration, never by the wire. Not
-// safe for concurrent use; its owner locks.
-type recent[V any] struct {
-	m    map[string]V
-	ring []string // the keys in the order they came; "" is a free slot
+// remembers of the store (Written, JobStores, Appends) is bounded by configuration, never by the
+// wire. Not safe for concurrent use; its owner locks.
+type recent[K comparable, V any] struct {
+	m    map[K]V
+	ring []K // the keys in the order they came
+	used int // slots of ring taken
 	next int
 }
 
-func newRecent[V any](n int) recent[V] {
-	return recent[V]{m: make(map[string]V), ring: make([]string, max(n, 1))}
+func newRecent[K comparable, V any](n int) recent[K, V] {
+	return recent[K, V]{m: make(map[K]V), ring: make([]K, max(n, 1))}
 }
 
-func (r *recent[V]) get(k string) (V, bool) {
+func (r *recent[K, V]) get(k K) (V, bool) {
 	v, ok := r.m[k]
 	return v, ok
 }
 
-// put sets k's value; a new key takes the oldest one's place when all n are taken.
-func (r *recent[V]) put(k string, v V) {
+// put sets k's value; a new key takes the oldest one's place when all n are taken, and that one's
+// value is returned (evicted true).
+func (r *recent[K, V]) put(k K, v V) (old V, evicted bool) {
 	if _, ok := r.m[k]; !ok {
-		if old := r.ring[r.next]; old != "" {
-			delete(r.m, old)
+		if r.used == len(r.ring) {
+			old, evicted = r.m[r.ring[r.next]], true
+			delete(r.m, r.ring[r.next])
+		} else {
+			r.used++
 		}
 		r.ring[r.next] = k
 		r.next = (r.next + 1) % len(r.ring)
 	}
 	r.m[k] = v
+	return old, evicted
 }
 
-func (r *recent[V]) reset() {
+func (r *recent[K, V]) reset() {
 	clear(r.m)
 	clear(r.ring)
-	r.next = 0
+	r.used, r.next = 0, 0
 }

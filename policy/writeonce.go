@@ -37,11 +37,11 @@ func modifies(op protocol.Op) bool {
 // forgotten key is looked up in the store again.
 type Written struct {
 	mu   sync.Mutex
-	keys recent[struct{}]
+	keys recent[string, struct{}]
 }
 
 // NewWritten remembers at most n keys.
-func NewWritten(n int) *Written { return &Written{keys: newRecent[struct{}](n)} }
+func NewWritten(n int) *Written { return &Written{keys: newRecent[string, struct{}](n)} }
 
 func (w *Written) has(key []byte) bool {
 	w.mu.Lock()

@@ -29,7 +29,7 @@ func testBansThrottleAServingSource(t *testing.T, m mode) {
 	}
 	served := func(c net.Conn) error {
 		c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys}))
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.SetReadDeadline(time.Now().Add(patience))
 		_, err := io.ReadFull(c, make([]byte, 2))
 		return err
 	}

@@ -52,7 +52,7 @@ func testFlowRecords(t *testing.T, m mode) {
 	c := h.dial()
 	c.Write(append(set, get...))
 	eventually(t, "both at the store", func() bool { return len(h.store.Received(0)) == len(set)+len(get) })
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(patience))
 	c.Read(make([]byte, 2))
 	c.Close()
 	f := h.flowsOf("flow", 1)[0]

@@ -67,7 +67,7 @@ func testLoopForwardsBothWays(t *testing.T, m mode) {
 			h.store.SetReply([]byte("ok"))
 			c := h.dial()
 			sent := h.adopted(c)
-			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			c.SetReadDeadline(time.Now().Add(patience))
 			if _, err := io.ReadFull(c, make([]byte, 2)); err != nil { // the store's answer to the handshake
 				t.Fatal(err)
 			}
@@ -275,7 +275,7 @@ func testLoopBackpressureToStore(t *testing.T, m mode) {
 	c := h.dial()
 	hs := protocol.AppendHandshake(nil, protocol.G3, 5)
 	c.Write(hs)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(patience))
 	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ type metrics struct {
 	reg *prometheus.Registry
 
 	accepted        prometheus.Counter
+	acceptErrors    prometheus.Counter
 	active          prometheus.Gauge
 	refused         *prometheus.CounterVec
 	handshakes      *prometheus.CounterVec
@@ -116,6 +117,8 @@ func newMetrics(read readings) *metrics {
 		return prometheus.Opts{Namespace: namespace, Name: name, Help: help}
 	}
 	m.accepted = prometheus.NewCounter(prometheus.CounterOpts(f("connections_accepted_total", "Client connections admitted.")))
+	m.acceptErrors = prometheus.NewCounter(prometheus.CounterOpts(f("accept_errors_total",
+		"Failed accepts (such as EMFILE, out of descriptors); each pauses accepting for 50 ms.")))
 	m.active = prometheus.NewGauge(prometheus.GaugeOpts(f("connections_active", "Client connections open now.")))
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts(f("connections_refused_total",
 		"Client connections refused at accept, by reason.")), []string{"reason"})
@@ -217,7 +220,7 @@ func newMetrics(read readings) *metrics {
 		[]string{"version", "goversion"})
 	build.WithLabelValues(version.String(), runtime.Version()).Set(1)
 
-	m.reg.MustRegister(m.accepted, m.active, m.refused, m.handshakes, m.resumed, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
+	m.reg.MustRegister(m.accepted, m.acceptErrors, m.active, m.refused, m.handshakes, m.resumed, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
 		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen, m.unguardedStores,

@@ -135,7 +135,7 @@ func testWriteOnceKeys(t *testing.T, m mode) {
 	pong := func(c net.Conn) { // the handshake's PING reply
 		t.Helper()
 		var b [4]byte
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.SetReadDeadline(time.Now().Add(patience))
 		if _, err := io.ReadFull(c, b[:]); err != nil {
 			t.Fatalf("PING reply: %v", err)
 		}
@@ -163,7 +163,7 @@ func testWriteOnceKeys(t *testing.T, m mode) {
 	// A delete of a write-once key that was never written is nothing to refuse.
 	c.Write(enc(t, protocol.G3, protocol.Request{Op: protocol.OpDeleteKey, Key: []byte("/torch.rendezvous.r.1/MASTER_ADDR")}))
 	var reply [8]byte
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(patience))
 	if _, err := io.ReadFull(c, reply[:]); err != nil {
 		t.Fatalf("DELETE_KEY of an unwritten key: %v; flows %v", err, h.audit.flows(t))
 	}
@@ -209,7 +209,7 @@ func startSim(t *testing.T, m mode, mutate func(*config.Config)) (*harness, *sto
 // messages before the one it refused.
 func closedAfterReplies(t *testing.T, c net.Conn) {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(patience))
 	if _, err := io.Copy(io.Discard, c); err != nil {
 		t.Fatalf("connection not closed: %v", err)
 	}

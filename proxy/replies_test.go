@@ -42,7 +42,7 @@ func testRepliesNobodyReads(t *testing.T, m mode) {
 	}
 	other := h.dial()
 	other.Write(append(protocol.AppendHandshake(nil, protocol.G3, 2), get...))
-	other.SetReadDeadline(time.Now().Add(5 * time.Second))
+	other.SetReadDeadline(time.Now().Add(patience))
 	buf := make([]byte, 4+8+size)
 	if _, err := readFull(other, buf); err != nil {
 		t.Fatalf("another client's GET: %v", err)

@@ -59,7 +59,7 @@ func rawFd(t *testing.T, c net.Conn) int {
 // arrive waits until fd has n bytes to read.
 func arrive(t *testing.T, fd, n int) {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+	for end := time.Now().Add(patience); time.Now().Before(end); time.Sleep(time.Millisecond) {
 		if q, _ := unix.IoctlGetInt(fd, unix.SIOCINQ); q >= n {
 			return
 		}
@@ -92,7 +92,7 @@ func pass(t *testing.T, from, to, n int, peek, consume bool) {
 
 func readAll(t *testing.T, c net.Conn, n int) []byte {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(patience))
 	b := make([]byte, n)
 	if _, err := io.ReadFull(c, b); err != nil {
 		t.Fatal(err)

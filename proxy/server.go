@@ -407,8 +407,9 @@ func (s *Server) loopsAccept() bool {
 // instead of spinning on a listening socket that stays readable.
 const acceptPause = 50 * time.Millisecond
 
-// acceptFailed logs an accept error, at most once a second.
+// acceptFailed counts an accept error and logs it, at most once a second.
 func (s *Server) acceptFailed(err error) {
+	s.m.acceptErrors.Inc()
 	if s.every.accept.allow(s.now()) {
 		s.log.Error("accept failed (logged at most once a second)", "err", err)
 	}

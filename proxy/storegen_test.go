@@ -29,7 +29,7 @@ func waitStore(t *testing.T, h *harness, want protocol.Generation) {
 
 func send(t *testing.T, c net.Conn, b []byte, want int) []byte {
 	t.Helper()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.SetDeadline(time.Now().Add(patience))
 	if _, err := c.Write(b); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func testAutoHoldsConnectionsUntilTheStoreIsKnown(t *testing.T, m mode) {
 		t.Fatal("a generation was known with no store")
 	}
 	storesim.StartT(t, addr, protocol.G1, protocol.BackendLegacy)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(patience))
 	want := []byte("\x02\x00\x00\x00\x00\x00\x00\x00ab\x02\x00\x00\x00\x00\x00\x00\x00ab")
 	got := make([]byte, len(want))
 	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
@@ -311,15 +311,11 @@ func testDrainEndsConnectionsWaitingForTheStore(t *testing.T, m mode) {
 	c := h.dial()
 	c.Write([]byte{0x06})
 	eventually(t, "the connection held", func() bool { return h.metric("storeguard_connections_active") == "1" })
-	t0 := time.Now()
 	h.cancel()
 	select {
 	case <-h.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Serve still waits for a held connection 5 s after its 200 ms drain")
+	case <-time.After(patience): // short of the dial's minute: the drain ended the wait, not the dial
+		t.Fatalf("Serve still waits for a held connection %v after its 200 ms drain", patience)
 	}
 	closedByPeer(t, c)
-	if d := time.Since(t0); d > 3*time.Second {
-		t.Errorf("Serve returned %v after cancel", d)
-	}
 }

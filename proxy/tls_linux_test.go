@@ -40,7 +40,7 @@ func testUpgradeKeepsMutualTLSConnections(t *testing.T, m mode) {
 		h = next
 		select {
 		case <-h.srv.serving:
-		case <-time.After(5 * time.Second):
+		case <-time.After(patience):
 			t.Fatal("the new server does not serve")
 		}
 	}
@@ -178,7 +178,7 @@ func TestMutualTLSEndInALoop(t *testing.T) {
 		return false
 	}
 	var sent []byte
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(patience)
 	for !inLoop() {
 		if time.Now().After(deadline) {
 			t.Fatal("no event loop took the mutual-TLS connection")

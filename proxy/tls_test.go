@@ -156,7 +156,7 @@ func testMutualTLSResumes(t *testing.T, m mode) {
 		if !c.ConnectionState().DidResume {
 			t.Fatal("the client did not offer its session again")
 		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.SetReadDeadline(time.Now().Add(patience))
 		if n, rerr := c.Read(make([]byte, 8)); rerr == nil {
 			t.Fatalf("read %d bytes after a refused resumption", n)
 		}
@@ -209,7 +209,7 @@ func testMutualTLSRefusals(t *testing.T, m mode) {
 			c, err := tls.Dial("tcp", h.addr, &tls.Config{Certificates: certs, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
 			if err == nil { // TLS 1.3: the client hears of the refusal at its first read
 				c.Write(probe)
-				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				c.SetReadDeadline(time.Now().Add(patience))
 				if n, rerr := c.Read(make([]byte, 16)); rerr == nil {
 					t.Errorf("%s: read %d bytes after a refused handshake", tc.name, n)
 				}

@@ -95,7 +95,7 @@ func testUpgradeKeepsEveryConnection(t *testing.T, m mode) {
 	}
 	select {
 	case <-h.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("the old server's Serve did not return after handing over")
 	}
 

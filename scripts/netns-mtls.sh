@@ -343,9 +343,12 @@ print(json.dumps(r))
 EOF
 
 cat >"$WORK/plainclient.py" <<'EOF'
-# plainclient.py HOST PORT MARKER: torch's own TCPStore client sets MARKER; prints ok or the error's first line
-import datetime, sys
+# plainclient.py HOST PORT MARKER GATE: torch's own TCPStore client sets MARKER once the file GATE exists (torch takes
+# seconds to import: it imports beside the other checks, and connects when they are done); prints ok or the error
+import datetime, os, sys, time
 import torch.distributed as d
+while not os.path.exists(sys.argv[4]):
+    time.sleep(0.05)
 try:
     s = d.TCPStore(sys.argv[1], int(sys.argv[2]), None, False, datetime.timedelta(seconds=8), wait_for_workers=False)
     s.set(sys.argv[3], "x")
@@ -713,7 +716,11 @@ phase_B() {
 	local marker=intruder/torch-$TAG c0 got ev pc
 	c0=$(relay_conns)
 	# torch's client (10 s to import here, then retries until its timeout) runs beside the raw intruders
-	ip netns exec "$NS_I" "$TORCH_PY" "$WORK/plainclient.py" "$M_ADDR" "$GUARD_PORT" "$marker" >"$WORK/plainclient.log" 2>&1 &
+	# torch's client imports beside the raw intruders and connects after them: its retries count towards the intruder's
+	# ban, and a ban before B-notallowed would answer that case as "banned" (it did, on a loaded machine)
+	rm -f "$WORK/plainclient.go"
+	ip netns exec "$NS_I" "$TORCH_PY" "$WORK/plainclient.py" "$M_ADDR" "$GUARD_PORT" "$marker" "$WORK/plainclient.go" \
+		>"$WORK/plainclient.log" 2>&1 &
 	pc=$!
 	PIDS+=("$pc")
 	intrude raw not_tls
@@ -721,6 +728,7 @@ phase_B() {
 	intrude otherca unknown_ca "$CERTS/evil-w1.crt" "$CERTS/evil-w1.key"
 	intrude expired expired "$CERTS/w1-expired.crt" "$CERTS/w1-expired.key"
 	intrude notallowed identity_not_allowed "$CERTS/other.crt" "$CERTS/other.key"
+	touch "$WORK/plainclient.go"
 	wait "$pc" || true
 	got=$(tail -1 "$WORK/plainclient.log" | cut_lines)
 	if [ "$TLS" = on ]; then

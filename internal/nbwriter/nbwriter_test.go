@@ -17,7 +17,7 @@ func TestStalledSinkCostsLinesNotTime(t *testing.T) {
 	for i := range 1000 {
 		fmt.Fprintf(w, "line %d\n", i)
 	}
-	if d := time.Since(start); d > 5*time.Second {
+	if d := time.Since(start); d > 30*time.Second {
 		t.Fatalf("1000 writes into a stalled sink took %v", d)
 	}
 	dropped := w.Dropped()

@@ -14,14 +14,18 @@ import (
 const (
 	MaxStoreConnections    Reason = "max_store_connections"    // caps.max-store-connections
 	SourceStoreConnections Reason = "source_store_connections" // caps.per-source-store-connections
-	StoreDialRate          Reason = "store_dial_rate"          // caps.store-dial-rate
+	StoreDialRate          Reason = "store_dial_rate"          // caps.store-dial-rate as a number
+	StorePacing            Reason = "store_pacing"             // caps.store-dial-rate auto: dials in flight fill the window
 	SourceStoreDialRate    Reason = "source_store_dial_rate"   // caps.per-source-store-dial-rate
 )
 
-// DialRate is how fast the guard may open connections to the store: Rate a second and Burst at
-// once in all, PerSourceRate and PerSourceBurst for one client source (caps.*store-dial-*). A rate
-// of 0 is no limit; a burst below 1 is taken as 1.
+// DialRate is how fast the guard may open connections to the store (caps.*store-dial-*): Paced, by
+// what the store does (pacing.go), or at most Rate a second and Burst at once in all; and at most
+// PerSourceRate a second and PerSourceBurst at once for one client source. A rate of 0 is no limit;
+// a burst below 1 is taken as 1. Slow is when a paced store is slowing (0: DefaultSlow).
 type DialRate struct {
+	Paced          bool
+	Slow           time.Duration
 	Rate           float64
 	Burst          int
 	PerSourceRate  float64
@@ -35,6 +39,9 @@ type DialRate struct {
 // grants (DialRate): torch 2.6+ stores resolve each new peer's name in the thread that serves
 // every client, so a churn of store connections faster than the resolver answers stalls the whole
 // store. It is safe for concurrent use.
+//
+// By default it paces by the store (DialRate.Paced, pacing.go): a window of dials in flight, which
+// grows while the store answers new connections fast and halves when it slows.
 //
 // Clients that cannot have a slot at once wait in one queue (Take), served in this order: sources
 // that serve a job and have not dialled within recentDial (a job's host), then other sources that
@@ -54,6 +61,9 @@ type StoreSlots struct {
 	queue    []*slotWaiter               // in arrival order
 	arrivals uint64
 	timer    *time.Timer // serves the queue when the next dial token a waiter needs is due
+	pace     pacing      // rate.Paced
+	// lookByHand: tests call paceTick themselves, on their own clock (no pacing timer).
+	lookByHand bool
 }
 
 // slotWaiter is a client queued in Take.
@@ -63,7 +73,7 @@ type slotWaiter struct {
 	seq     uint64 // arrival order
 	reason  Reason // what holds it back now
 	granted chan struct{}
-	release func() // set before granted is closed
+	slot    *Slot // set before granted is closed
 }
 
 // recentDial is how lately a source must have dialled the store to wait behind sources that have
@@ -103,30 +113,54 @@ func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
 		d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) < 1 {
 		return SourceStoreDialRate
 	}
-	if s.rate.Rate > 0 && s.all.level(now, s.rate.Rate, s.rate.Burst) < 1 {
+	if s.rate.Paced && s.pace.full() {
+		return StorePacing
+	}
+	if !s.rate.Paced && s.rate.Rate > 0 && s.all.level(now, s.rate.Rate, s.rate.Burst) < 1 {
 		return StoreDialRate
 	}
 	return ""
 }
 
-// take counts one slot for src and returns what gives it back, once.
-func (s *StoreSlots) take(src netip.Addr) (release func()) {
-	s.held.Take(src, 1)
-	var released atomic.Bool
-	return func() {
-		if !released.CompareAndSwap(false, true) {
-			return
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.held.Release(src, 1)
-		s.serveLocked()
-	}
+// Slot is a store connection's place in StoreSlots: Release gives it back. A slot granted while
+// the dials are paced also tells the pacer how fast the store answers it (Asked, Answered).
+type Slot struct {
+	s        *StoreSlots
+	src      netip.Addr
+	released atomic.Bool
+	// Under s.mu, while the dial is in flight (pacing.go): when it was granted, and when the
+	// connection forwarded its first request the store answers at once.
+	granted, asked time.Time
 }
 
-// dial spends a dial token of the store and one of src, and notes when src dialled.
-func (s *StoreSlots) dial(src netip.Addr, now time.Time) {
-	if s.rate.Rate > 0 {
+// take counts one slot for src.
+func (s *StoreSlots) take(src netip.Addr) *Slot {
+	s.held.Take(src, 1)
+	return &Slot{s: s, src: src}
+}
+
+// Release gives the slot back; calling it again does nothing. A dial still in flight leaves the
+// pacing window without telling it anything of the store.
+func (sl *Slot) Release() {
+	if sl == nil || !sl.released.CompareAndSwap(false, true) {
+		return
+	}
+	s := sl.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pace.settle(sl)
+	s.held.Release(sl.src, 1)
+	s.serveLocked()
+}
+
+// dial spends a dial token of the store and one of src (or, paced, puts sl in flight), and notes
+// when src dialled.
+func (s *StoreSlots) dial(sl *Slot, now time.Time) {
+	src := sl.src
+	switch {
+	case s.rate.Paced:
+		s.pace.start(sl, now)
+	case s.rate.Rate > 0:
 		s.all.tokens--
 	}
 	d := s.sources[src]
@@ -165,8 +199,8 @@ func (s *StoreSlots) serveLocked() {
 		if w == nil {
 			break
 		}
-		w.release = s.take(w.src)
-		s.dial(w.src, now)
+		w.slot = s.take(w.src)
+		s.dial(w.slot, now)
 		s.dequeueLocked(w)
 		close(w.granted)
 	}
@@ -210,8 +244,12 @@ func (s *StoreSlots) dequeueLocked(w *slotWaiter) {
 	}
 }
 
-// armLocked sets the timer for the soonest dial token a waiter held back by a dial rate needs.
+// armLocked sets the timer for the soonest dial token a waiter held back by a dial rate needs, and
+// the pacer's for its next look at the dials in flight.
 func (s *StoreSlots) armLocked() {
+	if s.rate.Paced && !s.lookByHand {
+		s.pace.arm(s.paceTick)
+	}
 	next := time.Duration(-1)
 	for _, w := range s.queue {
 		var d time.Duration
@@ -243,9 +281,9 @@ func (s *StoreSlots) serve() {
 	s.serveLocked()
 }
 
-// TryTake takes a slot for src if one is free now and a dial token is there for it: release gives
-// it back (calling it again does nothing); otherwise reason names the cap or rate that holds it back.
-func (s *StoreSlots) TryTake(src netip.Addr) (release func(), reason Reason) {
+// TryTake takes a slot for src if one is free now and the dial rate or the pacing window has room
+// for it; otherwise reason names the cap, rate or window that holds it back.
+func (s *StoreSlots) TryTake(src netip.Addr) (slot *Slot, reason Reason) {
 	src = src.Unmap()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -254,16 +292,16 @@ func (s *StoreSlots) TryTake(src netip.Addr) (release func(), reason Reason) {
 	if r := s.holdsBack(src, now); r != "" {
 		return nil, r
 	}
-	release = s.take(src)
-	s.dial(src, now)
-	return release, ""
+	slot = s.take(src)
+	s.dial(slot, now)
+	return slot, ""
 }
 
-// Take takes a slot for src, waiting in the queue until one is free and a dial token is there for
-// it, or until ctx ends: then reason names what held it back last. serving: src has a live
+// Take takes a slot for src, waiting in the queue until one is free and the dial rate or pacing
+// window has room for it, or until ctx ends: then reason names what held it back last. serving: src has a live
 // connection serving a job, and goes before other sources unless it dialled within recentDial (one
 // live connection does not put a churning source first).
-func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (release func(), reason Reason) {
+func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (slot *Slot, reason Reason) {
 	w := &slotWaiter{src: src.Unmap(), serving: serving, granted: make(chan struct{})}
 	s.mu.Lock()
 	w.seq = s.arrivals
@@ -273,14 +311,14 @@ func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (re
 	s.mu.Unlock()
 	select {
 	case <-w.granted:
-		return w.release, ""
+		return w.slot, ""
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	select {
 	case <-w.granted: // granted meanwhile
-		return w.release, ""
+		return w.slot, ""
 	default:
 	}
 	s.dequeueLocked(w)
@@ -296,12 +334,24 @@ func (s *StoreSlots) SetLimits(limit, perSource int) {
 }
 
 // SetDialRate changes the dial rates. Tokens on hand are kept, counted up to now at the old rates,
-// up to the new bursts; a rate that was off starts full.
+// up to the new bursts; a rate that was off starts full. Pacing keeps its window across changes
+// of Slow; turned on, it starts at its first window.
 func (s *StoreSlots) SetDialRate(r DialRate) {
 	r.Burst, r.PerSourceBurst = max(1, r.Burst), max(1, r.PerSourceBurst)
+	if r.Slow <= 0 {
+		r.Slow = DefaultSlow
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	switch {
+	case r.Paced && !s.rate.Paced:
+		s.pace.begin(r.Slow)
+	case r.Paced:
+		s.pace.slow = r.Slow
+	case s.rate.Paced:
+		s.pace.end()
+	}
 	s.all = s.all.rerated(now, s.rate.Rate, s.rate.Burst, r.Burst)
 	for _, d := range s.sources {
 		d.tokens = d.tokens.rerated(now, s.rate.PerSourceRate, s.rate.PerSourceBurst, r.PerSourceBurst)
@@ -332,9 +382,8 @@ func (s *StoreSlots) Limit() int {
 }
 
 // Adopt counts a store connection another process opened and hands over, whatever the caps say
-// now: it is open already (and spends no dial token). It returns what gives the slot back, as
-// TryTake.
-func (s *StoreSlots) Adopt(src netip.Addr) (release func()) {
+// now: it is open already (it spends no dial token and is not in flight).
+func (s *StoreSlots) Adopt(src netip.Addr) *Slot {
 	src = src.Unmap()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -46,15 +46,15 @@ func TestStoreSlotsReleaseOnce(t *testing.T) {
 	s := NewStoreSlots(2, 1)
 	a, _ := s.TryTake(gateAddr("10.0.0.1"))
 	b, _ := s.TryTake(gateAddr("10.0.0.2"))
-	a()
-	a()
+	a.Release()
+	a.Release()
 	if n := s.InUse(); n != 1 {
 		t.Fatalf("InUse = %d after one of two released (twice), want 1", n)
 	}
 	if _, r := s.TryTake(gateAddr("10.0.0.2")); r != SourceStoreConnections {
 		t.Fatalf("a second release of another source's slot freed 10.0.0.2's: %q", r)
 	}
-	b()
+	b.Release()
 	if n := s.InUse(); n != 0 || len(s.held.bySource) != 0 {
 		t.Fatalf("InUse = %d, sources %v after all released", n, s.held.bySource)
 	}
@@ -67,7 +67,7 @@ func TestStoreSlotsTakeWaits(t *testing.T) {
 	go func() {
 		release, r := s.Take(context.Background(), gateAddr("10.0.0.2"), false)
 		if release != nil {
-			defer release()
+			defer release.Release()
 		}
 		got <- r
 	}()
@@ -76,7 +76,7 @@ func TestStoreSlotsTakeWaits(t *testing.T) {
 		t.Fatalf("Take returned %q while the only slot was held", r)
 	case <-time.After(50 * time.Millisecond):
 	}
-	held()
+	held.Release()
 	if r := <-got; r != "" {
 		t.Fatalf("Take after a release = %q, want a slot", r)
 	}
@@ -138,7 +138,7 @@ func TestStoreSlotsConcurrent(t *testing.T) {
 				if n > 3 {
 					t.Errorf("source %s holds %d slots, cap 3", src, n)
 				}
-				release()
+				release.Release()
 			}
 		}()
 	}
@@ -170,7 +170,7 @@ func (c *fakeClock) advance(d time.Duration) {
 func pacedSlots(r DialRate) (*StoreSlots, *fakeClock) {
 	clk := &fakeClock{t: time.Unix(1e9, 0)}
 	s := NewStoreSlots(0, 0)
-	s.now = clk.now
+	s.now, s.lookByHand = clk.now, true
 	s.SetDialRate(r)
 	return s, clk
 }
@@ -226,7 +226,7 @@ func TestStoreSlotsChurnIsPaced(t *testing.T) {
 	for range 201 { // 201 connections in 2 s, each closed at once
 		if release, r := s.TryTake(gateAddr("10.0.0.1")); r == "" {
 			granted++
-			release()
+			release.Release()
 		}
 		clk.advance(10 * time.Millisecond)
 	}
@@ -244,7 +244,7 @@ func queued(t *testing.T, s *StoreSlots, src string, serving bool) <-chan Reason
 	go func() {
 		release, r := s.Take(context.Background(), gateAddr(src), serving)
 		if release != nil {
-			release()
+			release.Release()
 		}
 		got <- r
 	}()

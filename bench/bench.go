@@ -44,16 +44,19 @@ func Ops() []Op {
 
 // Config is one bench run.
 type Config struct {
-	Addr       string
-	Conns      int
-	Duration   time.Duration // closed-loop ops, wait-storm and idle; rendezvous runs once
-	Warmup     time.Duration // closed-loop ops run this long before measuring
-	Op         Op
-	Gen        protocol.Generation
-	ValueSize  int
-	Keys       int // distinct keys the closed-loop ops cycle through
-	Batch      int // keys per CHECK/MULTI_GET/MULTI_SET
-	DialConc   int // connections dialed at once
+	Addr      string
+	Conns     int
+	Duration  time.Duration // closed-loop ops, wait-storm and idle; rendezvous runs once
+	Warmup    time.Duration // closed-loop ops run this long before measuring
+	Op        Op
+	Gen       protocol.Generation
+	ValueSize int
+	Keys      int // distinct keys the closed-loop ops cycle through
+	Batch     int // keys per CHECK/MULTI_GET/MULTI_SET
+	DialConc  int // connections dialed at once
+	// PerHost, when above 0, dials client i from loopback source 127.10.0.0 + 1 + i/PerHost, as a
+	// job of PerHost ranks a host would come (a guard's per-source caps and queue see hosts).
+	PerHost    int
 	DialTimout time.Duration
 	Timeout    time.Duration // rendezvous: the whole rendezvous; others: each request
 	// OnReady is called once every connection is up (idle: then held until Duration ends).
@@ -217,7 +220,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	limit, _ := RaiseFileLimit(uint64(cfg.Conns) + 256)
-	r := &runner{cfg: cfg, d: newDialer(cfg.Addr, cfg.DialConc, cfg.DialTimout),
+	r := &runner{cfg: cfg, d: newDialer(cfg.Addr, cfg.DialConc, cfg.DialTimout, cfg.PerHost),
 		nonce: strconv.FormatInt(time.Now().UnixNano()%1e12, 36)}
 	res := &Result{Op: string(cfg.Op), Addr: cfg.Addr, Generation: cfg.Gen.String(), Conns: cfg.Conns,
 		ValueSize: cfg.ValueSize, Keys: cfg.Keys, FileLimit: limit}
@@ -259,7 +262,7 @@ type runner struct {
 // connect dials and handshakes one client, recording set-up time and failures.
 func (r *runner) connect(ctx context.Context, id int) (*client, error) {
 	t0 := time.Now()
-	c, retries, err := r.d.dial(ctx)
+	c, retries, err := r.d.dial(ctx, id)
 	var cl *client
 	if err == nil {
 		cl = newClient(c, r.cfg.Gen)

@@ -69,7 +69,7 @@ func TestSetReachesStore(t *testing.T) {
 	s := startFake(t, protocol.G3)
 	cfg := testConfig(s.Addr(), OpSet, protocol.G3)
 	cfg.Keys = 10
-	r := &runner{cfg: cfg, d: newDialer(cfg.Addr, 4, time.Second), nonce: "t"}
+	r := &runner{cfg: cfg, d: newDialer(cfg.Addr, 4, time.Second, 0), nonce: "t"}
 	res := &Result{}
 	if err := r.closedLoop(context.Background(), res); err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func TestRendezvous(t *testing.T) {
 			s := startFake(t, gen)
 			cfg := testConfig(s.Addr(), OpRendezvous, gen)
 			cfg.Conns, cfg.DialConc = 300, 32
-			r := &runner{cfg: cfg, d: newDialer(cfg.Addr, cfg.DialConc, 5*time.Second), nonce: "rv"}
+			r := &runner{cfg: cfg, d: newDialer(cfg.Addr, cfg.DialConc, 5*time.Second, 0), nonce: "rv"}
 			res := &Result{}
 			if err := r.rendezvous(context.Background(), res); err != nil {
 				t.Fatal(err)
@@ -228,7 +228,7 @@ func TestErrorsAreCounted(t *testing.T) {
 		// A closed-loop GET without prefill: the fake closes each connection on the first GET.
 		s := startFake(t, protocol.G3)
 		cfg := testConfig(s.Addr(), OpGet, protocol.G3)
-		r := &runner{cfg: cfg, d: newDialer(cfg.Addr, 4, time.Second), nonce: "missing"}
+		r := &runner{cfg: cfg, d: newDialer(cfg.Addr, 4, time.Second, 0), nonce: "missing"}
 		cls, _ := r.connectAll(context.Background(), 1)
 		defer closeAll(cls)
 		req, shapes := r.request(cls[0], OpGet, 0, [][]byte{[]byte("/nope")}, nil, nil)

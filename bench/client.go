@@ -33,10 +33,23 @@ type dialer struct {
 	addr    string
 	sem     chan struct{}
 	timeout time.Duration // per connection, retries included
+	perHost int           // Config.PerHost
 }
 
-func newDialer(addr string, concurrency int, timeout time.Duration) *dialer {
-	return &dialer{addr: addr, sem: make(chan struct{}, max(concurrency, 1)), timeout: timeout}
+func newDialer(addr string, concurrency int, timeout time.Duration, perHost int) *dialer {
+	return &dialer{addr: addr, sem: make(chan struct{}, max(concurrency, 1)), timeout: timeout, perHost: perHost}
+}
+
+// hostAddrs is how many loopback sources PerHost can name: 127.10.0.1 to 127.10.255.254.
+const hostAddrs = 1<<16 - 2
+
+// source is the address client id dials from (Config.PerHost), or nil: the system's choice.
+func (d *dialer) source(id int) *net.TCPAddr {
+	if d.perHost <= 0 {
+		return nil
+	}
+	h := id/d.perHost%hostAddrs + 1
+	return &net.TCPAddr{IP: net.IPv4(127, 10, byte(h>>8), byte(h))}
 }
 
 // retryable reports whether a dial error is a transient loopback condition.
@@ -46,8 +59,8 @@ func retryable(err error) bool {
 		errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR)
 }
 
-// dial connects, retrying with jittered backoff; retries counts the failed attempts.
-func (d *dialer) dial(ctx context.Context) (c net.Conn, retries int, err error) {
+// dial connects client id, retrying with jittered backoff; retries counts the failed attempts.
+func (d *dialer) dial(ctx context.Context, id int) (c net.Conn, retries int, err error) {
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -56,7 +69,10 @@ func (d *dialer) dial(ctx context.Context) (c net.Conn, retries int, err error) 
 	defer func() { <-d.sem }()
 	deadline := time.Now().Add(d.timeout)
 	backoff := 5 * time.Millisecond
-	var nd net.Dialer
+	nd := net.Dialer{}
+	if src := d.source(id); src != nil {
+		nd.LocalAddr = src
+	}
 	for {
 		dctx, cancel := context.WithDeadline(ctx, deadline)
 		c, err = nd.DialContext(dctx, "tcp", d.addr)

@@ -29,7 +29,7 @@ func startProxy(b *testing.B, upstream string, gen string) string {
 	c.Listen, c.Upstream, c.MetricsListen = "127.0.0.1:0", upstream, ""
 	c.Generation = gen
 	c.Caps.PerSourceConnections, c.Caps.PerSourceRate, c.Caps.MaxConnections = 0, 0, 1<<20
-	c.Caps.StoreDialRate, c.Caps.PerSourceStoreDialRate = 0, 0 // each run dials its clients anew, from one source
+	c.Caps.StoreDialRate, c.Caps.PerSourceStoreDialRate = config.AutoRate{}, 0 // each run dials its clients anew, from one source
 	srv, err := proxy.New(c, proxy.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -47,7 +47,7 @@ func startProxy(b *testing.B, upstream string, gen string) string {
 func benchOps(b *testing.B, addr string, op Op, gen protocol.Generation, conns int) {
 	cfg := Config{Addr: addr, Conns: conns, Op: op, Gen: gen, ValueSize: 64, Keys: 1000, Batch: 8,
 		Timeout: time.Minute, DialTimout: 5 * time.Second}
-	r := &runner{cfg: cfg, d: newDialer(addr, 64, 5*time.Second), nonce: "b"}
+	r := &runner{cfg: cfg, d: newDialer(addr, 64, 5*time.Second, 0), nonce: "b"}
 	keys := make([][]byte, cfg.Keys)
 	for i := range keys {
 		keys[i] = r.key(i)

@@ -72,7 +72,7 @@ func needsKeys(op Op) bool {
 
 // prefill sets every key from one connection, pipelined, and waits until the store has them.
 func (r *runner) prefill(ctx context.Context, keys [][]byte, value []byte) error {
-	c, _, err := r.d.dial(ctx)
+	c, _, err := r.d.dial(ctx, 0)
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)
 	}
@@ -242,7 +242,7 @@ func (r *runner) connectLoop(ctx context.Context, res *Result) error {
 
 // setUp is one connection of connectLoop: dial, handshake, GET key, close.
 func (r *runner) setUp(ctx context.Context, id int, key []byte) error {
-	c, _, err := r.d.dial(ctx)
+	c, _, err := r.d.dial(ctx, id)
 	if err != nil {
 		return fmt.Errorf("dial: %w", err)
 	}

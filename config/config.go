@@ -140,10 +140,12 @@ type Caps struct {
 	PerSourceBudgetBytes      int64     `mapstructure:"per-source-budget-bytes"` // 0 = no per-source share
 	ReplyBufferBytes          int64     `mapstructure:"reply-buffer-bytes"`      // per connection
 
-	// New connections to the store a second (0 = unlimited) and at once, in all and per source:
-	// below what the store accepts (docs/design.md, Store connections).
-	StoreDialRate           float64 `mapstructure:"store-dial-rate"`
-	StoreDialBurst          int     `mapstructure:"store-dial-burst"`
+	// New connections to the store: in all, auto (paced by the store's answers, StoreDialSlow) or
+	// a second (0 = unlimited) and at once; per source, a second and at once (docs/design.md, Store
+	// connections).
+	StoreDialRate           AutoRate      `mapstructure:"store-dial-rate"`
+	StoreDialBurst          int           `mapstructure:"store-dial-burst"`
+	StoreDialSlow           time.Duration `mapstructure:"store-dial-slow"`
 	PerSourceStoreDialRate  float64 `mapstructure:"per-source-store-dial-rate"`
 	PerSourceStoreDialBurst int     `mapstructure:"per-source-store-dial-burst"`
 }
@@ -159,6 +161,19 @@ func (a AutoCount) String() string {
 		return "auto"
 	}
 	return strconv.Itoa(a.N)
+}
+
+// AutoRate is a rate a second that may be "auto": paced at run time.
+type AutoRate struct {
+	Auto bool
+	Rate float64 // when not Auto
+}
+
+func (a AutoRate) String() string {
+	if a.Auto {
+		return "auto"
+	}
+	return strconv.FormatFloat(a.Rate, 'g', -1, 64)
 }
 
 // Ban (ban.*): Violations within Window ban a source (an IPv6 one's network, caps.ipv6-prefix,
@@ -422,7 +437,8 @@ func (c Config) Admission() admission.Config {
 // DialRate returns how fast serve may connect to the store (caps.*store-dial-*), as
 // admission.StoreSlots paces it.
 func (c Config) DialRate() admission.DialRate {
-	return admission.DialRate{Rate: c.Caps.StoreDialRate, Burst: c.Caps.StoreDialBurst,
+	return admission.DialRate{Paced: c.Caps.StoreDialRate.Auto, Slow: c.Caps.StoreDialSlow,
+		Rate: c.Caps.StoreDialRate.Rate, Burst: c.Caps.StoreDialBurst,
 		PerSourceRate: c.Caps.PerSourceStoreDialRate, PerSourceBurst: c.Caps.PerSourceStoreDialBurst}
 }
 

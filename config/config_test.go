@@ -67,7 +67,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 512, 200, 512, 0, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, 100, 512, 10, 32}},
+		{"caps", got.Caps, Caps{20000, 512, 200, 512, 0, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, AutoRate{Auto: true}, 512, time.Second, 10, 32}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second, 1, 16}},
 		{"scan", got.Scan, Scan{8, time.Minute}},
@@ -177,7 +177,7 @@ func TestFileOverrides(t *testing.T) {
 		{"store connections auto", "caps:\n  max-store-connections: AUTO\n", func(*Config) {}},
 		{"store dial rates, a fraction and off", "caps:\n  store-dial-rate: 0.5\n  store-dial-burst: 1\n  per-source-store-dial-rate: 0\n",
 			func(c *Config) {
-				c.Caps.StoreDialRate, c.Caps.StoreDialBurst, c.Caps.PerSourceStoreDialRate = 0.5, 1, 0
+				c.Caps.StoreDialRate, c.Caps.StoreDialBurst, c.Caps.PerSourceStoreDialRate = AutoRate{Rate: 0.5}, 1, 0
 			}},
 		{"bans off need no window", "ban:\n  violations: 0\n  window: 0s\n  duration: 0s\n",
 			func(c *Config) { c.Ban.Violations, c.Ban.Window, c.Ban.Duration = 0, 0, 0 }},
@@ -395,8 +395,10 @@ func TestValidationErrors(t *testing.T) {
 		{"burst needed with a rate", "caps:\n  per-source-rate: 5\n  per-source-burst: 0\n", nil, "caps.per-source-burst", "must be at least 1 when caps.per-source-rate is set"},
 		{"store-dial-rate", "caps:\n  store-dial-rate: -1\n", nil, "caps.store-dial-rate", "must be between 0 and"},
 		{"store-dial-burst", "caps:\n  store-dial-burst: -1\n", nil, "caps.store-dial-burst", "must be between 0 and"},
-		{"store dial burst needed with a rate", "caps:\n  store-dial-burst: 0\n", nil, "caps.store-dial-burst", "must be at least 1 when caps.store-dial-rate is set"},
+		{"store dial burst needed with a rate", "caps:\n  store-dial-rate: 100\n  store-dial-burst: 0\n", nil, "caps.store-dial-burst", "must be at least 1 when caps.store-dial-rate is set"},
 		{"per-source-store-dial-rate", "caps:\n  per-source-store-dial-rate: 1e10\n", nil, "caps.per-source-store-dial-rate", "must be between 0 and"},
+		{"store-dial-rate neither auto nor a number", "caps:\n  store-dial-rate: fast\n", nil, "caps.store-dial-rate", "is not auto or a number"},
+		{"store-dial-slow", "caps:\n  store-dial-slow: 5ms\n", nil, "caps.store-dial-slow", "must be between 10ms and 1m0s"},
 		{"per-source store dial burst needed with a rate", "caps:\n  per-source-store-dial-burst: 0\n", nil, "caps.per-source-store-dial-burst", "must be at least 1 when caps.per-source-store-dial-rate is set"},
 		{"per-source-silent", "caps:\n  per-source-silent: -1\n", nil, "caps.per-source-silent", "must be between 0 and"},
 		{"per-prefix-connections", "caps:\n  per-prefix-connections: -1\n", nil, "caps.per-prefix-connections", "must be between 0 and"},
@@ -534,7 +536,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
 	custom.Access.DenyIdentities = []string{"spiffe://job.example/ns/old/**", "dns:*.lab.example"}
-	custom.Caps = Caps{10, 0, 0.25, 1, 6, 3, 4, 16, 48, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, 2.5, 3, 0, 1}
+	custom.Caps = Caps{10, 0, 0.25, 1, 6, 3, 4, 16, 48, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, AutoRate{Rate: 2.5}, 3, 250 * time.Millisecond, 0, 1}
 	custom.Ban = Ban{ServingRate: 0.5, ServingBurst: 2}
 	custom.Audit = Audit{1, 0, 2, 3, 0, 1, time.Second, 0}
 	custom.Scan = Scan{3, time.Second}

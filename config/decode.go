@@ -48,6 +48,7 @@ var parsers = map[reflect.Type]func(string) (any, error){
 	reflect.TypeFor[Mode]():          parseName[Mode],
 	reflect.TypeFor[LogFormat]():     parseName[LogFormat],
 	reflect.TypeFor[AutoCount]():     parseAutoCount,
+	reflect.TypeFor[AutoRate]():      parseAutoRate,
 }
 
 // listItems returns a list setting's items: "a, b" is two, "" none. An empty
@@ -115,6 +116,17 @@ func parseAutoCount(s string) (any, error) {
 		return nil, fmt.Errorf("%q is not auto or an integer", s)
 	}
 	return AutoCount{N: n.(int)}, nil
+}
+
+func parseAutoRate(s string) (any, error) {
+	if strings.EqualFold(strings.TrimSpace(s), "auto") {
+		return AutoRate{Auto: true}, nil
+	}
+	f, err := parseFloat(s)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not auto or a number", s)
+	}
+	return AutoRate{Rate: f.(float64)}, nil
 }
 
 func parseFloat(s string) (any, error) {

@@ -114,7 +114,12 @@ func (c Config) validate() []error {
 		v.between("caps.max-store-connections", int64(cp.MaxStoreConnections.N), 0, maxConnections)
 	}
 	v.between("caps.per-source-store-connections", int64(cp.PerSourceStoreConnections), 0, maxConnections)
-	v.rate("caps.store-dial-rate", "caps.store-dial-burst", cp.StoreDialRate, cp.StoreDialBurst)
+	if cp.StoreDialRate.Auto {
+		v.between("caps.store-dial-burst", int64(cp.StoreDialBurst), 0, maxConnections)
+	} else {
+		v.rate("caps.store-dial-rate", "caps.store-dial-burst", cp.StoreDialRate.Rate, cp.StoreDialBurst)
+	}
+	v.durationBetween("caps.store-dial-slow", cp.StoreDialSlow, 10*time.Millisecond, time.Minute)
 	v.rate("caps.per-source-store-dial-rate", "caps.per-source-store-dial-burst", cp.PerSourceStoreDialRate,
 		cp.PerSourceStoreDialBurst)
 	v.between("caps.buffer-budget-bytes", cp.BufferBudgetBytes, 1, maxBudgetBytes)
@@ -290,6 +295,12 @@ func (v *validator) byteLimit(key string, b ByteLimit, hi int64) {
 func (v *validator) positive(key string, d time.Duration) {
 	if d <= 0 {
 		v.add(key, "must be positive, got %s", d)
+	}
+}
+
+func (v *validator) durationBetween(key string, d, lo, hi time.Duration) {
+	if d < lo || d > hi {
+		v.add(key, "must be between %s and %s, got %s", lo, hi, d)
 	}
 }
 

@@ -122,6 +122,12 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		}
 		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(r, 'g', -1, 64)}
 	}
+	autoRate := func(a AutoRate) *yaml.Node {
+		if a.Auto {
+			return str("auto")
+		}
+		return rate(a.Rate)
+	}
 
 	return map[string]*yaml.Node{
 		"listen":         str(c.Listen),
@@ -173,8 +179,9 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 		"caps.ipv6-prefix":                  num(int64(c.Caps.IPv6Prefix)),
 		"caps.max-store-connections":        autoCount(c.Caps.MaxStoreConnections),
 		"caps.per-source-store-connections": num(int64(c.Caps.PerSourceStoreConnections)),
-		"caps.store-dial-rate":              rate(c.Caps.StoreDialRate),
+		"caps.store-dial-rate":              autoRate(c.Caps.StoreDialRate),
 		"caps.store-dial-burst":             num(int64(c.Caps.StoreDialBurst)),
+		"caps.store-dial-slow":              dur(c.Caps.StoreDialSlow),
 		"caps.per-source-store-dial-rate":   rate(c.Caps.PerSourceStoreDialRate),
 		"caps.per-source-store-dial-burst":  num(int64(c.Caps.PerSourceStoreDialBurst)),
 		"caps.buffer-budget-bytes":          num(c.Caps.BufferBudgetBytes),

@@ -74,7 +74,7 @@ func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Se
 	cfg.Limits.MaxKeyBytes, cfg.Limits.MaxKeys = int64(fuzzLimits.MaxKeyBytes), int64(fuzzLimits.MaxKeys)
 	cfg.Ban.Violations = 0
 	cfg.Caps.PerSourceRate = 0
-	cfg.Caps.StoreDialRate, cfg.Caps.PerSourceStoreDialRate = 0, 0
+	cfg.Caps.StoreDialRate, cfg.Caps.PerSourceStoreDialRate = config.AutoRate{}, 0
 	cfg.Quota.Mode = "off"
 	cfg.Policy.ValueSplit = "off"
 	srv, err := proxy.New(cfg, proxy.Options{})

@@ -90,6 +90,16 @@ func Awaits(op Op, count uint64) bool {
 	return a.shape != replyNone && !(a.shape == replyBytesN && a.n == 0)
 }
 
+// AnswersAtOnce reports whether a store answers op as soon as it reads it: answered, and not a
+// WAIT or BARRIER (answered when their keys are set) or a CANCEL_WAIT.
+func AnswersAtOnce(op Op, count uint64) bool {
+	switch shapeOf(op, count).shape {
+	case replyWait, replyCancel:
+		return false
+	}
+	return Awaits(op, count)
+}
+
 // Expect records that m was forwarded. A G0 client has no CANCEL_WAIT: a request while its WAIT is
 // unanswered means the client gave the WAIT up (its reply, if it ever comes, is unsolicited).
 func (r *Replies) Expect(m *Message) {

@@ -83,9 +83,9 @@ type conn struct {
 	untalk     func()
 	release    func()     // gives back the admission (admission.Gate.Admit)
 	silent     silentLink // its place among its source's silent connections (silent.go); under s.reg.mu
-	// storeSlot gives back the store connection's slot (storelimit.go), taken before the store is
-	// dialled by whoever owns the connection then; end gives it back.
-	storeSlot func()
+	// storeSlot is the store connection's slot (storelimit.go), taken before the store is dialled
+	// by whoever owns the connection then; end gives it back.
+	storeSlot *admission.Slot
 
 	mu     sync.Mutex // guards own, lt.lp, closed, gr.up, gr.kick, gr.s2cStarted, and gr.client while in a loop
 	own    owner
@@ -389,7 +389,7 @@ func (c *conn) end() {
 	}
 	c.endFlow()
 	if c.storeSlot != nil { // the store's socket is closed by now
-		c.storeSlot()
+		c.storeSlot.Release()
 	}
 	c.s.track(c, false)
 	if c.kept() {

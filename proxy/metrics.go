@@ -107,7 +107,7 @@ var handbackNames = [numHandbacks]string{"partial", "backpressure", "stop", "dia
 
 // storeReasons are what can hold a client back from a store connection.
 var storeReasons = []admission.Reason{admission.MaxStoreConnections, admission.SourceStoreConnections,
-	admission.StoreDialRate, admission.SourceStoreDialRate}
+	admission.StoreDialRate, admission.StorePacing, admission.SourceStoreDialRate}
 
 // newMetrics makes the metrics; read reads what others count: bans, buffered bytes, audit events lost,
 // log lines dropped, store connections and their cap.

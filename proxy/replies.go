@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/storeguard/storeguard/admission"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -43,6 +44,11 @@ type replies struct {
 	writing bool  // a writer goroutine drains queue
 	moved   chan struct{}
 	failed  bool // the writer gave up: the client took nothing for timeouts.reply-read, or errored
+	// pace is the store slot while its dial is in flight (admission/pacing.go): told when the
+	// connection first asks what the store answers at once (asked) and when the store's first
+	// bytes come, then nil.
+	pace  *admission.Slot
+	asked bool
 }
 
 type chunk struct {
@@ -60,7 +66,24 @@ func (r *replies) init() {
 func (r *replies) Expect(m *protocol.Message) {
 	r.mu.Lock()
 	r.track.Expect(m)
+	if !r.asked && protocol.AnswersAtOnce(m.Op, m.Count) {
+		r.asked = true
+		if r.pace != nil {
+			r.pace.Asked()
+		}
+	}
 	r.mu.Unlock()
+}
+
+// paceWith has sl, the connection's new store slot, told how fast the store answers it (its
+// requests may have been judged before the store was dialled: then it asked as of now).
+func (r *replies) paceWith(sl *admission.Slot) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pace = sl
+	if r.asked {
+		sl.Asked()
+	}
 }
 
 // Pending implements guard.Awaiting.
@@ -76,7 +99,12 @@ func (r *replies) follow(p []byte) {
 	n := r.track.Feed(p)
 	r.fromStore += uint64(len(p))
 	r.replied += uint64(n)
+	pace := r.pace
+	r.pace = nil
 	r.mu.Unlock()
+	if pace != nil && len(p) > 0 {
+		pace.Answered()
+	}
 	if n > 0 {
 		signal(r.answered)
 	}

@@ -160,7 +160,7 @@ func TestStoreDialRate(t *testing.T) { run(t, testStoreDialRate) }
 
 func testStoreDialRate(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) {
-		c.Caps.StoreDialRate = 0
+		c.Caps.StoreDialRate = config.AutoRate{}
 		c.Caps.PerSourceStoreDialRate, c.Caps.PerSourceStoreDialBurst = 0.001, 2 // a token in 1000 s
 	})
 	client, atStore := namedClients(t, h)

@@ -27,12 +27,12 @@ func (c *conn) takeStoreSlot() bool {
 	if c.storeSlot != nil {
 		return true
 	}
-	release, reason := c.s.slots.TryTake(c.src.Addr())
+	slot, reason := c.s.slots.TryTake(c.src.Addr())
 	if reason != "" {
 		c.s.storeCaps.HeldBack(reason)
 		return false
 	}
-	c.storeSlot = release
+	c.tookSlot(slot)
 	return true
 }
 
@@ -47,19 +47,19 @@ func (c *conn) awaitStoreSlot() (ok, deferred bool) {
 		return true, false
 	}
 	src := c.src.Addr()
-	release, reason := c.s.slots.TryTake(src)
+	slot, reason := c.s.slots.TryTake(src)
 	if reason == "" {
-		c.storeSlot = release
+		c.tookSlot(slot)
 		return true, false
 	}
 	c.s.storeCaps.HeldBack(reason)
 	c.s.m.storeQueued.WithLabelValues(string(reason)).Inc()
 	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.UpstreamDial)
 	defer cancel()
-	release, reason = c.s.slots.Take(ctx, src, c.s.servingJob(src, c))
+	slot, reason = c.s.slots.Take(ctx, src, c.s.servingJob(src, c))
 	switch {
 	case reason == "":
-		c.storeSlot = release
+		c.tookSlot(slot)
 		return true, false
 	case c.isClosed():
 		return false, false // drain closed it
@@ -68,6 +68,13 @@ func (c *conn) awaitStoreSlot() (ok, deferred bool) {
 	}
 	c.s.refuseStore(c, reason)
 	return false, false
+}
+
+// tookSlot keeps the store slot the connection was granted, and has it paced by the store's
+// answers to the connection.
+func (c *conn) tookSlot(slot *admission.Slot) {
+	c.storeSlot = slot
+	c.rep.paceWith(slot)
 }
 
 // refuseStore counts and records a client closed for want of a store connection.

@@ -63,7 +63,7 @@ func diffConfig(i int) config.Config {
 	// never deletes (a serve's account outlives the input, a replay's does not).
 	// TestServeAndReplayAgreeOnBans has bans; policy's tests the quota.
 	c.Ban.Violations, c.Caps.PerSourceRate = 0, 0
-	c.Caps.StoreDialRate, c.Caps.PerSourceStoreDialRate = 0, 0
+	c.Caps.StoreDialRate, c.Caps.PerSourceStoreDialRate = config.AutoRate{}, 0
 	c.Quota.Mode = "off"
 	// Nor the value-split rule: its memory of keys appended and written whole outlives the input in
 	// a serve, not in a replay, and a serve asks the store for an APPEND's key (one connection more).

@@ -281,7 +281,9 @@ func storeHold(reason admission.Reason, caps config.Caps, limit int) (key string
 	case admission.SourceStoreConnections:
 		return "caps.per-source-store-connections", float64(caps.PerSourceStoreConnections)
 	case admission.StoreDialRate:
-		return "caps.store-dial-rate", caps.StoreDialRate
+		return "caps.store-dial-rate", caps.StoreDialRate.Rate
+	case admission.StorePacing:
+		return "caps.store-dial-rate (auto: the store's pace; caps.store-dial-slow)", 0
 	case admission.SourceStoreDialRate:
 		return "caps.per-source-store-dial-rate", caps.PerSourceStoreDialRate
 	}

@@ -41,6 +41,7 @@ func newBenchCommand() *cobra.Command {
 	f.IntVar(&cfg.Keys, "keys", 1000, "distinct keys the closed-loop ops cycle through")
 	f.IntVar(&cfg.Batch, "batch", 8, "keys per check, multi_get and multi_set")
 	f.IntVar(&cfg.DialConc, "dial-concurrency", 256, "connections dialed at once")
+	f.IntVar(&cfg.PerHost, "per-host", 0, "clients per loopback source address (127.10.0.1, 127.10.0.2, ...); 0: the system's")
 	f.DurationVar(&cfg.DialTimout, "dial-timeout", 30*time.Second, "per connection, retries included")
 	f.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "per request; rendezvous: the whole rendezvous")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")

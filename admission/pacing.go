@@ -18,27 +18,52 @@ import (
 //     forwarded that it answers at once (anything but WAIT and BARRIER: Slot.Asked, Slot.Answered),
 //     or the connection ends, or it has asked nothing such within Slow of its grant (a connection
 //     that only WAITs or SETs tells nothing of the store's speed; it has held its place that long).
-//   - Each answer within Slow grows the window: by one while below the threshold (doubling each
-//     round, as slow start) and by 1/window above it (one a round).
-//   - An answer later than Slow, or a request unanswered Slow after it was forwarded, halves the
-//     window (to half of what is in flight, if less), at most once per Slow, and sets the
-//     threshold there; never below minWindow.
+//   - Each answer grows the window: by one while below the threshold (doubling each round, as slow
+//     start) and by 1/window above it (one a round). The threshold is forgotten forgetStall after
+//     the last stall: a store busy with a large job answers a round in a second, and one a round
+//     would take minutes to give it back the window a stall took.
+//   - A store that makes no progress halves it: when a dial has waited longer than Slow for its
+//     answer and no dial was answered within Slow, the window drops to half of it or of what is in
+//     flight, whichever is less (never below minWindow), at most once per Slow, and the threshold
+//     with it.
+//   - A stall also caps the dial rate, at half of the most granted in a Slow lately (the last two
+//     whole periods of Slow and this one; at most half the cap already set; never below minRate): a store that answers each new connection in
+//     a millisecond but stalls past some rate (a resolver that drops what comes faster than it
+//     answers) is kept below it, which no window does. Each second without a stall raises the cap
+//     by an eighth; past maxRate it is lifted.
 //
-// So a store that answers fast gets connections as fast as clients bring them, and one that slows
-// gets few at a time, in StoreSlots' queue order: the sources serving a job first, new hosts next,
-// churning sources last.
+// Progress, not each answer's time, is the signal: a store busy with a large job answers a new
+// connection late (torch 1.13's legacy store polls every connection it has: 8,000 took 16 s
+// direct) but answers new connections all the while, and fewer dials in flight would only slow the
+// job's start; a stalled store (a resolver that does not answer: 5 s) answers none. So a store
+// that answers gets connections as fast as clients bring them, and one that stalls gets few at a
+// time, in StoreSlots' queue order: the sources serving a job first, new hosts next, churning
+// sources last.
 
-// DefaultSlow is caps.store-dial-slow's default: a store that takes longer than this to answer a
-// new connection's first request is slowing. Rank 0's store answers a healthy job start of 8,000
-// connections well within it; a stalled resolver takes 5 s.
-const DefaultSlow = time.Second
+// DefaultSlow is caps.store-dial-slow's default: a store that answers no new connection for this
+// long while one waits is stalling (a stalled resolver takes 5 s; a legacy store polling 8,000
+// connections still answers one every few milliseconds). Every dial granted before a stall is seen
+// costs the stalled store a lookup: at 150 new connections a second, 1 s let 138 through, 250 ms 39.
+const DefaultSlow = 250 * time.Millisecond
+
+// raiseEvery is how often a rate cap rises by an eighth while the store does not stall.
+const raiseEvery = time.Second
+
+// forgetStall is how long after a stall the window grows by one a round, not one an answer.
+const forgetStall = 2 * time.Second
 
 const (
-	// firstWindow is the window pacing starts with: a host's ranks, many times over, go at once.
-	firstWindow = 64
+	// firstWindow is the window pacing starts with: 64 hosts' ranks go at once, as the fixed rate's
+	// burst let them (a legacy store answers a round of a large job's start in half a second: a
+	// smaller first window cost it rounds).
+	firstWindow = 512
 	// minWindow is the fewest dials in flight a slowing store is given, so that the jobs' new ranks
-	// still come in while it recovers.
+	// still come in while it recovers; also the burst of a capped rate.
 	minWindow = 8
+	// minRate and maxRate bound the rate a stall sets (dials a second): past maxRate (a healthy torch
+	// 2.15 store accepts about 3,000 a second) the cap is lifted.
+	minRate = 4
+	maxRate = 8192
 )
 
 // pacing is StoreSlots' window of dials in flight; its fields are under StoreSlots.mu.
@@ -48,6 +73,15 @@ type pacing struct {
 	threshold float64
 	inflight  map[*Slot]struct{}
 	cut       time.Time // the last halving
+	progress  time.Time // the last answer
+	// rate caps the dials a second after a stall (0: none), with StoreSlots.all as its bucket;
+	// raised is when it was last raised. granted counts the dials granted since period began, and
+	// prior those of the two periods before (each Slow long), to measure the rate a stall halves.
+	rate    float64
+	raised  time.Time
+	period  time.Time
+	granted int
+	prior   [2]int
 	timer     *time.Timer
 	armed     bool
 }
@@ -70,6 +104,26 @@ func (p *pacing) full() bool { return float64(len(p.inflight)) >= p.window }
 func (p *pacing) start(sl *Slot, now time.Time) {
 	sl.granted = now
 	p.inflight[sl] = struct{}{}
+	p.count(now)
+	p.granted++
+}
+
+// count moves the grant counts on to the period of now.
+func (p *pacing) count(now time.Time) {
+	for i := 0; now.Sub(p.period) >= p.slow; i++ {
+		if i == 3 { // nothing granted for a while: start afresh
+			p.prior, p.granted, p.period = [2]int{}, 0, now
+			return
+		}
+		p.prior, p.granted, p.period = [2]int{p.granted, p.prior[0]}, 0, p.period.Add(p.slow)
+	}
+}
+
+// recentRate is the most dials a second granted in one period lately: the two whole periods
+// before this one, and this one so far.
+func (p *pacing) recentRate(now time.Time) float64 {
+	p.count(now)
+	return float64(max(p.prior[0], p.prior[1], p.granted)) / p.slow.Seconds()
 }
 
 // settle takes sl out of flight, telling nothing of the store.
@@ -86,10 +140,7 @@ func (p *pacing) answered(sl *Slot, now time.Time) {
 		return
 	}
 	delete(p.inflight, sl)
-	if now.Sub(sl.asked) > p.slow {
-		p.halve(now)
-		return
-	}
+	p.progress = now
 	if p.window < p.threshold {
 		p.window++
 	} else {
@@ -97,19 +148,38 @@ func (p *pacing) answered(sl *Slot, now time.Time) {
 	}
 }
 
-// halve cuts the window to half of it or of what is in flight, whichever is less, once per slow.
-func (p *pacing) halve(now time.Time) {
+// halve cuts the window to half of it or of what is in flight, whichever is less, and the dial
+// rate to half of what was granted lately or of the cap, once per slow. tokens are the rate's.
+func (p *pacing) halve(now time.Time, tokens *bucket) {
 	if now.Sub(p.cut) < p.slow {
 		return
 	}
-	p.cut = now
+	p.cut, p.raised = now, now
 	p.window = max(minWindow, min(p.window, float64(len(p.inflight)))/2)
 	p.threshold = p.window
+	r := p.recentRate(now)
+	if p.rate > 0 {
+		r = min(r, p.rate)
+	}
+	p.rate = max(minRate, r/2)
+	*tokens = bucket{at: now} // the stall spent what was there
+}
+
+// raise lifts the rate cap by an eighth each raiseEvery without a stall, and lifts it past maxRate.
+func (p *pacing) raise(now time.Time) {
+	if p.rate == 0 || now.Sub(p.raised) < raiseEvery {
+		return
+	}
+	p.raised = now
+	if p.rate += max(1, p.rate/8); p.rate > maxRate {
+		p.rate = 0
+	}
 }
 
 // look goes over the dials in flight at now: one that asked and has waited longer than slow for
-// its answer halves the window; one that has asked nothing within slow of its grant is settled.
-func (p *pacing) look(now time.Time) {
+// its answer, with no answer to any within slow, halves the window; one that has asked nothing
+// within slow of its grant is settled.
+func (p *pacing) look(now time.Time, tokens *bucket) {
 	late := false
 	for sl := range p.inflight {
 		switch {
@@ -119,15 +189,22 @@ func (p *pacing) look(now time.Time) {
 			late = true
 		}
 	}
-	if late {
-		p.halve(now)
+	switch {
+	case late && now.Sub(p.progress) > p.slow:
+		p.halve(now, tokens)
+	case now.Sub(p.cut) >= forgetStall:
+		p.threshold = math.Inf(1)
+		fallthrough
+	default:
+		p.raise(now)
 	}
 }
 
 // arm sets the timer that looks at the dials in flight, a quarter of slow from now, unless it is
-// set already or none is in flight; tick is what it calls.
+// set already or there is nothing to look at (none in flight, no rate cap to raise); tick is what
+// it calls.
 func (p *pacing) arm(tick func()) {
-	if len(p.inflight) == 0 || p.armed {
+	if len(p.inflight) == 0 && p.rate == 0 || p.armed {
 		return
 	}
 	p.armed = true
@@ -146,7 +223,7 @@ func (s *StoreSlots) paceTick() {
 		return
 	}
 	s.pace.armed = false
-	s.pace.look(s.now())
+	s.pace.look(s.now(), &s.all)
 	s.serveLocked()
 }
 
@@ -174,12 +251,13 @@ func (sl *Slot) Answered() {
 	s.serveLocked()
 }
 
-// Pacing is the pacing window and the dials in flight now (0, 0: not paced).
-func (s *StoreSlots) Pacing() (window float64, inflight int) {
+// Pacing is the pacing window, the dials in flight and the rate cap a stall set (0: none) now;
+// all 0 when not paced.
+func (s *StoreSlots) Pacing() (window float64, inflight int, rate float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.rate.Paced {
-		return 0, 0
+		return 0, 0, 0
 	}
-	return s.pace.window, len(s.pace.inflight)
+	return s.pace.window, len(s.pace.inflight), s.pace.rate
 }

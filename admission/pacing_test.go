@@ -54,77 +54,71 @@ func TestPacingGrowsWhileTheStoreAnswers(t *testing.T) {
 	}
 }
 
-// An answer later than store-dial-slow halves the window to half of what is in flight (never below
-// minWindow), once per slow; growth above that is one a round.
-func TestPacingHalvesWhenTheStoreSlows(t *testing.T) {
-	s, clk := pacedSlots(DialRate{Paced: true, Slow: time.Second})
-	slots := takeN(t, s, firstWindow, 0)
-	for _, sl := range slots {
-		sl.Asked()
-	}
-	clk.advance(1500 * time.Millisecond)
-	slots[0].Answered() // 1.5 s
-	if want := float64(firstWindow-1) / 2; s.pace.window != want {
-		t.Fatalf("window %v after a slow answer with %d in flight, want %v", s.pace.window, firstWindow-1, want)
-	}
-	held(t, s, StorePacing) // 63 in flight, window 31.5
-	slots[1].Answered()     // as slow, within the same second: no second halving
-	if want := float64(firstWindow-1) / 2; s.pace.window != want {
-		t.Fatalf("window %v after a second slow answer at once, want %v", s.pace.window, want)
-	}
-	clk.advance(time.Second)
-	slots[2].Answered()
-	if want := float64(firstWindow-1) / 4; s.pace.window != want {
-		t.Fatalf("window %v a second later, want %v", s.pace.window, want)
-	}
-	for _, sl := range slots[3:] {
-		clk.advance(time.Second)
-		sl.Answered()
-	}
-	if s.pace.window != minWindow {
-		t.Fatalf("window %v, want the floor %d", s.pace.window, minWindow)
-	}
-	// Above the threshold, an answer within slow grows it by 1/window.
-	fresh := takeN(t, s, minWindow, 100)
-	fresh[0].Asked()
-	fresh[0].Answered()
-	if want := float64(minWindow) + 1.0/minWindow; s.pace.window != want {
-		t.Fatalf("window %v after a fast answer at the threshold, want %v", s.pace.window, want)
-	}
-}
-
-// A stalled store answers nothing: the pacer's look halves the window while requests wait past
-// slow. A dial that asked nothing (its first request was a WAIT) is out of flight after slow,
-// without telling anything; one whose connection ended is out at once.
-func TestPacingLooksAtDialsInFlight(t *testing.T) {
+// A stalled store answers nothing: the pacer's look halves the window while a request has waited
+// past slow and no answer came within slow, once per slow, never below minWindow; growth above the
+// threshold is then one a round. A dial that asked nothing (its first request was a WAIT) is out of
+// flight after slow, telling nothing; one whose connection ended is out at once.
+func TestPacingHalvesWhenTheStoreStalls(t *testing.T) {
 	s, clk := pacedSlots(DialRate{Paced: true, Slow: time.Second})
 	slots := takeN(t, s, firstWindow, 0)
 	for _, sl := range slots[:40] {
 		sl.Asked()
 	}
 	slots[40].Release()
-	if _, n := s.Pacing(); n != firstWindow-1 {
+	if _, n, _ := s.Pacing(); n != firstWindow-1 {
 		t.Fatalf("%d in flight after a release, want %d", n, firstWindow-1)
 	}
 	clk.advance(1100 * time.Millisecond)
 	s.paceTick()
-	w, n := s.Pacing()
+	w, n, _ := s.Pacing()
 	if n != 40 || w != 20 {
 		t.Fatalf("after a look past slow: window %v, %d in flight; want 20 (half the 40 that asked, in flight)", w, n)
 	}
-	for range 4 {
+	s.paceTick()
+	if w, _, _ := s.Pacing(); w != 20 {
+		t.Fatalf("window %v after a second look at once, want 20 (once per slow)", w)
+	}
+	for range 3 {
 		clk.advance(time.Second)
 		s.paceTick()
 	}
-	if w, _ := s.Pacing(); w != minWindow {
+	if w, _, _ := s.Pacing(); w != minWindow {
 		t.Fatalf("window %v while the store stays stalled, want %d", w, minWindow)
 	}
 	held(t, s, StorePacing)
 	for _, sl := range slots[:33] { // the store comes back
 		sl.Answered()
 	}
-	if _, r := s.TryTake(gateAddr("10.9.9.8")); r != "" {
-		t.Fatalf("TryTake with 7 in flight of a window of %v: %q", s.pace.window, r)
+	// At the threshold (8), each answer adds 1/window: 33 of them make about sqrt(8² + 2·33) = 11.4.
+	if w, n, _ = s.Pacing(); n != 7 || w < 11 || w > 12 {
+		t.Fatalf("after 33 answers at the threshold: window %v, %d in flight; want about 11.4 and 7", w, n)
+	}
+	clk.advance(1100 * time.Millisecond) // the other 7 still wait, and no answer came meanwhile
+	s.paceTick()
+	if w, _, _ := s.Pacing(); w != minWindow {
+		t.Fatalf("window %v after another stalled second with 7 waiting, want %d", w, minWindow)
+	}
+}
+
+// A store busy with a large job answers each new connection late (a legacy store polling 8,000
+// connections) but keeps answering: that is progress, and the window grows, never halves.
+func TestPacingKeepsAStoreThatAnswersLate(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Paced: true, Slow: time.Second})
+	slots := takeN(t, s, firstWindow, 0)
+	for _, sl := range slots {
+		sl.Asked()
+	}
+	clk.advance(2 * time.Second)
+	for i, sl := range slots {
+		sl.Answered() // each 2 s or more after it asked
+		takeN(t, s, 1, 1000+i)[0].Asked()
+		if i%4 == 0 {
+			clk.advance(100 * time.Millisecond)
+			s.paceTick()
+		}
+	}
+	if w, _, _ := s.Pacing(); w != 2*firstWindow {
+		t.Fatalf("window %v after %d late answers that kept coming, want %d", w, firstWindow, 2*firstWindow)
 	}
 }
 
@@ -133,13 +127,13 @@ func TestPacingReload(t *testing.T) {
 	s, _ := pacedSlots(DialRate{Paced: true})
 	slots := takeN(t, s, firstWindow, 0)
 	s.SetDialRate(DialRate{})
-	if w, n := s.Pacing(); w != 0 || n != 0 {
+	if w, n, _ := s.Pacing(); w != 0 || n != 0 {
 		t.Fatalf("not paced: window %v, %d in flight", w, n)
 	}
 	takeN(t, s, 100, 100)
 	slots[0].Answered() // a dial of the old pacer: nothing happens
 	s.SetDialRate(DialRate{Paced: true})
-	if w, n := s.Pacing(); w != firstWindow || n != 0 {
+	if w, n, _ := s.Pacing(); w != firstWindow || n != 0 {
 		t.Fatalf("paced again: window %v, %d in flight", w, n)
 	}
 }
@@ -154,4 +148,77 @@ func TestPacingQueueOrder(t *testing.T) {
 	served(t, jobRank, "the job's rank")
 	slots[1].Release()
 	served(t, newRank, "the new rank")
+}
+
+// A store that answers each connection at once but stalls past some rate (a resolver that drops
+// what comes faster than it answers) is not protected by a window: a stall also caps the dial rate
+// at half of what was granted in the second before it. Each second without a stall raises the cap
+// by an eighth; past maxRate it is lifted.
+func TestPacingCapsTheRateAfterAStall(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Paced: true, Slow: time.Second})
+	for i := range 100 { // 100 a second, each answered at once
+		sl := takeN(t, s, 1, i)[0]
+		sl.Asked()
+		sl.Answered()
+		clk.advance(10 * time.Millisecond)
+	}
+	stuck := takeN(t, s, 1, 100)[0]
+	stuck.Asked()
+	clk.advance(1100 * time.Millisecond) // no answer for 1.1 s while one waits: a stall
+	s.paceTick()
+	_, _, rate := s.Pacing()
+	if rate != 50 { // the most granted in a second lately, halved
+		t.Fatalf("rate cap %v after a stall following 100 dials a second, want 50", rate)
+	}
+	held(t, s, StorePacing) // the stall spent the tokens
+	clk.advance(time.Second / 20)
+	granted := 0
+	for i := range 100 { // a second more: about rate dials, where 100 came
+		if sl, r := s.TryTake(gateAddr(fmt.Sprintf("10.2.0.%d", i+1))); r == "" {
+			granted++
+			sl.Asked()
+			sl.Answered()
+		}
+		clk.advance(10 * time.Millisecond)
+	}
+	if float64(granted) < rate-2 || float64(granted) > rate+minWindow+1 {
+		t.Fatalf("%d dials granted in the second after the stall, with a cap of %v a second", granted, rate)
+	}
+	stuck.Answered()
+	for range 60 { // no stall: an eighth more each second, until lifted (50 × 1.125^44 > 8192)
+		clk.advance(time.Second)
+		s.paceTick()
+	}
+	if _, _, r := s.Pacing(); r != 0 {
+		t.Fatalf("rate cap %v after 60 s without a stall, want it lifted", r)
+	}
+}
+
+// Two seconds after the last stall the window grows by one an answer again (slow start): one a
+// round would take minutes to give a busy store back what a stall took.
+func TestPacingForgetsAStall(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Paced: true, Slow: 250 * time.Millisecond})
+	slots := takeN(t, s, firstWindow, 0)
+	for _, sl := range slots {
+		sl.Asked()
+	}
+	clk.advance(300 * time.Millisecond)
+	const half = firstWindow / 2
+	s.paceTick() // a stall: window and threshold half the first
+	slots[0].Answered()
+	if w, _, _ := s.Pacing(); w != half+1.0/half {
+		t.Fatalf("window %v after an answer at the threshold, want %v", w, half+1.0/half)
+	}
+	for _, sl := range slots[1:] {
+		sl.Answered()
+	}
+	clk.advance(forgetStall)
+	s.paceTick()
+	w0, _, _ := s.Pacing()
+	sl := takeN(t, s, 1, 100)[0]
+	sl.Asked()
+	sl.Answered()
+	if w, _, _ := s.Pacing(); w != w0+1 {
+		t.Fatalf("window %v after an answer %v after the stall, want %v (one an answer)", w, forgetStall, w0+1)
+	}
 }

@@ -113,7 +113,7 @@ func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
 		d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) < 1 {
 		return SourceStoreDialRate
 	}
-	if s.rate.Paced && s.pace.full() {
+	if s.rate.Paced && (s.pace.full() || s.pace.rate > 0 && s.all.level(now, s.pace.rate, minWindow) < 1) {
 		return StorePacing
 	}
 	if !s.rate.Paced && s.rate.Rate > 0 && s.all.level(now, s.rate.Rate, s.rate.Burst) < 1 {
@@ -160,6 +160,9 @@ func (s *StoreSlots) dial(sl *Slot, now time.Time) {
 	switch {
 	case s.rate.Paced:
 		s.pace.start(sl, now)
+		if s.pace.rate > 0 {
+			s.all.tokens--
+		}
 	case s.rate.Rate > 0:
 		s.all.tokens--
 	}
@@ -256,6 +259,11 @@ func (s *StoreSlots) armLocked() {
 		switch w.reason {
 		case StoreDialRate:
 			d = s.all.due(s.rate.Rate)
+		case StorePacing: // the window frees as answers come; a capped rate's token comes due
+			if s.pace.rate == 0 || s.all.tokens >= 1 {
+				continue
+			}
+			d = s.all.due(s.pace.rate)
 		case SourceStoreDialRate:
 			d = s.sources[w.src].tokens.due(s.rate.PerSourceRate)
 		default:

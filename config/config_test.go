@@ -67,7 +67,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 512, 200, 512, 0, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, AutoRate{Auto: true}, 512, time.Second, 10, 32}},
+		{"caps", got.Caps, Caps{20000, 512, 200, 512, 0, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, AutoRate{Auto: true}, 512, 250 * time.Millisecond, 10, 32}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second, 1, 16}},
 		{"scan", got.Scan, Scan{8, time.Minute}},

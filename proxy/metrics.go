@@ -57,6 +57,7 @@ type metrics struct {
 	storeRefused    *prometheus.CounterVec
 	storeQueued     *prometheus.CounterVec
 	storeWaiting    prometheus.GaugeFunc
+	storePacing     *prometheus.GaugeVec
 	silentEvictions prometheus.Counter
 	handovers       *prometheus.CounterVec
 	handoverConns   prometheus.Gauge
@@ -72,8 +73,25 @@ type metrics struct {
 type readings struct {
 	bansActive, buffered, auditLost, logsDropped func() float64
 	storeConns, storeLimit, storeWaiting         func() float64
+	storePacing                                  func() (window float64, inflight int, rate float64)
 	quotaBytes, quotaKeys                        func() float64
 	auditRotations                               func(log string) float64 // of auditLogs
+}
+
+// pacingCollector reads the pacing state once per scrape into its three gauges.
+type pacingCollector struct {
+	g    *prometheus.GaugeVec
+	read func() (window float64, inflight int, rate float64)
+}
+
+func (c pacingCollector) Describe(ch chan<- *prometheus.Desc) { c.g.Describe(ch) }
+
+func (c pacingCollector) Collect(ch chan<- prometheus.Metric) {
+	w, n, r := c.read()
+	c.g.WithLabelValues("window").Set(w)
+	c.g.WithLabelValues("inflight").Set(float64(n))
+	c.g.WithLabelValues("rate").Set(r)
+	c.g.Collect(ch)
 }
 
 // auditLogs are the audit writer's file sets: the security events, and passed connections' flows.
@@ -176,6 +194,9 @@ func newMetrics(read readings) *metrics {
 	m.storeQueued = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_connection_waits_total",
 		"Clients whose first valid message had to wait for a store connection, by what held it back first: a cap full, or a dial rate spent (caps.*store-dial-rate). Not violations.")),
 		[]string{"reason"})
+	m.storePacing = prometheus.NewGaugeVec(prometheus.GaugeOpts(f("store_pacing",
+		"caps.store-dial-rate auto: the window of store dials in flight (window), the dials in flight (inflight), "+
+			"and the dials a second a stall capped them at (rate; 0: none). All 0 when not paced.")), []string{"value"})
 	m.storeWaiting = prometheus.NewGaugeFunc(prometheus.GaugeOpts(f("store_connections_waiting",
 		"Clients waiting now for a store connection (a cap full, or a dial rate spent).")), read.storeWaiting)
 	m.silentEvictions = prometheus.NewCounter(prometheus.CounterOpts(f("silent_evictions_total",
@@ -223,7 +244,7 @@ func newMetrics(read readings) *metrics {
 	m.reg.MustRegister(m.accepted, m.acceptErrors, m.active, m.refused, m.handshakes, m.resumed, m.messages, bytes, m.violations, m.bans, m.scans, m.peeks, m.bansActive,
 		m.dialFailures, m.latency, m.reloads, m.panics, m.buffered, m.auditDropped, m.logsDropped, m.budgetTimeouts, m.stalls, m.resyncs, m.loopConns, handbacks, build,
 		m.storeProbes, m.keyLookups, m.storeWaits, m.storeInfo, m.storeConns, m.storeLimit, m.quotaBytes, m.quotaKeys, m.storeRefused,
-		m.storeQueued, m.storeWaiting, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen, m.unguardedStores,
+		m.storeQueued, m.storeWaiting, pacingCollector{m.storePacing, read.storePacing}, m.silentEvictions, m.handovers, m.handoverConns, m.restoreLost, m.handoverFrozen, m.unguardedStores,
 		m.peerSetUpdates, m.peerSetAddresses,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, log := range auditLogs {

@@ -272,6 +272,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		storeConns:   func() float64 { return float64(s.slots.InUse()) },
 		storeLimit:   s.storeLimitGauge,
 		storeWaiting: func() float64 { return float64(s.slots.Waiting()) },
+		storePacing:  s.slots.Pacing,
 		quotaBytes:   func() float64 { return float64(s.learned.quota.Stats().Bytes) },
 		quotaKeys:    func() float64 { return float64(s.learned.quota.Stats().Keys) },
 		auditRotations: func(log string) float64 {

@@ -82,8 +82,8 @@ type pacing struct {
 	period  time.Time
 	granted int
 	prior   [2]int
-	timer     *time.Timer
-	armed     bool
+	timer   *time.Timer
+	armed   bool
 }
 
 func (p *pacing) begin(slow time.Duration) {

@@ -146,8 +146,8 @@ type Caps struct {
 	StoreDialRate           AutoRate      `mapstructure:"store-dial-rate"`
 	StoreDialBurst          int           `mapstructure:"store-dial-burst"`
 	StoreDialSlow           time.Duration `mapstructure:"store-dial-slow"`
-	PerSourceStoreDialRate  float64 `mapstructure:"per-source-store-dial-rate"`
-	PerSourceStoreDialBurst int     `mapstructure:"per-source-store-dial-burst"`
+	PerSourceStoreDialRate  float64       `mapstructure:"per-source-store-dial-rate"`
+	PerSourceStoreDialBurst int           `mapstructure:"per-source-store-dial-burst"`
 }
 
 // AutoCount is a count that may be "auto": worked out at run time.

@@ -306,3 +306,59 @@ func namedClients(t *testing.T, h *harness) (client func(name, ip string) net.Co
 	}
 	return client, atStore
 }
+
+// caps.store-dial-rate auto (the default) paces store dials by the store's answers: a store that
+// answers gets every client of a large job's start; one that stops answering gets few dials at a
+// time (the window halves, the rate is capped) while the others wait in the queue, never as a
+// violation, and every one of them is served once it answers again.
+func TestStorePacing(t *testing.T) { run(t, testStorePacing) }
+
+func testStorePacing(t *testing.T, m mode) {
+	h := start(t, m, func(c *config.Config) {
+		c.Generation = "1.13"
+		c.Caps.StoreDialSlow = 100 * time.Millisecond
+	})
+	h.store.SetReply(make([]byte, 8))
+	numKeys := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGetNumKeys})
+	pacing := func(v string) float64 {
+		var f float64
+		fmt.Sscan(h.metric(`storeguard_store_pacing{value="`+v+`"}`), &f)
+		return f
+	}
+	for _, c := range clientsOf(t, h, numKeys, 0, 600) {
+		readReply(t, c, 8)
+	}
+
+	h.store.Pause() // the store stalls: it reads each connection's first message and answers none
+	stalled := clientsOf(t, h, numKeys, 600, 200)
+	eventually(t, "the window halved and the dials capped for the stalled store", func() bool {
+		return pacing("window") < 200 && pacing("rate") > 0
+	})
+	stalled = append(stalled, clientsOf(t, h, numKeys, 800, 50)...)
+	eventually(t, "clients waiting for the stalled store", func() bool {
+		return h.metric("storeguard_store_connections_waiting") != "0"
+	})
+	h.store.Resume()
+	for _, c := range stalled {
+		readReply(t, c, 8)
+	}
+	var refused, violations float64
+	fmt.Sscan(h.metric(`storeguard_store_connections_refused_total{reason="store_pacing"}`), &refused)
+	fmt.Sscan(h.metric(`storeguard_violations_total{mode="enforce",rule="message_timeout"}`), &violations)
+	if refused != 0 || violations != 0 {
+		t.Errorf("%v clients refused for pacing, %v message timeouts", refused, violations)
+	}
+}
+
+// clientsOf connects n clients, 8 a loopback source from 127.10.0.1 on (client from on), each
+// sending msg.
+func clientsOf(t *testing.T, h *harness, msg []byte, from, n int) []net.Conn {
+	t.Helper()
+	cs := make([]net.Conn, n)
+	for i := range cs {
+		host := (from+i)/8 + 1
+		cs[i] = h.dialFrom(fmt.Sprintf("127.10.%d.%d", host/256, host%256))
+		cs[i].Write(msg)
+	}
+	return cs
+}

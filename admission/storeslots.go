@@ -22,7 +22,8 @@ const (
 // DialRate is how fast the guard may open connections to the store (caps.*store-dial-*): Paced, by
 // what the store does (pacing.go), or at most Rate a second and Burst at once in all; and at most
 // PerSourceRate a second and PerSourceBurst at once for one client source. A rate of 0 is no limit;
-// a burst below 1 is taken as 1. Slow is when a paced store is slowing (0: DefaultSlow).
+// a burst below 1 is taken as 1. Slow is how long a paced store may answer no dial while one waits
+// before it counts as stalling (0: DefaultSlow).
 type DialRate struct {
 	Paced          bool
 	Slow           time.Duration
@@ -41,7 +42,7 @@ type DialRate struct {
 // store. It is safe for concurrent use.
 //
 // By default it paces by the store (DialRate.Paced, pacing.go): a window of dials in flight, which
-// grows while the store answers new connections fast and halves when it slows.
+// grows with the store's answers to new connections and halves, with a rate cap, when it stalls.
 //
 // Clients that cannot have a slot at once wait in one queue (Take), served in this order: sources
 // that serve a job and have not dialled within recentDial (a job's host), then other sources that

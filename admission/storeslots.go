@@ -114,13 +114,23 @@ func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
 		d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) < 1 {
 		return SourceStoreDialRate
 	}
-	if s.rate.Paced && (s.pace.full() || s.pace.rate > 0 && s.all.level(now, s.pace.rate, minWindow) < 1) {
+	if s.rate.Paced && s.pace.full() {
 		return StorePacing
 	}
-	if !s.rate.Paced && s.rate.Rate > 0 && s.all.level(now, s.rate.Rate, s.rate.Burst) < 1 {
-		return StoreDialRate
+	if rate, burst, reason := s.allRate(); rate > 0 && s.all.level(now, rate, burst) < 1 {
+		return reason
 	}
 	return ""
+}
+
+// allRate is the store-wide dial rate in force, with its burst and the reason it holds a client
+// back: the fixed caps.store-dial-rate, or, paced, the cap a stall set (0: none). Both spend the
+// tokens of s.all.
+func (s *StoreSlots) allRate() (rate float64, burst int, reason Reason) {
+	if s.rate.Paced {
+		return s.pace.rate, minWindow, StorePacing
+	}
+	return s.rate.Rate, s.rate.Burst, StoreDialRate
 }
 
 // Slot is a store connection's place in StoreSlots: Release gives it back. A slot granted while
@@ -158,13 +168,10 @@ func (sl *Slot) Release() {
 // when src dialled.
 func (s *StoreSlots) dial(sl *Slot, now time.Time) {
 	src := sl.src
-	switch {
-	case s.rate.Paced:
+	if s.rate.Paced {
 		s.pace.start(sl, now)
-		if s.pace.rate > 0 {
-			s.all.tokens--
-		}
-	case s.rate.Rate > 0:
+	}
+	if rate, _, _ := s.allRate(); rate > 0 {
 		s.all.tokens--
 	}
 	d := s.sources[src]
@@ -258,13 +265,13 @@ func (s *StoreSlots) armLocked() {
 	for _, w := range s.queue {
 		var d time.Duration
 		switch w.reason {
-		case StoreDialRate:
-			d = s.all.due(s.rate.Rate)
-		case StorePacing: // the window frees as answers come; a capped rate's token comes due
-			if s.pace.rate == 0 || s.all.tokens >= 1 {
+		case StoreDialRate, StorePacing:
+			// A full pacing window frees as answers come; a spent rate's token comes due.
+			rate, _, _ := s.allRate()
+			if rate == 0 || s.all.tokens >= 1 {
 				continue
 			}
-			d = s.all.due(s.pace.rate)
+			d = s.all.due(rate)
 		case SourceStoreDialRate:
 			d = s.sources[w.src].tokens.due(s.rate.PerSourceRate)
 		default:

@@ -90,28 +90,8 @@ start_guard() {
 	echo $!
 }
 
-# HAProxy takes two descriptors a connection and refuses to start past its limit.
+source "$ROOT/bench/haproxy.sh" # start_haproxy
 HAPROXY_MAX=$((($(ulimit -n) - 200) / 2))
-start_haproxy() { # listen upstream tag
-	cat >"$OUT/haproxy-$3.cfg" <<EOF
-global
-    maxconn $HAPROXY_MAX
-    nbthread 2
-defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 1h
-    timeout server 1h
-    maxconn $HAPROXY_MAX
-frontend fe
-    bind 127.0.0.1:$1
-    default_backend be
-backend be
-    server store 127.0.0.1:$2 maxconn $HAPROXY_MAX
-EOF
-	haproxy -db -f "$OUT/haproxy-$3.cfg" >"$OUT/logs/haproxy-$3.log" 2>&1 &
-	echo $!
-}
 
 # rendezvous FILE PORT N GEN
 rendezvous() {
@@ -132,7 +112,7 @@ for store in torch2.4.1-libuv torch2.15-libuv torch1.13-legacy; do
 	wait_line "$OUT/logs/store-$store.log" ready 60 || { log "$store did not start: $(tail -2 "$OUT/logs/store-$store.log")"; continue; }
 	gpid=$(start_guard "$store-defaults" "$gport" "$sport" "$m1"); PIDS+=("$gpid")
 	npid=$(start_guard "$store-nopace" "$nport" "$sport" "$m2" --config "$OUT/nopace.yaml"); PIDS+=("$npid")
-	hpid=$(start_haproxy "$hport" "$sport" "$store"); PIDS+=("$hpid")
+	hpid=$(start_haproxy "$hport" "$sport" "$store" "$HAPROXY_MAX"); PIDS+=("$hpid")
 	sleep 2
 	kill -0 "$hpid" 2>/dev/null || log "HAProxy did not start: $(tail -1 "$OUT/logs/haproxy-$store.log")"
 	for n in $SIZES; do

@@ -132,26 +132,7 @@ start_storeguard() { # listen upstream generation backend tag [event-loops] -> p
 	echo $!
 }
 
-start_haproxy() { # listen upstream tag -> pid
-	cat >"$OUT/haproxy-$3.cfg" <<EOF
-global
-    maxconn $PROXY_MAX
-    nbthread 2
-defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 1h
-    timeout server 1h
-    maxconn $PROXY_MAX
-frontend fe
-    bind 127.0.0.1:$1
-    default_backend be
-backend be
-    server store 127.0.0.1:$2 maxconn $PROXY_MAX
-EOF
-	haproxy -db -f "$OUT/haproxy-$3.cfg" >"$OUT/logs/haproxy-$3.log" 2>&1 &
-	echo $!
-}
+source "$ROOT/bench/haproxy.sh" # start_haproxy
 
 bench() { # file args...: one bench run, JSON into file
 	local f=$1
@@ -171,7 +152,7 @@ for spec in "${STORES[@]}"; do
 	spid=$(start_store $sport "$py" "$backend"); PIDS+=("$spid")
 	wait_port $sport || { stop_pid "$spid"; continue; }
 	gpid=$(start_storeguard $gport $sport "$gen" "$sgbackend" "$name"); PIDS+=("$gpid")
-	hpid=$(start_haproxy $hport $sport "$name"); PIDS+=("$hpid")
+	hpid=$(start_haproxy $hport $sport "$name" "$PROXY_MAX"); PIDS+=("$hpid")
 	# The same storeguard with event-loops -1: every connection on two goroutines, as before the loops.
 	opid=$(start_storeguard $oport $sport "$gen" "$sgbackend" "$name-goroutines" -1); PIDS+=("$opid")
 	wait_port $gport; wait_port $hport; wait_port $oport
@@ -265,7 +246,7 @@ if ! over_budget; then
 	gpid=$(start_storeguard $((BASE_PORT + 41)) $((BASE_PORT + 40)) G3 libuv idle); PIDS+=("$gpid")
 	wait_port $((BASE_PORT + 41)) && idle storeguard $((BASE_PORT + 41)) "$gpid"
 	stop_pid "$gpid"
-	hpid=$(start_haproxy $((BASE_PORT + 42)) $((BASE_PORT + 40)) idle); PIDS+=("$hpid")
+	hpid=$(start_haproxy $((BASE_PORT + 42)) $((BASE_PORT + 40)) idle "$PROXY_MAX"); PIDS+=("$hpid")
 	wait_port $((BASE_PORT + 42)) && idle haproxy $((BASE_PORT + 42)) "$hpid"
 	stop_pid "$hpid"; stop_pid "$sink"
 fi

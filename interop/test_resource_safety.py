@@ -350,6 +350,32 @@ def test_a_jobs_start_is_not_paced(procs, binary, tmp_path, version, backend):  
     assert metric(mport, "storeguard_connections_accepted_total") >= 32, "the ranks did not go through the guard"
 
 
+LARGE_JOB = 8000
+
+
+@pytest.mark.skipif("2.4.1" not in ENVS, reason="torch 2.4.1 not installed")
+def test_a_large_jobs_start_goes_through_the_defaults(procs, binary, tmp_path):  # noqa: F811
+    """8,000 ranks, 8 a host (1,000 loopback sources), each ADDing itself and WAITing for the last
+    (`storeguard bench --op rendezvous --per-host 8`), through the embedded defaults against a real
+    torch 2.4.1 libuv store. The fixed store dial rate (100 a second, 512 at once) released none of
+    them: those still waiting at timeouts.upstream-dial were closed. Paced by the store's answers,
+    every one is released, none refused. (2.4.1 resolves no peer names, so this machine's resolver
+    is not in the way; docs/benchmarks-scale.md has 2.15 and 1.13.)"""
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < 2 * LARGE_JOB + 1000:
+        pytest.skip(f"a descriptor limit of {hard} holds no {LARGE_JOB} proxied connections")
+    store, sport = start_store(procs, "2.4.1", "libuv", nofile=hard)
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    p = subprocess.run([binary, "bench", "--addr", f"127.0.0.1:{port}", "--op", "rendezvous", "--conns", str(LARGE_JOB),
+                        "--per-host", "8", "--generation", "2.4", "--timeout", "120s", "--json"],
+                       capture_output=True, text=True, timeout=200, preexec_fn=raise_nofile)
+    r = json.loads(p.stdout)["rendezvous"] if p.stdout.strip() else None
+    assert r and r["completed"] == LARGE_JOB, f"{r} {p.stderr[-2000:]}"
+    assert metric_sum(mport, "storeguard_store_connections_refused_total{") == 0, "a rank was refused a store connection"
+    assert metric_sum(mport, "storeguard_violations_total{") == 0
+
+
 @pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
 def test_a_scan_from_the_jobs_address_does_not_lock_out_new_ranks(procs, binary, tmp_path, version, backend):  # noqa: F811
     """A security agent scans localhost while a job runs through the guard from localhost: the

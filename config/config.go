@@ -116,10 +116,12 @@ type Access struct {
 
 // Caps limit connection admission and the connections the guard makes to the store (caps.*).
 type Caps struct {
-	MaxConnections       int     `mapstructure:"max-connections"`
-	PerSourceConnections int     `mapstructure:"per-source-connections"` // 0 = unlimited
-	PerSourceRate        float64 `mapstructure:"per-source-rate"`        // new connections/s; 0 = unlimited
-	PerSourceBurst       int     `mapstructure:"per-source-burst"`
+	// MaxConnections caps the client connections open at once; auto: half the guard's descriptor
+	// limit less a reserve (admission.ConnectionsFor).
+	MaxConnections       AutoCount `mapstructure:"max-connections"`
+	PerSourceConnections int       `mapstructure:"per-source-connections"` // 0 = unlimited
+	PerSourceRate        float64   `mapstructure:"per-source-rate"`        // new connections/s; 0 = unlimited
+	PerSourceBurst       int       `mapstructure:"per-source-burst"`
 	// PerIdentityConnections caps the connections open at once of one identity a TLS handshake
 	// proved (admission.IdentityConnections). 0 = unlimited.
 	PerIdentityConnections int `mapstructure:"per-identity-connections"`
@@ -128,10 +130,11 @@ type Caps struct {
 	// that, a new connection takes the place of one of them.
 	PerSourceSilent int `mapstructure:"per-source-silent"`
 	// PerPrefixConnections caps the connections open at once from one network: an IPv4 /IPv4Prefix
-	// or an IPv6 /IPv6Prefix (the network an IPv6 ban covers too). 0 = unlimited.
-	PerPrefixConnections int `mapstructure:"per-prefix-connections"`
-	IPv4Prefix           int `mapstructure:"ipv4-prefix"`
-	IPv6Prefix           int `mapstructure:"ipv6-prefix"`
+	// or an IPv6 /IPv6Prefix (the network an IPv6 ban covers too). 0 = unlimited; auto: half of
+	// MaxConnections.
+	PerPrefixConnections AutoCount `mapstructure:"per-prefix-connections"`
+	IPv4Prefix           int       `mapstructure:"ipv4-prefix"`
+	IPv6Prefix           int       `mapstructure:"ipv6-prefix"`
 	// MaxStoreConnections caps the connections to the store, in all: auto reads the store's
 	// descriptor limit when it runs on this host (storeinfo/limit.go); 0 = unlimited.
 	MaxStoreConnections       AutoCount `mapstructure:"max-store-connections"`
@@ -423,15 +426,29 @@ func (c Config) Deadlines() protocol.Deadlines {
 // parse would have been an error there.
 func (c Config) Admission() admission.Config {
 	denyIDs, _ := idpattern.ParseSet(c.Access.DenyIdentities)
+	maxConns, perPrefix := c.Caps.Connections()
 	return admission.Config{
 		DenyIdentities: denyIDs, PerIdentityConnections: c.Caps.PerIdentityConnections,
 		Allow: c.Access.Allow, Deny: c.Access.Deny,
-		MaxConnections: c.Caps.MaxConnections, PerSourceConnections: c.Caps.PerSourceConnections,
+		MaxConnections: maxConns, PerSourceConnections: c.Caps.PerSourceConnections,
 		PerSourceRate: c.Caps.PerSourceRate, PerSourceBurst: c.Caps.PerSourceBurst,
-		PerPrefixConnections: c.Caps.PerPrefixConnections, IPv4Prefix: c.Caps.IPv4Prefix, IPv6Prefix: c.Caps.IPv6Prefix,
+		PerPrefixConnections: perPrefix, IPv4Prefix: c.Caps.IPv4Prefix, IPv6Prefix: c.Caps.IPv6Prefix,
 		BanViolations: c.Ban.Violations, BanWindow: c.Ban.Window, BanDuration: c.Ban.Duration, BanExempt: c.Ban.Exempt,
 		ServingRate: c.Ban.ServingRate, ServingBurst: c.Ban.ServingBurst,
 	}
+}
+
+// Connections returns caps.max-connections and caps.per-prefix-connections, auto worked out from
+// this process's descriptor limit.
+func (cp Caps) Connections() (maxConns, perPrefix int) {
+	maxConns, perPrefix = cp.MaxConnections.N, cp.PerPrefixConnections.N
+	if cp.MaxConnections.Auto {
+		maxConns = admission.ConnectionsFor(admission.FileLimit())
+	}
+	if cp.PerPrefixConnections.Auto {
+		perPrefix = admission.PrefixConnectionsFor(maxConns)
+	}
+	return maxConns, perPrefix
 }
 
 // DialRate returns how fast serve may connect to the store (caps.*store-dial-*), as

@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"errors"
+	"github.com/storeguard/storeguard/admission"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -67,7 +68,7 @@ func TestDefaults(t *testing.T) {
 		{"limits", got.Limits, Limits{8192, AutoLimit, 131072, AutoLimit, true, false, 2}},
 		{"timeouts", got.Timeouts, Timeouts{60 * time.Second, 30 * time.Second, 0, 0, 10 * time.Second, 10 * time.Second}},
 		{"access", got.Access, Access{}},
-		{"caps", got.Caps, Caps{20000, 512, 200, 512, 0, 16, 10000, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, AutoRate{Auto: true}, 512, 250 * time.Millisecond, 10, 32}},
+		{"caps", got.Caps, Caps{AutoCount{Auto: true}, 512, 200, 512, 0, 16, AutoCount{Auto: true}, 24, 64, AutoCount{Auto: true}, 256, 268435456, 67108864, 33554432, AutoRate{Auto: true}, 512, 250 * time.Millisecond, 10, 32}},
 		{"ban", got.Ban, Ban{5, time.Minute, 10 * time.Minute,
 			[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, 2 * time.Second, 1, 16}},
 		{"scan", got.Scan, Scan{8, time.Minute}},
@@ -536,7 +537,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 	custom.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("192.0.2.1/32")}
 	custom.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
 	custom.Access.DenyIdentities = []string{"spiffe://job.example/ns/old/**", "dns:*.lab.example"}
-	custom.Caps = Caps{10, 0, 0.25, 1, 6, 3, 4, 16, 48, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, AutoRate{Rate: 2.5}, 3, 250 * time.Millisecond, 0, 1}
+	custom.Caps = Caps{AutoCount{N: 10}, 0, 0.25, 1, 6, 3, AutoCount{N: 4}, 16, 48, AutoCount{N: 900}, 7, 1 << 20, 1 << 19, 1 << 17, AutoRate{Rate: 2.5}, 3, 250 * time.Millisecond, 0, 1}
 	custom.Ban = Ban{ServingRate: 0.5, ServingBurst: 2}
 	custom.Audit = Audit{1, 0, 2, 3, 0, 1, time.Second, 0}
 	custom.Scan = Scan{3, time.Second}
@@ -746,5 +747,24 @@ func TestAdmissionIdentities(t *testing.T) {
 	}
 	if d := Default().Admission(); d.PerIdentityConnections != 0 || len(d.DenyIdentities) != 0 {
 		t.Errorf("default admission identities: %+v", d)
+	}
+}
+
+// caps.max-connections and caps.per-prefix-connections: auto are worked out from this process's
+// descriptor limit, per-prefix as half of max; a number is kept, and a number for max halves into
+// an auto per-prefix.
+func TestConnectionCapsAuto(t *testing.T) {
+	c := Default()
+	want := admission.ConnectionsFor(admission.FileLimit())
+	if m, p := c.Caps.Connections(); m != want || p != want/2 {
+		t.Errorf("auto: max-connections %d, per-prefix %d; want %d, %d", m, p, want, want/2)
+	}
+	c.Caps.MaxConnections = AutoCount{N: 3000}
+	if m, p := c.Caps.Connections(); m != 3000 || p != 1500 {
+		t.Errorf("max-connections 3000: got %d, per-prefix %d", m, p)
+	}
+	c.Caps.PerPrefixConnections = AutoCount{N: 0}
+	if a := c.Admission(); a.MaxConnections != 3000 || a.PerPrefixConnections != 0 {
+		t.Errorf("Admission: max %d, per-prefix %d; want 3000, 0", a.MaxConnections, a.PerPrefixConnections)
 	}
 }

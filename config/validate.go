@@ -102,12 +102,16 @@ func (c Config) validate() []error {
 	}
 
 	cp := c.Caps
-	v.between("caps.max-connections", int64(cp.MaxConnections), 1, maxConnections)
+	if !cp.MaxConnections.Auto {
+		v.between("caps.max-connections", int64(cp.MaxConnections.N), 1, maxConnections)
+	}
 	v.between("caps.per-source-connections", int64(cp.PerSourceConnections), 0, maxConnections)
 	v.rate("caps.per-source-rate", "caps.per-source-burst", cp.PerSourceRate, cp.PerSourceBurst)
 	v.between("caps.per-identity-connections", int64(cp.PerIdentityConnections), 0, maxConnections)
 	v.between("caps.per-source-silent", int64(cp.PerSourceSilent), 0, maxConnections)
-	v.between("caps.per-prefix-connections", int64(cp.PerPrefixConnections), 0, maxConnections)
+	if !cp.PerPrefixConnections.Auto {
+		v.between("caps.per-prefix-connections", int64(cp.PerPrefixConnections.N), 0, maxConnections)
+	}
 	v.between("caps.ipv4-prefix", int64(cp.IPv4Prefix), 1, 32)
 	v.between("caps.ipv6-prefix", int64(cp.IPv6Prefix), 1, 128)
 	if !cp.MaxStoreConnections.Auto {

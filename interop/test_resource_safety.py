@@ -109,12 +109,19 @@ def raise_nofile():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def start_guard(procs, binary, sport, tmp_path, *extra):  # noqa: F811
+def start_guard(procs, binary, sport, tmp_path, *extra, nofile=None):  # noqa: F811
+    """storeguard serve in front of the store at sport; nofile: its descriptor limit, soft and hard
+    (else its soft limit is raised to the hard one)."""
     port, mport = free_port(), free_port()
+    limit = raise_nofile
+    if nofile:
+        import resource
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     log = open(tmp_path / f"guard-{port}.log", "w")
     p = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{sport}",
                           "--metrics-listen", f"127.0.0.1:{mport}", "--audit-log", str(tmp_path / f"audit-{port}.jsonl"),
-                          *extra], stdout=log, stderr=log, start_new_session=True, preexec_fn=raise_nofile)
+                          *extra], stdout=log, stderr=log, start_new_session=True, preexec_fn=limit)
     procs.procs.append(p)
     wait_ready(mport, "storeguard")
     return p, port, mport
@@ -373,6 +380,35 @@ def test_a_large_jobs_start_goes_through_the_defaults(procs, binary, tmp_path): 
     r = json.loads(p.stdout)["rendezvous"] if p.stdout.strip() else None
     assert r and r["completed"] == LARGE_JOB, f"{r} {p.stderr[-2000:]}"
     assert metric_sum(mport, "storeguard_store_connections_refused_total{") == 0, "a rank was refused a store connection"
+    assert metric_sum(mport, "storeguard_violations_total{") == 0
+
+
+def test_the_connection_cap_follows_the_guards_descriptor_limit(procs, binary, tmp_path):  # noqa: F811
+    """caps.max-connections was 20,000 whatever the guard's descriptor limit: on a cluster's node
+    (a hard limit of 524,288 or 1,048,576) it refused a job past about 19,000 ranks that the store
+    held, and under a limit below 40,000 the guard ran out of descriptors first (failed accepts,
+    nothing named). auto is half the limit less a reserve of 256: a guard limited to 1,000
+    descriptors holds 372. A start of 360 ranks through it completes; one of 480 is refused past the
+    cap, by name (max_connections), with no failed accept. (auto per-prefix-connections, half of
+    that, is lifted: the bench's hosts share one /24.)"""
+    store, sport = start_store(procs, "2.4.1", "libuv", nofile=4096)
+    cfg = tmp_path / "no-prefix-cap.yaml"
+    cfg.write_text("caps:\n  per-prefix-connections: 0\n")  # the bench's 60 hosts share one /24
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path, "--config", str(cfg), nofile=1000)
+
+    def start(n):
+        p = subprocess.run([binary, "bench", "--addr", f"127.0.0.1:{port}", "--op", "rendezvous", "--conns", str(n),
+                            "--per-host", "8", "--generation", "2.4", "--timeout", "20s", "--json"],
+                           capture_output=True, text=True, timeout=120, preexec_fn=raise_nofile)
+        return json.loads(p.stdout)["rendezvous"] if p.stdout.strip() else {"stderr": p.stderr[-2000:]}
+
+    r = start(360)
+    assert r.get("completed") == 360, r
+    assert metric_sum(mport, 'storeguard_connections_refused_total{reason="max_connections"}') == 0
+    start(480)
+    assert metric_sum(mport, 'storeguard_connections_refused_total{reason="max_connections"}') > 0, \
+        "480 connections at once were not refused at caps.max-connections (auto: 372)"
+    assert metric_sum(mport, "storeguard_accept_errors_total") == 0, "the guard ran out of descriptors"
     assert metric_sum(mport, "storeguard_violations_total{") == 0
 
 

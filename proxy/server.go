@@ -326,8 +326,10 @@ func (s *Server) MetricsAddr() net.Addr {
 // for timeouts.drain, closes what is left and returns.
 func (s *Server) Serve(ctx context.Context) error {
 	st := s.set.Load()
+	maxConns, perPrefix := st.cfg.Caps.Connections()
 	s.log.Info("storeguard serving", "listen", s.listeners.clients.Addr().String(), "upstream", st.cfg.Upstream,
-		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", version.String())
+		"generation", st.dec.Gen.String(), "mode", string(st.cfg.Mode), "version", version.String(),
+		"max_connections", maxConns, "per_prefix_connections", perPrefix)
 	storeinfo.WarnExposure(s.log, st.cfg.Upstream)
 	defer s.store.CloseKeys()
 	s.store.Start(ctx)

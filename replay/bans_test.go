@@ -326,7 +326,7 @@ func TestAdmissionRefusals(t *testing.T) {
 		{"access.deny", func(c *config.Config) { c.Access.Deny = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")} }, "denied"},
 		{"access.allow", func(c *config.Config) { c.Access.Allow = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")} }, "not_allowed"},
 		{"caps.per-source-connections", func(c *config.Config) { c.Caps.PerSourceConnections = 1 }, "source_connections"},
-		{"caps.max-connections", func(c *config.Config) { c.Caps.MaxConnections = 1 }, "max_connections"},
+		{"caps.max-connections", func(c *config.Config) { c.Caps.MaxConnections = config.AutoCount{N: 1} }, "max_connections"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			results, events := flowRun(t, func(c *config.Config) { g0(c); tc.mod(c) }, func(t testing.TB, w *gencap.Writer) {

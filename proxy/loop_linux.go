@@ -65,6 +65,7 @@ type loopTransport struct {
 	registered  bool        // in its loop's epoll set; only the loop reads and writes it
 	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
 	timerAt     time.Time
+	grace       *time.Timer // closes both sockets replyGrace after the client's end of stream
 	cfd, ufd    int32 // the client's and the store's sockets while a loop has them, or detached
 	// left: what the loop could not finish, for the goroutines it hands the connection to.
 	left leftover
@@ -544,6 +545,9 @@ func (l *loop) release(c *conn, why handback) {
 	l.s.m.loopConns.Dec()
 	if why != handbackNone {
 		l.s.m.handbacks[why].Inc()
+	} else if c.lt.grace != nil { // closed: the timer would hold the connection for replyGrace
+		c.lt.grace.Stop()
+		c.lt.grace = nil
 	}
 	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
 		if fd < 0 {
@@ -753,5 +757,5 @@ func (l *loop) clientDone(c *conn) {
 	c.lt.clientEnded = true
 	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.lt.cfd), nil)
 	unix.Shutdown(int(c.lt.ufd), unix.SHUT_WR)
-	time.AfterFunc(replyGrace, c.closeBoth)
+	c.lt.grace = time.AfterFunc(replyGrace, c.closeBoth)
 }

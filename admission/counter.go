@@ -56,6 +56,9 @@ func (c *Counter) Release(src netip.Addr, n int64) {
 // SetLimits changes the caps (0: none); what is held stays held.
 func (c *Counter) SetLimits(limit, perSource int64) { c.limit, c.perSrc = limit, perSource }
 
+// Holds is what src holds.
+func (c *Counter) Holds(src netip.Addr) int64 { return c.bySource[src] }
+
 // Used is what is held in all.
 func (c *Counter) Used() int64 { return c.used }
 

@@ -46,8 +46,12 @@ type DialRate struct {
 //
 // Clients that cannot have a slot at once wait in one queue (Take), served in this order: sources
 // that serve a job and have not dialled within recentDial (a job's host), then other sources that
-// have not (a new host's rank), each first come; last the sources that dialled within recentDial
-// (churning ones), the one that dialled longest ago first, so that they share what is left in turn.
+// have not (a new host's rank), in each the source with the fewest clients waiting first, then
+// first come; last the sources that dialled within recentDial (churning ones), the one that dialled
+// longest ago first, so that they share what is left in turn. (Fewest waiting first: once a stall
+// caps the dial rate, churning sources stop dialling and, past recentDial, look like new hosts;
+// their dozens of queued clients each came before a new rank, which waited 10 to 14 s behind them.
+// A job's host brings its ranks, 8 or so; a churner brings a queue.)
 // Slots freed, limits raised and dial tokens coming due are handed straight to waiters, so a
 // client asking later (TryTake) never overtakes one.
 type StoreSlots struct {
@@ -60,6 +64,7 @@ type StoreSlots struct {
 	sources  map[netip.Addr]*sourceDials // sources that dialled lately; absent: not within recentDial, tokens full
 	swept    int                         // len(sources) after its last sweep
 	queue    []*slotWaiter               // in arrival order
+	waiting  map[netip.Addr]int          // the queue's waiters by source
 	arrivals uint64
 	timer    *time.Timer // serves the queue when the next dial token a waiter needs is due
 	pace     pacing      // rate.Paced
@@ -91,7 +96,7 @@ type sourceDials struct {
 // no dial rate until SetDialRate.
 func NewStoreSlots(limit, perSource int) *StoreSlots {
 	return &StoreSlots{now: time.Now, held: NewCounter(int64(limit), int64(perSource)),
-		sources: map[netip.Addr]*sourceDials{}}
+		sources: map[netip.Addr]*sourceDials{}, waiting: map[netip.Addr]int{}}
 }
 
 // full says which cap keeps src from another store connection now, or "".
@@ -229,29 +234,56 @@ func (s *StoreSlots) nextLocked(now time.Time) *slotWaiter {
 			continue
 		}
 		class, last := s.class(w, now)
-		if best == nil || class < bestClass ||
-			class == bestClass && (last.Before(bestLast) || last.Equal(bestLast) && w.seq < best.seq) {
+		if best == nil || class < bestClass || class == bestClass && s.before(w, best, last, bestLast) {
 			best, bestClass, bestLast = w, class, last
 		}
 	}
 	return best
 }
 
+// before reports whether w goes before other, of the same class, with last and otherLast their
+// sources' last dials: the one that dialled longer ago, then the source with fewer waiting, then
+// the first come.
+func (s *StoreSlots) before(w, other *slotWaiter, last, otherLast time.Time) bool {
+	if !last.Equal(otherLast) {
+		return last.Before(otherLast)
+	}
+	if n, m := s.waiting[w.src], s.waiting[other.src]; n != m {
+		return n < m
+	}
+	return w.seq < other.seq
+}
+
 // class is w's place in the queue's order: 0 a job's host, 1 another source that has not dialled
 // within recentDial, 2 one that has, with when it last dialled (zero for the others: first come).
+// A job's host serves a job (its caller says so: a live connection that completed a valid
+// message) and holds a store connection: a churner's connections that completed a message wait in
+// this queue with it, and hold none. A source with more clients waiting than a host's start brings
+// (caps.per-source-store-dial-burst, or 32) is churning, whenever it last dialled: once a stall
+// caps the dial rate, a churner dials seldom.
 func (s *StoreSlots) class(w *slotWaiter, now time.Time) (int, time.Time) {
-	if d := s.sources[w.src]; d != nil && now.Sub(d.last) < recentDial {
+	d := s.sources[w.src]
+	switch {
+	case d != nil && now.Sub(d.last) < recentDial:
 		return 2, d.last
-	}
-	if w.serving {
+	case s.waiting[w.src] > max(s.rate.PerSourceBurst, hostStart):
+		return 2, time.Time{}
+	case w.serving && s.held.Holds(w.src) > 0:
 		return 0, time.Time{}
 	}
 	return 1, time.Time{}
 }
 
+// hostStart is the most store clients a host's start brings at once when no per-source dial burst
+// says: 8 ranks x up to 4 store clients each.
+const hostStart = 32
+
 func (s *StoreSlots) dequeueLocked(w *slotWaiter) {
 	if i := slices.Index(s.queue, w); i >= 0 {
 		s.queue = slices.Delete(s.queue, i, i+1)
+		if s.waiting[w.src]--; s.waiting[w.src] <= 0 {
+			delete(s.waiting, w.src)
+		}
 	}
 }
 
@@ -323,6 +355,7 @@ func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (sl
 	w.seq = s.arrivals
 	s.arrivals++
 	s.queue = append(s.queue, w)
+	s.waiting[w.src]++
 	s.serveLocked()
 	s.mu.Unlock()
 	select {

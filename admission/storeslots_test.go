@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -268,18 +269,29 @@ func served(t *testing.T, waiter <-chan Reason, who string) {
 	}
 }
 
-// When the store's dial tokens are short, the next one goes to a source that serves a job, then to
-// the source that has dialled least lately (a new host's rank), and last to a churning source,
-// whatever the order they came in.
+// When the store's dial tokens are short, the next one goes to a source that serves a job (it holds
+// a store connection), then to the source that has dialled least lately (a new host's rank), and
+// last to a churning source, whatever the order they came in. A source that says it serves a job
+// but holds no store connection (a churner's queued connections completed their messages) is a
+// new host.
 func TestStoreSlotsQueueOrder(t *testing.T) {
 	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 4, PerSourceRate: 10, PerSourceBurst: 4})
-	for range 4 { // the churner spends its tokens and the store's
+	if _, r := s.TryTake(gateAddr("10.0.0.3")); r != "" { // the job's rank at work
+		t.Fatal(r)
+	}
+	for range 3 { // the churner spends its tokens and the store's
+		if _, r := s.TryTake(gateAddr("10.0.0.1")); r != "" {
+			t.Fatal(r)
+		}
+	}
+	clk.advance(time.Second) // the job's host dialled a while ago; the churner's tokens came back
+	for range 4 {
 		if _, r := s.TryTake(gateAddr("10.0.0.1")); r != "" {
 			t.Fatal(r)
 		}
 	}
 	churner := queued(t, s, "10.0.0.1", false)
-	newRank := queued(t, s, "10.0.0.2", false)
+	newRank := queued(t, s, "10.0.0.2", true) // serving, it says, and holds nothing
 	jobRank := queued(t, s, "10.0.0.3", true)
 	for i, who := range []string{"the job's rank", "the new rank", "the churner"} {
 		clk.advance(100 * time.Millisecond) // one token of the store's
@@ -289,6 +301,55 @@ func TestStoreSlotsQueueOrder(t *testing.T) {
 			t.Fatalf("%d waiting after %d tokens, want %d", n, i+1, 2-i)
 		}
 	}
+}
+
+// Sources that stopped dialling once a stall capped the rate, with queues of clients that came
+// first, do not keep a new host's rank waiting: of sources that have not dialled lately, the one
+// with the fewest waiting goes first. (First come, a new rank beside 15 such churners waited 10 to
+// 14 s for its first op against a torch 2.15 store whose resolver stalled.)
+func TestStoreSlotsANewRankGoesBeforeQueues(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 1})
+	s.TryTake(gateAddr("10.0.0.50")) // the store's one token
+	var churn []<-chan Reason
+	for i := range 3 {
+		for range 3 {
+			churn = append(churn, queued(t, s, fmt.Sprintf("10.0.1.%d", i+1), false))
+		}
+	}
+	newRank := queued(t, s, "10.0.0.9", false)
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, newRank, "the new rank")
+	if n := s.Waiting(); n != len(churn) {
+		t.Fatalf("%d waiting after one token, want the %d churners'", n, len(churn))
+	}
+	for range churn { // then the churners' queues, in turn
+		clk.advance(100 * time.Millisecond)
+		s.serve()
+	}
+	if n := s.Waiting(); n != 0 {
+		t.Fatalf("%d still waiting", n)
+	}
+}
+
+// A churner that holds one live store connection and queues more clients than a host's start
+// brings (32) goes after a new host's rank, however long ago it last dialled.
+func TestStoreSlotsAQueueLongerThanAHostsStartIsChurn(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Rate: 10, Burst: 1})
+	s.TryTake(gateAddr("10.0.0.1")) // its live connection, and the store's one token
+	clk.advance(2 * time.Second)
+	s.TryTake(gateAddr("10.0.0.50"))
+	var churn []<-chan Reason
+	for range hostStart + 1 {
+		churn = append(churn, queued(t, s, "10.0.0.1", true))
+	}
+	newRank := queued(t, s, "10.0.0.9", false)
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, newRank, "the new rank")
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, churn[0], "the churner's first")
 }
 
 // One live connection of a job does not put a churning source first: past half its dial burst it

@@ -25,6 +25,7 @@ func TestSilentFloodMakesRoomForANewRank(t *testing.T) { run(t, testSilentFloodM
 func testSilentFloodMakesRoomForANewRank(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) {
 		c.Caps.MaxConnections, c.Caps.PerSourceSilent = config.AutoCount{N: 6}, 1
+		c.Caps.PerPrefixConnections = config.AutoCount{} // its sources share one /24
 	})
 	h.store.SetReply([]byte("ok"))
 	served := func(c net.Conn) error {

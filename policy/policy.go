@@ -254,6 +254,7 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	var jobs []jobStoreKey // what it does with the rounds' MASTER_ADDR and MASTER_PORT
 	var replies replyCheck // the keys it reads (reply.go)
 	var pickles []pickleWrite
+	var joins [][]byte // the runs whose rendezvous state it writes (agent.go)
 	// A finding in monitor mode is reported and checking goes on; the first in enforce mode ends it.
 	report := func(x Finding) bool {
 		if x.Mode == Monitor {
@@ -285,6 +286,9 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		}
 		if fld.statePickle {
 			fld.pickleKind = PickleBase64
+			if p.written != nil {
+				joins = append(joins, stateRun(fld.key))
+			}
 		}
 		if fld.pickleKind != 0 && m.Pickles != nil {
 			pickles = append(pickles, pickleWrite{key: fld.key, kind: fld.pickleKind})
@@ -296,7 +300,7 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 			return false
 		}
 		for i := range p.writeOnce {
-			if x, hit := p.checkWriteOnce(&p.writeOnce[i], &fld, &marks); hit && report(x) {
+			if x, hit := p.checkWriteOnce(&p.writeOnce[i], &fld, &m, &marks); hit && report(x) {
 				return false
 			}
 		}
@@ -316,6 +320,9 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 	if !broke {
 		for _, k := range marks {
 			p.written.add(k)
+		}
+		for _, run := range joins {
+			p.written.joined(run, m.Src, m.Identity)
 		}
 		if len(jobs) > 0 {
 			p.jobStores.tell(jobs, m)

@@ -38,10 +38,17 @@ func modifies(op protocol.Op) bool {
 type Written struct {
 	mu   sync.Mutex
 	keys recent[string, struct{}]
+	// runs are the rendezvous runs whose state a message through the guard wrote, and agents who
+	// wrote it (agent.go): a round's keys are written by one of them.
+	runs   recent[string, struct{}]
+	agents recent[agent, struct{}]
 }
 
-// NewWritten remembers at most n keys.
-func NewWritten(n int) *Written { return &Written{keys: newRecent[string, struct{}](n)} }
+// NewWritten remembers at most n keys, and the agents of at most n/64 runs (n/4 agents in all).
+func NewWritten(n int) *Written {
+	return &Written{keys: newRecent[string, struct{}](n), runs: newRecent[string, struct{}](max(n/64, 16)),
+		agents: newRecent[agent, struct{}](max(n/4, 64))}
+}
 
 func (w *Written) has(key []byte) bool {
 	w.mu.Lock()
@@ -56,11 +63,13 @@ func (w *Written) add(key string) {
 	w.keys.put(key, struct{}{})
 }
 
-// Reset forgets every key: the store went away.
+// Reset forgets every key and agent: the store went away.
 func (w *Written) Reset() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.keys.reset()
+	w.runs.reset()
+	w.agents.reset()
 }
 
 // Len is how many keys w remembers.
@@ -115,9 +124,9 @@ func (r *writeOnce) matches(key []byte) bool {
 	return false
 }
 
-// checkWriteOnce applies r to one view. A first write is remembered in marks, which Check keeps
-// only if the whole message passes: a blocked message wrote nothing.
-func (p *Policy) checkWriteOnce(r *writeOnce, v *fieldView, marks *[]string) (Finding, bool) {
+// checkWriteOnce applies r to one view of m. A first write is remembered in marks, which Check
+// keeps only if the whole message passes: a blocked message wrote nothing.
+func (p *Policy) checkWriteOnce(r *writeOnce, v *fieldView, m *Message, marks *[]string) (Finding, bool) {
 	if r.mode == Off || p.written == nil || v.key == nil || !modifies(v.op) || !r.matches(v.key) {
 		return Finding{}, false
 	}
@@ -127,6 +136,9 @@ func (p *Policy) checkWriteOnce(r *writeOnce, v *fieldView, marks *[]string) (Fi
 		}
 		return Finding{Rule: protocol.RuleKeyWriteOnce, Field: v.keyField, Key: protocol.ShowKey(v.key),
 			Detail: v.op.String() + " of a key written once, " + detail, Mode: r.mode}, true
+	}
+	if why := p.notAnAgent(v.key, m); why != "" {
+		return fail(why)
 	}
 	if p.written.has(v.key) && !p.lostByStore(v.key) {
 		return fail("already written through the guard")

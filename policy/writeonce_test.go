@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -38,6 +39,7 @@ func TestWriteOnce(t *testing.T) {
 		return f.Rule, f.Detail
 	}
 	del := func(key string) protocol.Request { return protocol.Request{Op: protocol.OpDeleteKey, Key: []byte(key)} }
+	inStore["/torch.rendezvous.job-7"] = true // the run's agents joined past the guard
 
 	if r, _ := check(setReq(masterAddr, "10.0.0.1")); r != "" {
 		t.Fatalf("first write: %s", r)
@@ -95,6 +97,7 @@ func TestWriteOnce(t *testing.T) {
 	// of the keys, and the new job's first writes pass.
 	lookupErr = nil
 	clear(inStore)
+	inStore["/torch.rendezvous.job-7"] = true // its agents joined
 	if r, _ := check(setReq(masterAddr, "10.0.0.2")); r != "" {
 		t.Fatalf("first write to a restarted store: %s", r)
 	}
@@ -107,6 +110,87 @@ func TestWriteOnce(t *testing.T) {
 	check(setReq("/rank_0", "x"))
 	if lookups != before {
 		t.Fatal("a key no write-once rule names was looked up")
+	}
+}
+
+// TestWriteOnceOnlyAnAgentWritesARound: an intruder's early write of a round's key (before the run's
+// rendezvous began, or from a source that never wrote its state) is refused and named, so the
+// agent's own write is the first and passes; then the key is protected as before. Before, the
+// intruder's write was the first and the agent's was refused: torchrun died.
+func TestWriteOnceOnlyAnAgentWritesARound(t *testing.T) {
+	inStore := map[string]bool{}
+	p, err := New(Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = p.WithStore(Store{Written: NewWritten(1024), Lookup: func(key []byte) (bool, error) { return inStore[string(key)], nil }})
+	var state []byte
+	for name, v := range corpusFiles(t, "torch-") {
+		if strings.Contains(name, "rdzv_state") && strings.HasSuffix(name, ".b64") {
+			state = v
+			break
+		}
+	}
+	if state == nil {
+		t.Fatal("no rendezvous state in the corpus")
+	}
+	check := func(src, identity string, r protocol.Request) (protocol.Rule, string) {
+		t.Helper()
+		msg, b := message(t, r)
+		f, broke := p.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}, Src: netip.MustParseAddr(src), Identity: identity}, nil)
+		if !broke {
+			inStore[string(r.Key)] = true
+			return "", ""
+		}
+		return f.Rule, f.Detail
+	}
+	const intruder, agentA, agentB = "10.0.0.66", "10.0.0.1", "10.0.0.2"
+	for _, key := range []string{masterAddr, strings.TrimPrefix(masterAddr, "/")} {
+		if r, d := check(intruder, "", setReq(key, "10.6.6.6")); r != protocol.RuleKeyWriteOnce || !strings.Contains(d, "before run job-7's rendezvous began") {
+			t.Fatalf("a write of %s before the run's state: %s %q", key, r, d)
+		}
+	}
+	if r, d := check(agentA, "", setReq("/torch.rendezvous.job-7", string(state))); r != "" {
+		t.Fatalf("the agent's join: %s %q", r, d)
+	}
+	if r, d := check(intruder, "", setReq(masterAddr, "10.6.6.6")); r != protocol.RuleKeyWriteOnce || !strings.Contains(d, "by 10.0.0.66, which has not joined run job-7") {
+		t.Fatalf("a write by a source that never joined: %s %q", r, d)
+	}
+	if r, d := check(agentA, "", setReq(masterAddr, "10.0.0.1")); r != "" {
+		t.Fatalf("the agent's own write: %s %q", r, d)
+	}
+	if r, d := check(agentA, "", setReq(masterAddr, "10.6.6.6")); r != protocol.RuleKeyWriteOnce || !strings.Contains(d, "already written") {
+		t.Fatalf("a second write: %s %q", r, d)
+	}
+	// An identity a handshake proved is an agent from any address; a key of another run is not.
+	if r, d := check(agentB, "spiffe://job.test/agent", setReq("/torch.rendezvous.job-7", string(state))); r != "" {
+		t.Fatalf("agent B's join: %s %q", r, d)
+	}
+	if r, d := check("10.0.0.3", "spiffe://job.test/agent", setReq("/torch.rendezvous.job-7.0/MASTER_PORT", "29500")); r != "" {
+		t.Fatalf("agent B's identity from another address: %s %q", r, d)
+	}
+	inStore["/torch.rendezvous.job-8"] = true // joined past the guard: nothing known of its agents
+	if r, d := check(intruder, "", setReq("/torch.rendezvous.job-8.0/MASTER_ADDR", "10.0.0.9")); r != "" {
+		t.Fatalf("a round of a run whose agents write past the guard: %s %q", r, d)
+	}
+	// Replay asks no store: a first write passes.
+	q := p.WithStore(Store{Written: NewWritten(16)})
+	msg, b := message(t, setReq("/torch.rendezvous.job-9.0/MASTER_ADDR", "10.0.0.1"))
+	if f, broke := q.Check(Message{Msg: msg, Bytes: protocol.Split{B: b}, Src: netip.MustParseAddr(intruder)}, nil); broke {
+		t.Fatalf("replay, a first write: %s %q", f.Rule, f.Detail)
+	}
+}
+
+func TestRoundRun(t *testing.T) {
+	for key, want := range map[string]string{
+		"/torch.rendezvous.none.0/MASTER_ADDR": "none", "torch.rendezvous.a.b.12/torchelastic/role_info/0": "a.b",
+		"/torch.rendezvous.none/MASTER_ADDR": "", "/torch.rendezvous.none.x/MASTER_ADDR": "", "/torch.rendezvous.none": "",
+		"/torch.rendezvous..0/MASTER_ADDR": "", "/other.none.0/MASTER_ADDR": "",
+	} {
+		run, _, ok := roundRun([]byte(key))
+		if string(run) != want || ok != (want != "") {
+			t.Errorf("roundRun(%q) = %q, %v; want %q", key, run, ok, want)
+		}
 	}
 }
 

@@ -140,11 +140,12 @@ func testWriteOnceKeys(t *testing.T, m mode) {
 			t.Fatalf("PING reply: %v", err)
 		}
 	}
+	store.Set("/torch.rendezvous.r", []byte("state")) // the run's agents joined past the guard
 	// Rank 0 through the guard, then an intruder.
 	c := h.dial()
 	c.Write(set(addr, "10.0.0.1"))
 	pong(c)
-	eventually(t, "the first write stored", func() bool { return store.NumKeys() == 1 })
+	eventually(t, "the first write stored", func() bool { return store.NumKeys() == 2 })
 	intruder := h.dial()
 	intruder.Write(set(addr, "6.6.6.6"))
 	closedAfterReplies(t, intruder)
@@ -156,7 +157,7 @@ func testWriteOnceKeys(t *testing.T, m mode) {
 	defer direct.Close()
 	direct.Write(set(port, "29500"))
 	pong(direct)
-	eventually(t, "the direct write stored", func() bool { return store.NumKeys() == 2 })
+	eventually(t, "the direct write stored", func() bool { return store.NumKeys() == 3 })
 	intruder = h.dial()
 	intruder.Write(set(port, "1"))
 	closedAfterReplies(t, intruder)
@@ -182,8 +183,9 @@ func testWriteOnceKeys(t *testing.T, m mode) {
 		t.Fatalf("events %q", details)
 	}
 	// Both second writes asked the store: the key written through the guard is refused only while
-	// the store still has it (a restarted store would not).
-	if v := h.metric(`storeguard_policy_key_lookups_total{result="exists"}`); v != "2" {
+	// the store still has it (a restarted store would not). Each of the four writes (the delete
+	// too) asked for the run's state: no agent joined through the guard.
+	if v := h.metric(`storeguard_policy_key_lookups_total{result="exists"}`); v != "6" {
 		t.Errorf("lookups that found the key: %q", v)
 	}
 }
@@ -227,12 +229,14 @@ func testUnguardedJobStore(t *testing.T, m mode) {
 	set := func(key, value string) []byte {
 		return enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte(key), Value: []byte(value)})
 	}
+	store.Set("torch.rendezvous.job", []byte("state")) // the runs' agents joined past the guard
+	store.Set("torch.rendezvous.job2", []byte("state"))
 	c := h.dial()
 	c.Write(protocol.AppendHandshake(nil, protocol.G3, 1))
 	c.Write(set("torch.rendezvous.job.0/MASTER_ADDR", "10.0.0.7"))
 	c.Write(set("torch.rendezvous.job.0/MASTER_PORT", "41234"))
 	c.Write(set("torch.rendezvous.job2.0/MASTER_PORT", storePort))
-	eventually(t, "the three writes stored", func() bool { return store.NumKeys() == 3 })
+	eventually(t, "the three writes stored", func() bool { return store.NumKeys() == 5 })
 	if v := h.metric("storeguard_unguarded_job_stores_total"); v != "1" {
 		t.Fatalf("unguarded job stores %q, want 1", v)
 	}

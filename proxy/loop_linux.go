@@ -66,7 +66,7 @@ type loopTransport struct {
 	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
 	timerAt     time.Time
 	grace       *time.Timer // closes both sockets replyGrace after the client's end of stream
-	cfd, ufd    int32 // the client's and the store's sockets while a loop has them, or detached
+	cfd, ufd    int32       // the client's and the store's sockets while a loop has them, or detached
 	// left: what the loop could not finish, for the goroutines it hands the connection to.
 	left leftover
 }

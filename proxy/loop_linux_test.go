@@ -453,7 +453,9 @@ func TestClientOptionsOfAcceptedSockets(t *testing.T) {
 // A connection a loop ended after the client's end of stream is garbage at once. The timer that
 // bounds the store's last replies (replyGrace) held it for 30 s after its end: a job's start of
 // 8,000 ranks left 115 MB of ended connections on the heap, and each later start more.
-func TestLoopForgetsAnEndedConnection(t *testing.T) { run(t, testLoopForgetsAnEndedConnection, loopsOnly) }
+func TestLoopForgetsAnEndedConnection(t *testing.T) {
+	run(t, testLoopForgetsAnEndedConnection, loopsOnly)
+}
 
 func testLoopForgetsAnEndedConnection(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) { c.Generation = "2.6" })

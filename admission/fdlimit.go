@@ -26,6 +26,21 @@ func ConnectionsFor(limit int64) int {
 	return max(int(limit-fdReserve)/2, 64)
 }
 
+// connectionMemory is what caps.max-connections: auto counts a connection to cost in memory: about
+// 4 KB of heap measured on an event loop (a heap profile of 32,000 ended connections: 115 MB), two
+// or three goroutine stacks while it is on goroutines, its sockets' buffers (a cgroup charges them).
+const connectionMemory = 16 << 10
+
+// ConnectionsInMemory is caps.max-connections: auto under a memory limit (a cgroup's memory.max,
+// 0: none known) of which reserved is spoken for (the buffer budget, the runtime): past it the
+// kernel would kill the guard, and every rank with it. 0 when there is no limit.
+func ConnectionsInMemory(limit, reserved int64) int {
+	if limit <= 0 {
+		return 0
+	}
+	return max(int((limit-reserved)/connectionMemory), 64)
+}
+
 // PrefixConnectionsFor is caps.per-prefix-connections: auto: half of caps.max-connections, so
 // that no one network (an IPv6 /64 has 2^64 addresses) holds them all, while a job whose hosts
 // share one /64 may grow to half of what the guard holds.

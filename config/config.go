@@ -438,12 +438,19 @@ func (c Config) Admission() admission.Config {
 	}
 }
 
+// runtimeReserve is what caps.max-connections: auto leaves of a memory limit, besides the buffer
+// budget, to the runtime and everything but connections.
+const runtimeReserve = 64 << 20
+
 // Connections returns caps.max-connections and caps.per-prefix-connections, auto worked out from
-// this process's descriptor limit.
+// this process's descriptor limit and, under a cgroup's memory limit, from that.
 func (cp Caps) Connections() (maxConns, perPrefix int) {
 	maxConns, perPrefix = cp.MaxConnections.N, cp.PerPrefixConnections.N
 	if cp.MaxConnections.Auto {
 		maxConns = admission.ConnectionsFor(admission.FileLimit())
+		if m := admission.ConnectionsInMemory(admission.MemoryLimit(), cp.BufferBudgetBytes+runtimeReserve); m > 0 {
+			maxConns = min(maxConns, m)
+		}
 	}
 	if cp.PerPrefixConnections.Auto {
 		perPrefix = admission.PrefixConnectionsFor(maxConns)

@@ -526,6 +526,59 @@ def test_single_writer_keys_overwrite_blocked(outcomes, version):
     assert not probs, "overwrites of single-writer keys were not stopped:\n  " + "\n  ".join(probs)
 
 
+PREWRITE_VERSIONS = [v for v in ("2.0.1", "2.4.1", "2.15.0") if v in ENVS]
+
+
+def prewrite(port, version, key, value, source="127.0.0.66"):
+    """An intruder's raw SET of key through the guard at port, from its own loopback address; returns whether the
+    guard closed the connection (it refused the write) before a second's wait ran out."""
+    import socket
+    op = 0 if minor(version) < (2, 2) else 1
+    k, v = key.encode(), value.encode()
+    hs = b"" if minor(version) < (2, 2) else bytes.fromhex("00cef7853c") + (
+        bytes.fromhex("0d01000000") if minor(version) >= (2, 5) else b"")
+    msg = hs + bytes([op]) + len(k).to_bytes(8, "little") + k + len(v).to_bytes(8, "little") + v
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as s:
+        s.sendall(msg)
+        s.settimeout(1)
+        try:
+            while s.recv(4096):
+                pass
+            return True
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            return True
+
+
+@pytest.mark.parametrize("version", PREWRITE_VERSIONS)
+def test_an_intruders_early_write_does_not_stop_the_job(procs, binary, tmp_path, version):
+    """Before torchrun starts, an intruder SETs round 0's and round 1's MASTER_ADDR and MASTER_PORT (both spellings:
+    with the client's "/" and without). The write-once rule used to take those for the first writes and refuse the
+    agent's own: torchrun exited 1 with no rank run (without the guard the agent overwrites them). Now the
+    intruder's writes are refused (the run's rendezvous had not begun) and named in the audit; the job runs, a
+    rank fails once and the agent re-rendezvouses (round 1), rc 0, with 0 violations of the job's own."""
+    relay, guard = guarded_store(procs, binary, tmp_path, version)
+    run_id = "pre" + uuid.uuid4().hex[:8]
+    keys = [f"{lead}torch.rendezvous.{run_id}.{r}/{name}" for r in (0, 1) for lead in ("/", "")
+            for name in ("MASTER_ADDR", "MASTER_PORT")]
+    refused = [prewrite(guard.port, version, k, "10.66.66.66") for k in keys]
+    assert all(refused), f"the intruder's early writes were not refused: {list(zip(keys, refused))}"
+    out = tmp_path / "job-out"
+    job = Job(procs, version, guard.port, tmp_path, run_id, out, max_restarts=1, fail_once=1, seconds=1)
+    rc = job.wait(180)
+    assert rc == 0 and not result_problems(out, 2), f"rc {rc} {result_problems(out, 2)}\n{job.tail()}"
+    time.sleep(0.5)
+    evs = [e for e in guard.events() if e.get("event.reason") == "key_write_once"]
+    assert len(evs) == len(keys) and {e.get("source.ip") for e in evs} == {"127.0.0.66"}, \
+        f"the audit does not name the intruder's {len(keys)} writes: {[(e.get('source.ip'), e.get('storeguard.key')) for e in evs]}"
+    others = [(e.get("event.action"), e.get("event.reason"), e.get("source.ip")) for e in guard.events()
+              if e.get("source.ip") != "127.0.0.66"]
+    assert not others, f"the job's own traffic was refused: {others}"
+    reached = [(op, k) for _, op, k, v in relay_writes(relay, version) if v == b"10.66.66.66"]
+    assert not reached, f"the intruder's writes reached the store: {reached}"
+
+
 # --- no false positive: a new job on the same port, with the same run id ------------------------------
 
 @pytest.mark.parametrize("generation", ["auto", "2.15"])

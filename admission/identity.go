@@ -18,20 +18,27 @@ type identityState struct {
 }
 
 // AdmitIdentity admits a connection, already admitted by address (Admit), whose TLS handshake
-// proved identity id (identity.Peer.ID); "" (a plaintext connection) is always admitted. When
+// proved identity id (identity.Peer.ID) and the certificate's other names (identity.Peer.Names):
+// access.deny-identities refuses it if any of them matches, since tls.allow admits by any; "" (a
+// plaintext connection) is always admitted. When
 // admitted (reason ""), release must be called when the connection ends, besides Admit's
 // release; calling it again does nothing. When refused, release is nil and the caller releases
 // Admit's.
 //
 // Checks run in this order: access.deny-identities, caps.per-identity-connections. Without that
 // cap it takes no lock.
-func (g *Gate) AdmitIdentity(id string) (release func(), reason Reason) {
+func (g *Gate) AdmitIdentity(id string, names ...string) (release func(), reason Reason) {
 	if id == "" {
 		return noRelease, ""
 	}
 	cfg := g.cfg.Load()
 	if cfg.DenyIdentities.Match(id) {
 		return nil, IdentityDenied
+	}
+	for _, n := range names {
+		if cfg.DenyIdentities.Match(n) {
+			return nil, IdentityDenied
+		}
 	}
 	if cfg.PerIdentityConnections <= 0 {
 		return noRelease, ""

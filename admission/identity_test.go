@@ -25,6 +25,22 @@ func mustSet(t *testing.T, patterns ...string) idpattern.Set {
 	return s
 }
 
+// access.deny-identities is checked against every name of the certificate, as tls.allow is: a
+// certificate whose identity is a SPIFFE ID and which also names a denied DNS host was admitted.
+func TestAdmitIdentityDeniesAnyName(t *testing.T) {
+	g := New(Config{DenyIdentities: mustSet(t, "dns:*.evil.example", "spiffe://job.example/ns/other/**")}, nil)
+	for _, names := range [][]string{{worker, "dns:a.evil.example"}, {worker, "dns:ok.example", stranger}} {
+		if release, got := g.AdmitIdentity(worker, names...); got != IdentityDenied || release != nil {
+			t.Errorf("AdmitIdentity(%q, %q) = %q, want %q", worker, names, got, IdentityDenied)
+		}
+	}
+	if release, got := g.AdmitIdentity(worker, worker, "dns:ok.example"); got != "" {
+		t.Errorf("no name denied: %q", got)
+	} else {
+		release()
+	}
+}
+
 func TestAdmitIdentityDenyAndCap(t *testing.T) {
 	g := New(Config{DenyIdentities: mustSet(t, "spiffe://job.example/ns/other/**", "dns:*.evil.example"),
 		PerIdentityConnections: 2}, nil)

@@ -18,7 +18,7 @@ const (
 
 // TLSReasonPrefix begins the event.reason of a refused handshake: tls_ and the identity
 // package's reason (tls_unknown_ca, tls_no_certificate, tls_expired, tls_identity_not_allowed,
-// tls_not_tls, tls_handshake_failed, tls_handshake_timeout).
+// tls_identity_ambiguous, tls_not_tls, tls_handshake_failed, tls_handshake_timeout).
 const TLSReasonPrefix = "tls_"
 
 // IsTLSReason reports whether an event.reason is a refused handshake's.

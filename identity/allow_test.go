@@ -93,10 +93,15 @@ func TestParseAllowErrors(t *testing.T) {
 	}
 }
 
+// Every SAN is a name; the CN only when there is no SAN (RFC 6125): a cn: pattern, in tls.allow or
+// access.deny-identities, did match a certificate's CN beside its SANs.
 func TestPeerNames(t *testing.T) {
 	p := Peer{URIs: []string{"spiffe://td/a", "https://x/y"}, DNSNames: []string{"h.example"}, CommonName: "c"}
-	want := []string{"spiffe://td/a", "uri:https://x/y", "dns:h.example", "cn:c"}
+	want := []string{"spiffe://td/a", "uri:https://x/y", "dns:h.example"}
 	if got := p.Names(); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("Names = %q, want %q", got, want)
+	}
+	if got := (Peer{CommonName: "c"}).Names(); strings.Join(got, " ") != "cn:c" {
+		t.Errorf("a CN-only certificate's names: %q", got)
 	}
 }

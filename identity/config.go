@@ -77,6 +77,9 @@ func verifyPeer(src Source, allow Allow, certs []*x509.Certificate, usage x509.E
 	if _, err := leaf.Verify(opts); err != nil {
 		return peer, &RefusedError{Reason: chainReason(leaf, opts, err), Peer: &peer, Err: err}
 	}
+	if why := peer.ambiguous(); why != "" {
+		return peer, &RefusedError{Reason: Ambiguous, Peer: &peer, Err: errors.New(why)}
+	}
 	if !allow.Permits(peer) {
 		return peer, &RefusedError{Reason: NotAllowed, Peer: &peer, Err: errors.New("not in tls.allow: " + allow.String())}
 	}

@@ -97,6 +97,11 @@ func TestServerRefusals(t *testing.T) {
 		{"server-only usage", nil, ours, testpki.Leaf{CN: "srv", Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, UnknownCA, "cn:srv"},
 		{"not on the list", []string{"spiffe://job.example/ns/other/*"}, ours, workerSpec, NotAllowed, "spiffe://job.example/ns/train/worker"},
 		{"cn not on a dns list", []string{"dns:rank-host"}, ours, testpki.Leaf{CN: "rank-host"}, NotAllowed, "cn:rank-host"},
+		{"two SPIFFE IDs", nil, ours, testpki.Leaf{URIs: []string{"spiffe://job.example/ns/train/worker", "spiffe://otherjob.test/ns/x/y"}},
+			Ambiguous, "spiffe://job.example/ns/train/worker"},
+		{"a SPIFFE ID and another URI", []string{"spiffe://job.example/**"}, ours,
+			testpki.Leaf{URIs: []string{"spiffe://job.example/ns/train/worker", "https://evil.example/x"}}, Ambiguous, "spiffe://job.example/ns/train/worker"},
+		{"cn beside a SAN", []string{"cn:rank-host"}, ours, testpki.Leaf{CN: "rank-host", DNS: []string{"w1.hosts.example"}}, NotAllowed, "dns:w1.hosts.example"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := &tls.Config{RootCAs: ours.Pool(), ServerName: "store.example"}

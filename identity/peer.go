@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -59,8 +60,9 @@ func (p Peer) identity() string {
 }
 
 // Names are every identity the certificate vouches for, in the forms Peer.ID and idpattern
-// use: each URI SAN (a SPIFFE ID as it is, any other as uri:), each DNS SAN as dns:, the CN
-// as cn:.
+// use: each URI SAN (a SPIFFE ID as it is, any other as uri:), each DNS SAN as dns:, and the CN
+// as cn: only when there is no SAN (RFC 6125 6.4.4: a client must not look at the CN when the
+// certificate has SANs; a CA that vouched for the SANs may not have checked it).
 func (p Peer) Names() []string {
 	names := make([]string, 0, len(p.URIs)+len(p.DNSNames)+1)
 	for _, u := range p.URIs {
@@ -72,10 +74,21 @@ func (p Peer) Names() []string {
 	for _, d := range p.DNSNames {
 		names = append(names, "dns:"+d)
 	}
-	if p.CommonName != "" {
+	if p.CommonName != "" && len(names) == 0 {
 		names = append(names, "cn:"+p.CommonName)
 	}
 	return names
+}
+
+// ambiguous reports why the certificate names no one identity, "" when it does: an X.509-SVID
+// has exactly one URI SAN (the SPIFFE X509-SVID specification, 4.1), so a certificate with a
+// SPIFFE ID and another URI SAN would be allowed by one name and logged, capped and judged as the
+// other.
+func (p Peer) ambiguous() string {
+	if _, ok := p.spiffeID(); ok && len(p.URIs) > 1 {
+		return "a SPIFFE certificate with " + strconv.Itoa(len(p.URIs)) + " URI SANs (an X.509-SVID has one): " + strings.Join(p.URIs, ", ")
+	}
+	return ""
 }
 
 // spiffeID is the first spiffe:// URI SAN; an X509-SVID has exactly one URI SAN.

@@ -16,13 +16,14 @@ const (
 	UnknownCA     Reason = "unknown_ca" // does not chain to the configured roots (for this key usage)
 	Expired       Reason = "expired"    // expired or not yet valid, but otherwise from our roots
 	NotAllowed    Reason = "identity_not_allowed"
-	NotTLS        Reason = "not_tls"          // first bytes are not a TLS handshake (e.g. plaintext TCPStore)
-	BadHandshake  Reason = "handshake_failed" // anything else (version, ciphers, alerts, EOF mid-handshake)
+	Ambiguous     Reason = "identity_ambiguous" // a SPIFFE certificate with more than one URI SAN
+	NotTLS        Reason = "not_tls"            // first bytes are not a TLS handshake (e.g. plaintext TCPStore)
+	BadHandshake  Reason = "handshake_failed"   // anything else (version, ciphers, alerts, EOF mid-handshake)
 	Timeout       Reason = "handshake_timeout"
 )
 
 // Reasons lists every Reason, so that a metric can start each label at zero.
-var Reasons = []Reason{NoCertificate, UnknownCA, Expired, NotAllowed, NotTLS, BadHandshake, Timeout}
+var Reasons = []Reason{NoCertificate, UnknownCA, Expired, NotAllowed, Ambiguous, NotTLS, BadHandshake, Timeout}
 
 // RefusedError is a handshake this package's VerifyConnection refused.
 type RefusedError struct {

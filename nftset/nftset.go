@@ -76,18 +76,7 @@ func (sp Spec) Refresh(ctx context.Context, run Runner, addrs []netip.Addr, time
 // RefreshScript is the transaction that gives each of addrs a full timeout in its set (IPv4 or
 // IPv6; a v4-mapped address counts as IPv4). Empty when addrs is.
 func (sp Spec) RefreshScript(addrs []netip.Addr, timeout time.Duration) string {
-	var fam [2][]string
-	for _, a := range addrs {
-		a = a.Unmap()
-		if !a.IsValid() {
-			continue
-		}
-		i := 0
-		if a.Is6() {
-			i = 1
-		}
-		fam[i] = append(fam[i], a.WithZone("").String())
-	}
+	fam := families(addrs)
 	secs := int64((timeout + time.Second - 1) / time.Second)
 	var b strings.Builder
 	for i, set := range sp.sets() {
@@ -103,6 +92,53 @@ func (sp Spec) RefreshScript(addrs []netip.Addr, timeout time.Duration) string {
 		fmt.Fprintf(&b, "add element %s { %s }\n", set, strings.Join(timed, ", "))
 	}
 	return b.String()
+}
+
+// Remove runs RemoveScript(addrs) with run, as one transaction; nothing when addrs is empty.
+func (sp Spec) Remove(ctx context.Context, run Runner, addrs []netip.Addr) error {
+	script := sp.RemoveScript(addrs)
+	if script == "" {
+		return nil
+	}
+	return run(ctx, script, "-f", "-")
+}
+
+// RemoveScript is the transaction that takes each of addrs out of its set, whether it is there
+// or not: an element is added with a second's timeout first, so that the delete always finds it.
+// Empty when addrs is.
+func (sp Spec) RemoveScript(addrs []netip.Addr) string {
+	var b strings.Builder
+	for i, set := range sp.sets() {
+		fam := families(addrs)[i]
+		if len(fam) == 0 {
+			continue
+		}
+		timed := make([]string, len(fam))
+		for j, a := range fam {
+			timed[j] = a + " timeout 1s"
+		}
+		fmt.Fprintf(&b, "add element %s { %s }\n", set, strings.Join(timed, ", "))
+		fmt.Fprintf(&b, "delete element %s { %s }\n", set, strings.Join(fam, ", "))
+	}
+	return b.String()
+}
+
+// families splits addrs into IPv4 (a v4-mapped address counts as IPv4) and IPv6, as the sets
+// hold them.
+func families(addrs []netip.Addr) [2][]string {
+	var fam [2][]string
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.IsValid() {
+			continue
+		}
+		i := 0
+		if a.Is6() {
+			i = 1
+		}
+		fam[i] = append(fam[i], a.WithZone("").String())
+	}
+	return fam
 }
 
 // Runner runs nft with args, and stdin as its standard input.

@@ -99,3 +99,23 @@ func TestRefreshAgainstRealNft(t *testing.T) {
 		}
 	}
 }
+
+// RemoveScript takes addresses out of both families' sets, present or not (add with a second's
+// timeout, then delete: one transaction that cannot fail on an address that is not there).
+func TestRemoveScript(t *testing.T) {
+	sp, err := Parse("inet sg peers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sp.RemoveScript([]netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("::ffff:10.0.0.2"), netip.MustParseAddr("fd00::1")})
+	want := "add element inet sg peers { 10.0.0.1 timeout 1s, 10.0.0.2 timeout 1s }\n" +
+		"delete element inet sg peers { 10.0.0.1, 10.0.0.2 }\n" +
+		"add element inet sg peers6 { fd00::1 timeout 1s }\n" +
+		"delete element inet sg peers6 { fd00::1 }\n"
+	if got != want {
+		t.Errorf("RemoveScript:\n%s\nwant\n%s", got, want)
+	}
+	if sp.RemoveScript(nil) != "" {
+		t.Error("a script for no address")
+	}
+}

@@ -160,3 +160,24 @@ func (s *Server) peerLoop(ctx context.Context) {
 		}
 	}
 }
+
+// peersGone takes addrs, hosts a reload revoked with no other mutual-TLS connection open, out of
+// the peer set at once, on a goroutine of its own (a reload never waits for nft).
+func (s *Server) peersGone(addrs []netip.Addr) {
+	tc := s.set.Load().cfg.TLS
+	sp, err := nftset.Parse(tc.PeerSet)
+	if len(addrs) == 0 || tc.PeerSet == "" || err != nil {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), peerSetCheckTimeout)
+		defer cancel()
+		if err := sp.Remove(ctx, s.peers.run, addrs); err != nil {
+			s.m.peerSetUpdates.WithLabelValues("failed").Inc()
+			s.log.Error("tls.peer-set: cannot take revoked hosts out of the peer set", "set", tc.PeerSet,
+				"addresses", len(addrs), "err", err)
+			return
+		}
+		s.m.peerSetUpdates.WithLabelValues("ok").Inc()
+	}()
+}

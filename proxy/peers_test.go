@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/testpki"
+	"github.com/storeguard/storeguard/protocol"
 )
 
 // nftCalls stands in for nft: it records what the guard runs, and fails while fail is set.
@@ -146,5 +148,72 @@ func TestPeerSetMissingStopsTheStart(t *testing.T) {
 	_, err := New(cfg, Options{PeerSetRunner: nft.run})
 	if err == nil || !strings.Contains(err.Error(), `tls.peer-set "inet sg peers"`) || !strings.Contains(err.Error(), "Operation not permitted") {
 		t.Fatalf("New = %v", err)
+	}
+}
+
+// TestRevocationClosesLiveConnections: a reload that denies an identity (access.deny-identities)
+// or takes it off tls.allow closes its open connections, each audited (identity_revoked), and
+// takes the host out of the peer set at once; a connection of an identity still admitted stays.
+// Before, the revoked worker's open connection kept working (177 ops in 40 s) and its address
+// stayed in the peer set.
+func TestRevocationClosesLiveConnections(t *testing.T) { run(t, testRevocationClosesLiveConnections) }
+
+func testRevocationClosesLiveConnections(t *testing.T, m mode) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h, nft := startPeerSet(t, m, ca, 2*time.Minute)
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	cfg := h.srv.set.Load().cfg
+	open := func(id, from string) *tls.Conn {
+		t.Helper()
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: patience}
+		c, err := tls.DialWithDialer(d, "tcp", h.addr, &tls.Config{Certificates: []tls.Certificate{leaf(t, ca, id, time.Now().Add(-time.Minute))},
+			RootCAs: ca.Pool(), InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGet, Key: []byte("k")}))
+		readReply(t, c, 8)
+		return c
+	}
+	alive := func(c *tls.Conn) bool {
+		if _, err := c.Write(enc(t, protocol.G0, protocol.Request{Op: protocol.OpGet, Key: []byte("k")})); err != nil {
+			return false
+		}
+		c.SetReadDeadline(time.Now().Add(patience))
+		_, err := io.ReadFull(c, make([]byte, 8))
+		return err == nil
+	}
+	revoked, other := open(workerID, "127.0.0.4"), open("spiffe://sg.test/worker/w2", "127.0.0.5")
+	_, before := nft.since(0)
+	cfg.Access.DenyIdentities = []string{workerID}
+	if err := h.srv.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if alive(revoked) {
+		t.Fatal("the revoked identity's connection still works")
+	}
+	if !alive(other) {
+		t.Fatal("another identity's connection was closed")
+	}
+	eventually(t, "the revoked host out of the peer set", func() bool {
+		calls, _ := nft.since(before)
+		return mentions(calls, "delete element inet sg peers { 127.0.0.4 }")
+	})
+	eventually(t, "the revocation audited", func() bool {
+		for _, e := range h.audit.events(t) {
+			if e["event.reason"] == ReasonRevoked && e["source.ip"] == "127.0.0.4" {
+				return true
+			}
+		}
+		return false
+	})
+	// tls.allow narrowed: the other identity's connection goes too.
+	cfg.TLS.Allow = []string{"spiffe://sg.test/worker/w9"}
+	if err := h.srv.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if alive(other) {
+		t.Fatal("a connection tls.allow no longer permits still works")
 	}
 }

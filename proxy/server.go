@@ -564,6 +564,7 @@ func (s *Server) reload(cfg config.Config) error {
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.limitHeap(cfg)
 	s.set.Store(st)
+	s.revoke(cfg)
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}

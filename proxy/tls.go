@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
@@ -39,6 +40,7 @@ type tlsConn struct {
 	relay *tlsrelay.Relay // handed over as a relay: through a loopback pair
 	info  *audit.TLS      // on every event and flow record of the connection
 	id    string          // the peer's identity (identity.Peer.ID)
+	peer  identity.Peer   // its certificate's names, judged again when a reload changes the rules (revoke)
 	// handover: the loopback pair an End is being handed over with (frozenState), closed by a
 	// thaw.
 	handover [2]*net.TCPConn
@@ -172,7 +174,7 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		return nil, nil, nil, false
 	}
 	peer := identity.PeerOf(cs.PeerCertificates[0])
-	t = &tlsConn{info: audit.TLSOf(&cs, peer.ID), id: peer.ID}
+	t = &tlsConn{info: audit.TLSOf(&cs, peer.ID), id: peer.ID, peer: peer}
 	release, reason := s.gate.AdmitIdentity(peer.ID, peer.Names()...)
 	if reason != "" {
 		s.m.refused.WithLabelValues(string(reason)).Inc()
@@ -247,4 +249,61 @@ func (s *Server) bannedFor(src, dst netip.AddrPort, reason string, banned netip.
 	s.writeAudit(b)
 	s.log.Warn("source banned after repeated violations", "src", src.Addr().String(), "banned", banned.String(),
 		"last_rule", reason)
+}
+
+// ReasonRevoked is why a reload closed a live mutual-TLS connection: tls.allow no longer permits
+// its certificate, or access.deny-identities now refuses one of its names.
+const ReasonRevoked = "identity_revoked"
+
+// revoke closes the live mutual-TLS connections that the rules of cfg would refuse now, each
+// audited (denied, identity_revoked), and takes their addresses out of the peer set unless
+// another connection of theirs stays: a reload that denies an identity must not leave its open
+// connections working, nor its hosts on this host's free ports. Run after the gate has cfg.
+func (s *Server) revoke(cfg config.Config) {
+	allow, err := identity.ParseAllow(cfg.TLS.Allow)
+	if err != nil || s.ids == nil {
+		return
+	}
+	deny := cfg.Admission().DenyIdentities
+	refused := func(p identity.Peer) bool {
+		if !allow.Permits(p) {
+			return true
+		}
+		for _, n := range append([]string{p.ID}, p.Names()...) {
+			if deny.Match(n) {
+				return true
+			}
+		}
+		return false
+	}
+	var revoked []*conn
+	kept := map[netip.Addr]bool{}
+	s.reg.mu.Lock()
+	for c := range s.reg.conns {
+		switch {
+		case c.tls == nil:
+		case refused(c.tls.peer):
+			revoked = append(revoked, c)
+		default:
+			kept[c.src.Addr()] = true
+		}
+	}
+	s.reg.mu.Unlock()
+	var gone []netip.Addr
+	for _, c := range revoked {
+		s.m.refused.WithLabelValues(ReasonRevoked).Inc()
+		e := s.event(c.src, c.dst, audit.ActionDenied, ReasonRevoked)
+		e.ConnID, e.TLS = c.id, c.tlsInfo()
+		s.writeAudit(e)
+		c.decided(audit.VerdictRefused, ReasonRevoked)
+		c.ended(endedByGuard)
+		c.closeBoth()
+		if a := c.src.Addr(); !kept[a] && !slices.Contains(gone, a) {
+			gone = append(gone, a)
+		}
+	}
+	if len(revoked) > 0 {
+		s.log.Warn("reload: closed connections whose identity the rules no longer admit", "connections", len(revoked))
+	}
+	s.peersGone(gone)
 }

@@ -24,9 +24,13 @@ import (
 // value, one that no bytes appended later change (pickle.Extendable), so that whichever lands first
 // decides, and was judged. A write of the whole value (SET, COMPARE_SET, MULTI_SET) cannot be seen
 // on its way either: an APPEND to a key written whole through the guard is refused (value_split).
-// A whole write is never refused for an APPEND: an intruder's APPEND to a key the job writes
-// later (MASTER_ADDR before torchrun's agent) would make the rule refuse the job's own write. What
-// that leaves: an APPEND judged just before a whole write of an unsettled value, landing after it.
+// A whole write judged after another stream's APPEND passed (it may land before it) is judged
+// with that APPEND's bytes after it, as the value they leave: the os.system pickle's first bytes
+// by SET and the rest by APPEND on another connection, judged in that order, ran in a reader when
+// the APPEND happened to be judged first. A whole write is refused only when that value is a
+// pickle the rule refuses: torch writes complete values, and a pickle's reader stops at its STOP,
+// so an intruder's bytes appended to a key the job writes later cannot make the job's write look
+// like one.
 
 // appendValueLimit bounds the store's value the guard reads to judge an APPEND, and the bytes of
 // APPENDs on their way it keeps for a key: past it the APPEND is refused.
@@ -99,7 +103,19 @@ func (p *Policy) checkSplit(m *Message, v *fieldView) (Finding, bool) {
 	case protocol.OpSet, protocol.OpCompareSet, protocol.OpMultiSet:
 		a.mu.Lock()
 		a.written.put(h, struct{}{})
+		var pending []byte
+		if st, ok := a.appended.get(h); ok && st != nil && st.stream != m.Stream && !st.lost {
+			pending = append([]byte(nil), st.pending...)
+		}
 		a.mu.Unlock()
+		if len(pending) == 0 {
+			return Finding{}, false
+		}
+		// Another stream's APPEND passed, judged before this write was seen: it may land after it.
+		whole := append(append(append([]byte(nil), v.va...), v.vb...), pending...)
+		if why, _ := p.pickleUnsafe(whole, nil, v.pickleAllow); why != "" {
+			return fail(protocol.RulePickleGlobalDenied, "a whole write while another connection's append to the key may be on its way: the value they leave: "+why)
+		}
 		return Finding{}, false
 	case protocol.OpAppend:
 	default:
@@ -165,21 +181,30 @@ func (p *Policy) checkSplit(m *Message, v *fieldView) (Finding, bool) {
 		return fail(protocol.RuleValueSplit, "append that leaves an unsettled value while another connection's append to the key is on its way")
 	}
 	// Recorded now, while APPENDs wait: a rule after this one may still refuse the message, and then
-	// the state claims bytes that never land, which can only refuse more APPENDs to the key.
-	a.record(h, next)
+	// the state claims bytes that never land, which can only refuse more APPENDs to the key. Unless
+	// a whole write of the key was judged while this APPEND asked the store: that write did not see
+	// this APPEND's bytes, and may land before them.
+	if !a.record(h, next) {
+		return fail(protocol.RuleValueSplit, "append to a key written whole through the guard while the append was judged: the reader loads both as one value")
+	}
 	return Finding{}, false
 }
 
-// record keeps st as key hash h's state, its pending bytes within pendingKept and pendingTotal.
-func (a *Appends) record(h uint64, st appendState) {
+// record keeps st as key hash h's state, its pending bytes within pendingKept and pendingTotal,
+// and reports true; false, recording nothing, when the key was written whole meanwhile.
+func (a *Appends) record(h uint64, st appendState) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if _, written := a.written.get(h); written {
+		return false
+	}
 	if st.n > pendingKept || a.kept+st.n > pendingTotal {
 		st.pending, st.lost = nil, true
 	} else {
 		st.pending = append([]byte(nil), st.pending...)
 	}
 	a.keep(h, &st)
+	return true
 }
 
 // keep sets key hash h's state, and accounts for the pending bytes it and what it displaces hold;

@@ -183,3 +183,60 @@ func TestAppendWithoutAStore(t *testing.T) {
 		t.Fatalf("%v %q", broke, f.Detail)
 	}
 }
+
+// A SET of a pickle's first bytes judged after another connection's APPEND of the rest passed,
+// both on their way (the store may land the SET first, then the APPEND): the SET is judged with
+// the APPEND's bytes after it, and refused. Judged the other way round, the os.system pickle ran in
+// a reader (interop test_append_splits_run_nothing_in_a_reader, set_then_append, 1 run in 6). A
+// job's complete value written after an intruder's APPEND still passes: the reader stops at STOP.
+func TestWholeWriteAfterAnAppendOnItsWay(t *testing.T) {
+	head, tail := evilSplit(t)
+	store := fakeStore{}
+	p := splitPolicy(t, store)
+	if f, broke := checkOn(t, p, 2, appendReq("/k", tail)); broke {
+		t.Fatalf("the tail alone: %s %q", f.Rule, f.Detail)
+	}
+	if f, broke := checkOn(t, p, 1, setReq("/k", head)); !broke || f.Rule != protocol.RulePickleGlobalDenied {
+		t.Fatalf("the head by SET after the tail's APPEND: %v %s %q", broke, f.Rule, f.Detail)
+	}
+	benign := string(unhex(t, "80049505000000000000004b012e")) // pickle.dumps(1), protocol 4
+	if f, broke := checkOn(t, p, 2, appendReq("/j", tail)); broke {
+		t.Fatalf("an intruder's APPEND: %s %q", f.Rule, f.Detail)
+	}
+	if f, broke := checkOn(t, p, 1, setReq("/j", benign)); broke {
+		t.Fatalf("the job's complete value after an intruder's APPEND: %s %q", f.Rule, f.Detail)
+	}
+	if f, broke := checkOn(t, p, 1, setReq("/j2", "10.0.0.1")); broke {
+		t.Fatalf("a plain value: %s %q", f.Rule, f.Detail)
+	}
+}
+
+// A whole write judged while an APPEND asks the store for the key's value: neither saw the other
+// (the APPEND's bytes not yet recorded, the key not yet written whole when it looked), and both
+// passed; in a real store the SET of the pickle's head could land first, the APPEND's tail after
+// it. The APPEND is refused now: it looks again as it records.
+func TestWholeWriteWhileAnAppendIsJudged(t *testing.T) {
+	head, tail := evilSplit(t)
+	p, err := New(Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p2 *Policy
+	asked, setPassed := false, false
+	value := func(key []byte, limit int) ([]byte, bool, error) {
+		if !asked {
+			asked = true
+			_, broke := checkOn(t, p2, 1, setReq("/k", head))
+			setPassed = !broke
+		}
+		return nil, false, nil
+	}
+	p2 = p.WithStore(Store{Written: NewWritten(64), Appends: NewAppends(64), Value: value})
+	f, broke := checkOn(t, p2, 2, appendReq("/k", tail))
+	if !setPassed {
+		t.Fatal("the SET judged meanwhile was refused: the race was not made")
+	}
+	if !broke || f.Rule != protocol.RuleValueSplit {
+		t.Fatalf("the APPEND judged while the SET passed: %v %s %q", broke, f.Rule, f.Detail)
+	}
+}

@@ -40,7 +40,7 @@ type tlsConn struct {
 	relay *tlsrelay.Relay // handed over as a relay: through a loopback pair
 	info  *audit.TLS      // on every event and flow record of the connection
 	id    string          // the peer's identity (identity.Peer.ID)
-	peer  identity.Peer   // its certificate's names, judged again when a reload changes the rules (revoke)
+	peer  identity.Peer   // its certificate's names, judged again when a reload changes the rules (revoke); zero when handed over
 	// handover: the loopback pair an End is being handed over with (frozenState), closed by a
 	// thaw.
 	handover [2]*net.TCPConn
@@ -265,11 +265,14 @@ func (s *Server) revoke(cfg config.Config) {
 		return
 	}
 	deny := cfg.Admission().DenyIdentities
-	refused := func(p identity.Peer) bool {
-		if !allow.Permits(p) {
+	refused := func(t *tlsConn) bool {
+		if t.peer.ID == "" { // handed over by an upgrade or a keeper: only its identity came along
+			return deny.Match(t.id)
+		}
+		if !allow.Permits(t.peer) {
 			return true
 		}
-		for _, n := range append([]string{p.ID}, p.Names()...) {
+		for _, n := range append([]string{t.peer.ID}, t.peer.Names()...) {
 			if deny.Match(n) {
 				return true
 			}
@@ -282,7 +285,7 @@ func (s *Server) revoke(cfg config.Config) {
 	for c := range s.reg.conns {
 		switch {
 		case c.tls == nil:
-		case refused(c.tls.peer):
+		case refused(c.tls):
 			revoked = append(revoked, c)
 		default:
 			kept[c.src.Addr()] = true

@@ -1,6 +1,9 @@
 package admission
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Reasons a connection whose TLS handshake proved an identity was refused (AdmitIdentity).
 // Violations never ban an identity, only the source (Gate.Violation): a job's ranks often share one
@@ -32,13 +35,8 @@ func (g *Gate) AdmitIdentity(id string, names ...string) (release func(), reason
 		return noRelease, ""
 	}
 	cfg := g.cfg.Load()
-	if cfg.DenyIdentities.Match(id) {
+	if cfg.DeniesIdentity(id, names) {
 		return nil, IdentityDenied
-	}
-	for _, n := range names {
-		if cfg.DenyIdentities.Match(n) {
-			return nil, IdentityDenied
-		}
 	}
 	if cfg.PerIdentityConnections <= 0 {
 		return noRelease, ""
@@ -56,6 +54,12 @@ func (g *Gate) AdmitIdentity(id string, names ...string) (release func(), reason
 	}
 	is.conns++
 	return g.identityReleaser(is), ""
+}
+
+// DeniesIdentity reports whether access.deny-identities matches identity id or any of the
+// certificate's other names.
+func (c *Config) DeniesIdentity(id string, names []string) bool {
+	return c.DenyIdentities.Match(id) || slices.ContainsFunc(names, c.DenyIdentities.Match)
 }
 
 func noRelease() {}

@@ -269,6 +269,15 @@ func served(t *testing.T, waiter <-chan Reason, who string) {
 	}
 }
 
+// nextToken lets 100 ms pass, a token of a 10-a-second rate, serves the queue and checks that
+// waiter got its slot.
+func nextToken(t *testing.T, s *StoreSlots, clk *fakeClock, waiter <-chan Reason, who string) {
+	t.Helper()
+	clk.advance(100 * time.Millisecond)
+	s.serve()
+	served(t, waiter, who)
+}
+
 // When the store's dial tokens are short, the next one goes to a source that serves a job (it holds
 // a store connection), then to the source that has dialled least lately (a new host's rank), and
 // last to a churning source, whatever the order they came in. A source that says it serves a job
@@ -317,9 +326,7 @@ func TestStoreSlotsANewRankGoesBeforeQueues(t *testing.T) {
 		}
 	}
 	newRank := queued(t, s, "10.0.0.9", false)
-	clk.advance(100 * time.Millisecond)
-	s.serve()
-	served(t, newRank, "the new rank")
+	nextToken(t, s, clk, newRank, "the new rank")
 	if n := s.Waiting(); n != len(churn) {
 		t.Fatalf("%d waiting after one token, want the %d churners'", n, len(churn))
 	}
@@ -344,12 +351,8 @@ func TestStoreSlotsAQueueLongerThanAHostsStartIsChurn(t *testing.T) {
 		churn = append(churn, queued(t, s, "10.0.0.1", true))
 	}
 	newRank := queued(t, s, "10.0.0.9", false)
-	clk.advance(100 * time.Millisecond)
-	s.serve()
-	served(t, newRank, "the new rank")
-	clk.advance(100 * time.Millisecond)
-	s.serve()
-	served(t, churn[0], "the churner's first")
+	nextToken(t, s, clk, newRank, "the new rank")
+	nextToken(t, s, clk, churn[0], "the churner's first")
 }
 
 // One live connection of a job does not put a churning source first: past half its dial burst it
@@ -361,12 +364,8 @@ func TestStoreSlotsServingChurnerGoesLast(t *testing.T) {
 	}
 	churner := queued(t, s, "10.0.0.1", true)
 	newRank := queued(t, s, "10.0.0.2", false)
-	clk.advance(100 * time.Millisecond)
-	s.serve()
-	served(t, newRank, "the new rank")
-	clk.advance(100 * time.Millisecond)
-	s.serve()
-	served(t, churner, "the churner")
+	nextToken(t, s, clk, newRank, "the new rank")
+	nextToken(t, s, clk, churner, "the churner")
 }
 
 // Churning sources take turns: the next token goes to the one that dialled longest ago, whichever
@@ -378,12 +377,8 @@ func TestStoreSlotsChurnersTakeTurns(t *testing.T) {
 	s.TryTake(gateAddr("10.0.0.2"))
 	second := queued(t, s, "10.0.0.2", true)
 	first := queued(t, s, "10.0.0.1", false)
-	clk.advance(100 * time.Millisecond)
-	s.serve()
-	served(t, first, "the source that dialled longer ago")
-	clk.advance(100 * time.Millisecond)
-	s.serve()
-	served(t, second, "the other")
+	nextToken(t, s, clk, first, "the source that dialled longer ago")
+	nextToken(t, s, clk, second, "the other")
 }
 
 // A client asking now does not take a token a waiter was due.

@@ -27,49 +27,60 @@ import (
 // names, not addresses); an agent that writes past the guard (the master host's own, in a
 // transparent sidecar) is not seen, and the guard then asks the store as before.
 
-// agent is one writer of a run's state: "ip:" and the source address, or "id:" and an identity.
-type agent struct {
-	run, who string
+// runAgents are the names of a run's agents: "ip:" and a source address, "id:" and a proven
+// identity. full: a name was not kept (Written.maxAgents), and nothing is known of who is not one.
+type runAgents struct {
+	names map[string]struct{}
+	full  bool
 }
 
-// agentsOf are the names m's writer goes by: its address and, when a handshake proved one, its
+// namesOf are the names a writer goes by: its address and, when a handshake proved one, its
 // identity.
-func agentsOf(run string, src netip.Addr, identity string) []agent {
-	a := []agent{{run, "ip:" + src.String()}}
-	if identity != "" {
-		a = append(a, agent{run, "id:" + identity})
+func namesOf(src netip.Addr, identity string) []string {
+	if identity == "" {
+		return []string{"ip:" + src.String()}
 	}
-	return a
+	return []string{"ip:" + src.String(), "id:" + identity}
 }
 
 // joined remembers that src (identity) wrote run's rendezvous state through the guard.
 func (w *Written) joined(run []byte, src netip.Addr, identity string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.runs.put(string(run), struct{}{})
-	for _, a := range agentsOf(string(run), src, identity) {
-		w.agents.put(a, struct{}{})
+	ra, ok := w.runs.get(string(run))
+	if !ok {
+		ra = &runAgents{names: map[string]struct{}{}}
+		if old, evicted := w.runs.put(string(run), ra); evicted {
+			w.agents -= len(old.names)
+		}
+	}
+	for _, n := range namesOf(src, identity) {
+		if _, ok := ra.names[n]; ok {
+			continue
+		}
+		if w.agents >= w.maxAgents {
+			ra.full = true
+			continue
+		}
+		ra.names[n] = struct{}{}
+		w.agents++
 	}
 }
 
-// agent reports whether the guard saw run's state written, and whether src (identity) wrote it.
-func (w *Written) agent(run []byte, src netip.Addr, identity string) (runSeen, isAgent bool) {
+// agent reports whether the guard knows run's agents, and whether src (identity) is one of them.
+func (w *Written) agent(run []byte, src netip.Addr, identity string) (known, isAgent bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, runSeen = w.runs.get(string(run)); !runSeen {
+	ra, ok := w.runs.get(string(run))
+	if !ok || ra.full {
 		return false, false
 	}
-	for _, a := range agentsOf(string(run), src, identity) {
-		if _, ok := w.agents.get(a); ok {
+	for _, n := range namesOf(src, identity) {
+		if _, ok := ra.names[n]; ok {
 			return true, true
 		}
 	}
 	return true, false
-}
-
-// stateRun is the run id of a rendezvous state key (isRendezvousStateKey).
-func stateRun(key []byte) []byte {
-	return bytes.TrimPrefix(bytes.TrimPrefix(key, []byte("/")), []byte(rendezvousPrefix))
 }
 
 // roundRun returns the run id of a key under a round's prefix, "torch.rendezvous.<run_id>.<round>/
@@ -101,11 +112,11 @@ func (p *Policy) notAnAgent(key []byte, m *Message) string {
 	if !ok {
 		return ""
 	}
-	runSeen, isAgent := p.written.agent(run, m.Src, m.Identity)
+	known, isAgent := p.written.agent(run, m.Src, m.Identity)
 	switch {
 	case isAgent:
 		return ""
-	case runSeen:
+	case known:
 		who := m.Src.String()
 		if m.Identity != "" {
 			who = m.Identity + " at " + who

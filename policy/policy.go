@@ -286,8 +286,8 @@ func (p *Policy) Check(m Message, warn func(Finding)) (Finding, bool) {
 		}
 		if fld.statePickle {
 			fld.pickleKind = PickleBase64
-			if p.written != nil {
-				joins = append(joins, stateRun(fld.key))
+			if run, ok := stateRun(fld.key); ok && p.written != nil {
+				joins = append(joins, run)
 			}
 		}
 		if fld.pickleKind != 0 && m.Pickles != nil {

@@ -46,9 +46,15 @@ func builds(r *pickle.Report, g int) bool {
 
 // isRendezvousStateKey reports whether key is a torchrun rendezvous state key.
 func isRendezvousStateKey(key []byte) bool {
-	key = bytes.TrimPrefix(key, []byte("/"))
-	rest, ok := bytes.CutPrefix(key, []byte(rendezvousPrefix))
-	return ok && len(rest) > 0 && bytes.IndexByte(rest, '/') < 0
+	_, ok := stateRun(key)
+	return ok
+}
+
+// stateRun is the run id of a rendezvous state key, "torch.rendezvous.<run_id>" with or without
+// the client's "/"; ok false for any other key.
+func stateRun(key []byte) (run []byte, ok bool) {
+	run, ok = bytes.CutPrefix(bytes.TrimPrefix(key, []byte("/")), []byte(rendezvousPrefix))
+	return run, ok && len(run) > 0 && bytes.IndexByte(run, '/') < 0
 }
 
 // checkRendezvous applies the rendezvous state rule to one write.

@@ -38,16 +38,18 @@ func modifies(op protocol.Op) bool {
 type Written struct {
 	mu   sync.Mutex
 	keys recent[string, struct{}]
-	// runs are the rendezvous runs whose state a message through the guard wrote, and agents who
-	// wrote it (agent.go): a round's keys are written by one of them.
-	runs   recent[string, struct{}]
-	agents recent[agent, struct{}]
+	// runs are the rendezvous runs whose state a message through the guard wrote, each with the
+	// agents who wrote it (agent.go): a round's keys are written by one of them. A run and its
+	// agents are forgotten together; agents counts their names in all, at most maxAgents.
+	runs      recent[string, *runAgents]
+	agents    int
+	maxAgents int
 }
 
-// NewWritten remembers at most n keys, and the agents of at most n/64 runs (n/4 agents in all).
+// NewWritten remembers at most n keys, and the agents of at most n/64 runs, n/4 names in all.
 func NewWritten(n int) *Written {
-	return &Written{keys: newRecent[string, struct{}](n), runs: newRecent[string, struct{}](max(n/64, 16)),
-		agents: newRecent[agent, struct{}](max(n/4, 64))}
+	return &Written{keys: newRecent[string, struct{}](n), runs: newRecent[string, *runAgents](max(n/64, 16)),
+		maxAgents: max(n/4, 64)}
 }
 
 func (w *Written) has(key []byte) bool {
@@ -69,7 +71,7 @@ func (w *Written) Reset() {
 	defer w.mu.Unlock()
 	w.keys.reset()
 	w.runs.reset()
-	w.agents.reset()
+	w.agents = 0
 }
 
 // Len is how many keys w remembers.

@@ -224,3 +224,32 @@ func TestWriteOnceFileRuleAndBound(t *testing.T) {
 		t.Fatal("a write-once rule without keys")
 	}
 }
+
+// A run's agents are bounded with the run: past Written's bound of names, nothing is known of who
+// is not an agent (the first write counts, as before), and a forgotten run takes its names along.
+func TestWrittenAgentsBound(t *testing.T) {
+	w := NewWritten(256) // 16 runs, 64 names
+	src := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}) }
+	for i := range 64 {
+		w.joined([]byte("big"), src(i), "")
+	}
+	if known, isAgent := w.agent([]byte("big"), src(63), ""); !known || !isAgent {
+		t.Fatalf("an agent within the bound: known %v, agent %v", known, isAgent)
+	}
+	if known, _ := w.agent([]byte("big"), src(999), ""); !known {
+		t.Fatal("a stranger to a run within the bound is not known as one")
+	}
+	w.joined([]byte("big"), src(64), "")
+	if known, _ := w.agent([]byte("big"), src(64), ""); known {
+		t.Fatal("past the bound, the run's agents are still taken as known")
+	}
+	for i := range 16 { // 16 more runs: the last forgets "big", and its names with it
+		w.joined([]byte{'r', byte('a' + i)}, src(i), "")
+	}
+	if known, _ := w.agent([]byte("big"), src(0), ""); known || w.agents != 1 {
+		t.Fatalf("a forgotten run: known %v, %d names kept, want the last run's 1", known, w.agents)
+	}
+	if known, isAgent := w.agent([]byte{'r', 'a' + 15}, src(15), ""); !known || !isAgent {
+		t.Fatalf("the run after: known %v, agent %v", known, isAgent)
+	}
+}

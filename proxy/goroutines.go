@@ -560,7 +560,7 @@ func (c *conn) endRead(err error) bool {
 		}
 		c.gr.up.CloseWrite()
 		c.mu.Lock()
-		c.gr.upDeadline, c.gr.readEnded = c.s.now().Add(replyGrace), true
+		c.gr.upDeadline, c.gr.readEnded = c.s.now().Add(c.s.replyGrace), true
 		c.gr.up.SetReadDeadline(c.gr.upDeadline)
 		c.mu.Unlock()
 		return false

@@ -757,5 +757,5 @@ func (l *loop) clientDone(c *conn) {
 	c.lt.clientEnded = true
 	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.lt.cfd), nil)
 	unix.Shutdown(int(c.lt.ufd), unix.SHUT_WR)
-	c.lt.grace = time.AfterFunc(replyGrace, c.closeBoth)
+	c.lt.grace = time.AfterFunc(c.s.replyGrace, c.closeBoth)
 }

@@ -4,6 +4,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -130,23 +131,28 @@ type Options struct {
 	UpgradeFailed func(error)
 	// PeerSetRunner runs nft for tls.peer-set (peers.go); nil = the nft command.
 	PeerSetRunner nftset.Runner
+	// ReplyGrace is how long the store's last replies may take after a client's end of stream; 0 =
+	// replyGrace. Tests lengthen it to tell a connection freed at its end from one a timer held.
+	ReplyGrace time.Duration
 }
 
 // Server is the guard proxy.
 type Server struct {
 	holdHeap bool
-	log      *slog.Logger
-	audit    AuditSink
-	now      func() time.Time
-	set      atomic.Pointer[settings]
-	gate     *admission.Gate
-	ids      identity.Source // Options.Identity
-	peers    peerSet         // tls.peer-set (peers.go)
-	tickets  *identity.TicketKeys
-	flows    *verdict.Flows // where flow records go (flow.go)
-	peeks    verdict.Peeks  // banned connections being read (peek.go)
-	buf      *budget
-	m        *metrics
+	// replyGrace: Options.ReplyGrace, or the default; read-only after New.
+	replyGrace time.Duration
+	log        *slog.Logger
+	audit      AuditSink
+	now        func() time.Time
+	set        atomic.Pointer[settings]
+	gate       *admission.Gate
+	ids        identity.Source // Options.Identity
+	peers      peerSet         // tls.peer-set (peers.go)
+	tickets    *identity.TicketKeys
+	flows      *verdict.Flows // where flow records go (flow.go)
+	peeks      verdict.Peeks  // banned connections being read (peek.go)
+	buf        *budget
+	m          *metrics
 	// slots counts the connections to the store against its caps (storelimit.go); storeCaps keeps
 	// them, auto's from the store's process.
 	slots     *admission.StoreSlots
@@ -249,6 +255,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.slots.SetDialRate(cfg.DialRate())
 	s.storeCaps = storeinfo.NewLimiter(s.slots, func() config.Config { return s.set.Load().cfg }, s.log)
 	s.holdHeap = opts.HoldHeap && os.Getenv("GOMEMLIMIT") == ""
+	s.replyGrace = cmp.Or(opts.ReplyGrace, replyGrace)
 	s.cont.failed = opts.UpgradeFailed
 	if s.cont.failed == nil {
 		s.cont.failed = func(error) {}

@@ -264,20 +264,12 @@ func (s *Server) revoke(cfg config.Config) {
 	if err != nil || s.ids == nil {
 		return
 	}
-	deny := cfg.Admission().DenyIdentities
+	adm := cfg.Admission()
 	refused := func(t *tlsConn) bool {
 		if t.peer.ID == "" { // handed over by an upgrade or a keeper: only its identity came along
-			return deny.Match(t.id)
+			return adm.DeniesIdentity(t.id, nil)
 		}
-		if !allow.Permits(t.peer) {
-			return true
-		}
-		for _, n := range append([]string{t.peer.ID}, t.peer.Names()...) {
-			if deny.Match(n) {
-				return true
-			}
-		}
-		return false
+		return !allow.Permits(t.peer) || adm.DeniesIdentity(t.peer.ID, t.peer.Names())
 	}
 	var revoked []*conn
 	kept := map[netip.Addr]bool{}

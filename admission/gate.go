@@ -53,7 +53,8 @@ type Config struct {
 
 	// Identities (AdmitIdentity): a connection whose TLS handshake proved an identity matching
 	// DenyIdentities is refused; at most PerIdentityConnections of one identity are open at once
-	// (0 = unlimited). Violations ban sources, not identities.
+	// (0 = unlimited). A proven connection's violations ban its identity at its address
+	// (ProvenViolation), never the address.
 	DenyIdentities         idpattern.Set
 	PerIdentityConnections int
 }
@@ -63,7 +64,7 @@ type Stats struct {
 	Active     int // admitted connections not yet released
 	Sources    int // sources with per-source state
 	Identities int // identities with connections counted (AdmitIdentity)
-	ActiveBans int // sources and IPv6 networks banned right now
+	ActiveBans int // sources, IPv6 networks and identities at addresses banned right now
 }
 
 const (
@@ -98,6 +99,11 @@ type Gate struct {
 	sweptFull  bool                       // lastFull is set
 
 	identities map[string]*identityState
+	// proven: identities at addresses, whose violations (ProvenViolation) ban them there;
+	// bannedProven those whose ban has not been seen to expire.
+	proven       map[provenKey]*sourceState
+	bannedProven map[provenKey]*sourceState
+	provenBans   atomic.Int32 // len(bannedProven), read unlocked by AdmitIdentity
 }
 
 // sourceState is what the gate remembers about one source address.
@@ -146,7 +152,9 @@ func New(cfg Config, now func() time.Time) *Gate {
 		bannedNets: make(map[netip.Prefix]*netState),
 		maxSources: defaultMaxSources,
 
-		identities: make(map[string]*identityState),
+		identities:   make(map[string]*identityState),
+		proven:       make(map[provenKey]*sourceState),
+		bannedProven: make(map[provenKey]*sourceState),
 	}
 	g.Update(cfg)
 	return g
@@ -226,16 +234,19 @@ func (cfg *Config) netOf(src netip.Addr) netip.Prefix {
 // per-source concurrent cap, per-source rate, the banned source's serving rate.
 // A refused connection takes no rate token.
 func (g *Gate) Admit(src netip.Addr, serving bool) (release func(), reason Reason) {
-	return g.admit(src, serving, true)
+	return g.admit(src, serving, true, false)
 }
 
-// AdmitInPlace admits src as Admit does, but past MaxConnections: the caller closes another
-// connection to make room, whose release comes when it has ended.
-func (g *Gate) AdmitInPlace(src netip.Addr, serving bool) (release func(), reason Reason) {
-	return g.admit(src, serving, false)
+// AdmitInPlace admits src as Admit does (as AdmitToProve does if toProve), but past
+// MaxConnections: the caller closes another connection to make room, whose release comes when it
+// has ended.
+func (g *Gate) AdmitInPlace(src netip.Addr, serving, toProve bool) (release func(), reason Reason) {
+	return g.admit(src, serving, false, toProve)
 }
 
-func (g *Gate) admit(src netip.Addr, serving, capped bool) (release func(), reason Reason) {
+// admit admits as Admit does; capped: MaxConnections applies (AdmitInPlace); toProve: a ban does
+// not refuse (AdmitToProve).
+func (g *Gate) admit(src netip.Addr, serving, capped, toProve bool) (release func(), reason Reason) {
 	src = src.Unmap()
 	cfg := g.cfg.Load()
 	// The access lists never change under a snapshot, so match them unlocked.
@@ -254,6 +265,7 @@ func (g *Gate) admit(src netip.Addr, serving, capped bool) (release func(), reas
 	prefix := cfg.netOf(src)
 	nt := g.nets[prefix]
 	banStart, banned := g.banLocked(src, st, prefix, nt, now)
+	banned = banned && !toProve
 	if banned && (!serving || cfg.ServingRate <= 0) {
 		return nil, Banned
 	}
@@ -460,6 +472,11 @@ func (g *Gate) Stats() Stats {
 			s.ActiveBans++
 		}
 	}
+	for _, st := range g.bannedProven {
+		if now < st.bannedUntil {
+			s.ActiveBans++
+		}
+	}
 	return s
 }
 
@@ -491,6 +508,7 @@ func (g *Gate) sweepLocked(cfg *Config, now time.Duration) {
 			delete(g.identities, id)
 		}
 	}
+	g.sweepProvenLocked(cfg, now)
 }
 
 // newSourceLocked adds state for src, sweeping first if the table is full.

@@ -730,14 +730,14 @@ func TestGateAdmitInPlace(t *testing.T) {
 	if _, r := g.Admit(gateAddr("10.0.0.2"), false); r != MaxConnections {
 		t.Fatalf("Admit = %q, want %q", r, MaxConnections)
 	}
-	release, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false)
+	release, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false, false)
 	if r != "" {
 		t.Fatalf("AdmitInPlace = %q, want admitted", r)
 	}
 	if a := g.Stats().Active; a != 2 {
 		t.Fatalf("Active = %d, want 2 until the other connection's release", a)
 	}
-	if _, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false); r != SourceConnections {
+	if _, r := g.AdmitInPlace(gateAddr("10.0.0.2"), false, false); r != SourceConnections {
 		t.Fatalf("AdmitInPlace = %q, want %q", r, SourceConnections)
 	}
 	release()

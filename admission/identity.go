@@ -1,14 +1,13 @@
 package admission
 
 import (
+	"net/netip"
 	"slices"
 	"time"
 )
 
-// Reasons a connection whose TLS handshake proved an identity was refused (AdmitIdentity).
-// Violations never ban an identity, only the source (Gate.Violation): a job's ranks often share one
-// identity (a service account's SPIFFE ID), and its ban would refuse every host of the job, where a
-// source's ban throttles a source serving a job instead of refusing it.
+// Reasons a connection whose TLS handshake proved an identity was refused (AdmitIdentity; and
+// IdentityBanned, proven.go).
 const (
 	IdentityDenied      Reason = "identity_denied"      // identity matches access.deny-identities
 	IdentityConnections Reason = "identity_connections" // caps.per-identity-connections
@@ -20,17 +19,19 @@ type identityState struct {
 	conns int
 }
 
-// AdmitIdentity admits a connection, already admitted by address (Admit), whose TLS handshake
-// proved identity id (identity.Peer.ID) and the certificate's other names (identity.Peer.Names):
-// access.deny-identities refuses it if any of them matches, since tls.allow admits by any; "" (a
-// plaintext connection) is always admitted. When
-// admitted (reason ""), release must be called when the connection ends, besides Admit's
-// release; calling it again does nothing. When refused, release is nil and the caller releases
-// Admit's.
+// AdmitIdentity admits a connection from src, admitted by address already (AdmitToProve), whose
+// TLS handshake proved identity id (identity.Peer.ID) and the certificate's other names
+// (identity.Peer.Names): access.deny-identities refuses it if any of them matches, since tls.allow
+// admits by any; a ban of id at src (ProvenViolation) refuses it unless src serves a job (serving,
+// as Admit's), then throttles it. "" (a plaintext connection) is always admitted. When admitted
+// (reason ""), release must be called when the connection ends, besides the address's release;
+// calling it again does nothing. When refused, release is nil and the caller releases the
+// address's.
 //
-// Checks run in this order: access.deny-identities, caps.per-identity-connections. Without that
-// cap it takes no lock.
-func (g *Gate) AdmitIdentity(id string, names ...string) (release func(), reason Reason) {
+// Checks run in this order: access.deny-identities, the ban of id at src,
+// caps.per-identity-connections. Without that cap, and while no identity is banned anywhere, it
+// takes no lock.
+func (g *Gate) AdmitIdentity(src netip.Addr, serving bool, id string, names ...string) (release func(), reason Reason) {
 	if id == "" {
 		return noRelease, ""
 	}
@@ -38,11 +39,17 @@ func (g *Gate) AdmitIdentity(id string, names ...string) (release func(), reason
 	if cfg.DeniesIdentity(id, names) {
 		return nil, IdentityDenied
 	}
-	if cfg.PerIdentityConnections <= 0 {
+	if cfg.PerIdentityConnections <= 0 && g.provenBans.Load() == 0 {
 		return noRelease, ""
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if reason := g.provenBanLocked(cfg, src, id, serving); reason != "" {
+		return nil, reason
+	}
+	if cfg.PerIdentityConnections <= 0 {
+		return noRelease, ""
+	}
 	is := g.identities[id]
 	if is == nil {
 		if is = g.newIdentityLocked(id, cfg, g.since()); is == nil {

@@ -16,6 +16,8 @@ const (
 	stranger = "spiffe://job.example/ns/other/sa/x"
 )
 
+var worker0 = netip.MustParseAddr("10.0.0.9") // a job's host
+
 func mustSet(t *testing.T, patterns ...string) idpattern.Set {
 	t.Helper()
 	s, err := idpattern.ParseSet(patterns)
@@ -30,11 +32,11 @@ func mustSet(t *testing.T, patterns ...string) idpattern.Set {
 func TestAdmitIdentityDeniesAnyName(t *testing.T) {
 	g := New(Config{DenyIdentities: mustSet(t, "dns:*.evil.example", "spiffe://job.example/ns/other/**")}, nil)
 	for _, names := range [][]string{{worker, "dns:a.evil.example"}, {worker, "dns:ok.example", stranger}} {
-		if release, got := g.AdmitIdentity(worker, names...); got != IdentityDenied || release != nil {
+		if release, got := g.AdmitIdentity(worker0, false, worker, names...); got != IdentityDenied || release != nil {
 			t.Errorf("AdmitIdentity(%q, %q) = %q, want %q", worker, names, got, IdentityDenied)
 		}
 	}
-	if release, got := g.AdmitIdentity(worker, worker, "dns:ok.example"); got != "" {
+	if release, got := g.AdmitIdentity(worker0, false, worker, worker, "dns:ok.example"); got != "" {
 		t.Errorf("no name denied: %q", got)
 	} else {
 		release()
@@ -46,7 +48,7 @@ func TestAdmitIdentityDenyAndCap(t *testing.T) {
 		PerIdentityConnections: 2}, nil)
 	for id, want := range map[string]Reason{stranger: IdentityDenied, "dns:a.evil.example": IdentityDenied,
 		"dns:a.b.evil.example": "", worker: "", "": ""} {
-		release, got := g.AdmitIdentity(id)
+		release, got := g.AdmitIdentity(worker0, false, id)
 		if got != want || (got == "") != (release != nil) {
 			t.Errorf("AdmitIdentity(%q) = %q (release %v), want %q", id, got, release != nil, want)
 		}
@@ -54,27 +56,27 @@ func TestAdmitIdentityDenyAndCap(t *testing.T) {
 			release()
 		}
 	}
-	r1, _ := g.AdmitIdentity(worker)
-	r2, _ := g.AdmitIdentity(worker)
-	if _, got := g.AdmitIdentity(worker); got != IdentityConnections {
+	r1, _ := g.AdmitIdentity(worker0, false, worker)
+	r2, _ := g.AdmitIdentity(worker0, false, worker)
+	if _, got := g.AdmitIdentity(worker0, false, worker); got != IdentityConnections {
 		t.Fatalf("third connection of %s: %q, want %q", worker, got, IdentityConnections)
 	}
-	if r, got := g.AdmitIdentity("dns:w1.job.example"); got != "" { // another identity has its own cap
+	if r, got := g.AdmitIdentity(worker0, false, "dns:w1.job.example"); got != "" { // another identity has its own cap
 		t.Fatalf("another identity: %q", got)
 	} else {
 		r()
 	}
 	r1()
 	r1() // twice: no effect
-	if r3, got := g.AdmitIdentity(worker); got != "" {
+	if r3, got := g.AdmitIdentity(worker0, false, worker); got != "" {
 		t.Fatalf("after a release: %q", got)
 	} else {
 		r3()
 	}
-	if _, got := g.AdmitIdentity(worker); got != "" {
+	if _, got := g.AdmitIdentity(worker0, false, worker); got != "" {
 		t.Fatalf("after the second release of one connection the cap was off by one: %q", got)
 	}
-	if _, got := g.AdmitIdentity(worker); got != IdentityConnections {
+	if _, got := g.AdmitIdentity(worker0, false, worker); got != IdentityConnections {
 		t.Fatalf("a double release freed two slots: %q", got)
 	}
 	r2()
@@ -100,7 +102,7 @@ func TestViolationsBanSourcesNotIdentities(t *testing.T) {
 		t.Fatalf("Admit(another host of the job) = %q", r)
 	}
 	defer release()
-	idRelease, r := g.AdmitIdentity(worker)
+	idRelease, r := g.AdmitIdentity(worker0, false, worker)
 	if r != "" {
 		t.Fatalf("AdmitIdentity(the identity the banned source proved) = %q", r)
 	}
@@ -149,7 +151,7 @@ func TestIdentityStateCarried(t *testing.T) {
 	}
 	next := New(cfg, clk.Now)
 	next.Restore(old)
-	if release, r := next.AdmitIdentity(worker); r != "" {
+	if release, r := next.AdmitIdentity(worker0, false, worker); r != "" {
 		t.Fatalf("an earlier build's identity ban carried over: %q", r)
 	} else {
 		release()
@@ -158,11 +160,11 @@ func TestIdentityStateCarried(t *testing.T) {
 		t.Fatalf("state %+v, want none", st)
 	}
 	adopted := next.AdoptIdentity("dns:w.job.example")
-	if _, r := next.AdmitIdentity("dns:w.job.example"); r != IdentityConnections {
+	if _, r := next.AdmitIdentity(worker0, false, "dns:w.job.example"); r != IdentityConnections {
 		t.Fatalf("an adopted connection was not counted against the cap: %q", r)
 	}
 	adopted()
-	if release, r := next.AdmitIdentity("dns:w.job.example"); r != "" {
+	if release, r := next.AdmitIdentity(worker0, false, "dns:w.job.example"); r != "" {
 		t.Fatalf("after the adopted connection's release: %q", r)
 	} else {
 		release()
@@ -174,13 +176,13 @@ func TestIdentityTableBounded(t *testing.T) {
 	g.maxSources = 8
 	var releases []func()
 	for i := range 8 {
-		release, r := g.AdmitIdentity(fmt.Sprintf("dns:w%d.job.example", i))
+		release, r := g.AdmitIdentity(worker0, false, fmt.Sprintf("dns:w%d.job.example", i))
 		if r != "" {
 			t.Fatalf("identity %d: %q", i, r)
 		}
 		releases = append(releases, release)
 	}
-	if _, r := g.AdmitIdentity("dns:w8.job.example"); r != IdentityTable {
+	if _, r := g.AdmitIdentity(worker0, false, "dns:w8.job.example"); r != IdentityTable {
 		t.Fatalf("a ninth identity in a table of 8 with live connections: %q, want %q", r, IdentityTable)
 	}
 	for _, r := range releases {
@@ -188,7 +190,7 @@ func TestIdentityTableBounded(t *testing.T) {
 	}
 	g.lastFull -= fullSweepInterval // let the full table sweep again
 	g.sweptFull = false
-	if release, r := g.AdmitIdentity("dns:w8.job.example"); r != "" {
+	if release, r := g.AdmitIdentity(worker0, false, "dns:w8.job.example"); r != "" {
 		t.Fatalf("after the others ended: %q", r)
 	} else {
 		release()
@@ -203,7 +205,7 @@ func TestAdmitIdentityFastPath(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if _, r := g.AdmitIdentity(worker); r != "" {
+		if _, r := g.AdmitIdentity(worker0, false, worker); r != "" {
 			t.Errorf("AdmitIdentity = %q", r)
 		}
 	}()
@@ -213,7 +215,7 @@ func TestAdmitIdentityFastPath(t *testing.T) {
 		t.Fatal("AdmitIdentity waited for the gate's lock")
 	}
 	g.mu.Unlock()
-	if n := testing.AllocsPerRun(100, func() { g.AdmitIdentity(worker) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { g.AdmitIdentity(worker0, false, worker) }); n != 0 {
 		t.Errorf("AdmitIdentity allocates %v times on its fast path", n)
 	}
 }
@@ -225,7 +227,7 @@ func TestIdentityConcurrent(t *testing.T) {
 		wg.Go(func() {
 			id := fmt.Sprintf("dns:w%d.job.example", i%2)
 			for range 500 {
-				if release, r := g.AdmitIdentity(id); r == "" {
+				if release, r := g.AdmitIdentity(worker0, false, id); r == "" {
 					g.Violation(gateAddr("192.0.2.1"))
 					release()
 				}
@@ -238,7 +240,7 @@ func TestIdentityConcurrent(t *testing.T) {
 		id := fmt.Sprintf("dns:w%d.job.example", i)
 		var rs []func()
 		for range 3 {
-			release, r := g.AdmitIdentity(id)
+			release, r := g.AdmitIdentity(worker0, false, id)
 			if r != "" {
 				t.Fatalf("%s after every release: %q (a connection leaked)", id, r)
 			}

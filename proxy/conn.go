@@ -156,11 +156,18 @@ func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason)
 		return nil, refuseDraining
 	}
 	serving := s.sources.Serving(src)
-	release, reason = s.gate.Admit(src, serving)
+	// A source that must handshake is judged by what it proves, not by its address's ban
+	// (admission.AdmitToProve).
+	toProve := !s.set.Load().cfg.TLS.Plaintext(src)
+	if toProve {
+		release, reason = s.gate.AdmitToProve(src, serving)
+	} else {
+		release, reason = s.gate.Admit(src, serving)
+	}
 	if reason == admission.MaxConnections && s.silentOver() {
 		// Admitted in place of a silent connection (silent.go), closed once this one is in: its
 		// slot is then this one's, whoever else is admitted meanwhile.
-		if release, reason = s.gate.AdmitInPlace(src, serving); reason == "" && !s.evictSilent() {
+		if release, reason = s.gate.AdmitInPlace(src, serving, toProve); reason == "" && !s.evictSilent() {
 			release() // another admission took the last one meanwhile
 			release, reason = nil, admission.MaxConnections
 		}
@@ -508,13 +515,22 @@ func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byt
 	if !o.Bans() {
 		return
 	}
-	// Violations ban the source, never the identity (admission's identity reasons say why).
-	if banned := s.gate.Violation(c.src.Addr()); banned.IsValid() {
+	// A proven connection's violations ban its identity at its address; any other's, the address
+	// (or its IPv6 network): admission's proven.go says why.
+	var banned string
+	if id := c.identity(); id != "" {
+		if s.gate.ProvenViolation(c.src.Addr(), id) {
+			banned = id + " at " + c.src.Addr().String()
+		}
+	} else if p := s.gate.Violation(c.src.Addr()); p.IsValid() {
+		banned = p.String()
+	}
+	if banned != "" {
 		s.m.bans.Inc()
 		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
 		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tlsInfo()
 		s.writeAudit(b)
-		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned.String(),
+		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned,
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
 	}
 }

@@ -175,7 +175,7 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 	}
 	peer := identity.PeerOf(cs.PeerCertificates[0])
 	t = &tlsConn{info: audit.TLSOf(&cs, peer.ID), id: peer.ID, peer: peer}
-	release, reason := s.gate.AdmitIdentity(peer.ID, peer.Names()...)
+	release, reason := s.gate.AdmitIdentity(src.Addr(), s.sources.Serving(src.Addr()), peer.ID, peer.Names()...)
 	if reason != "" {
 		s.m.refused.WithLabelValues(string(reason)).Inc()
 		e := s.event(src, dst, audit.ActionDenied, string(reason))

@@ -231,3 +231,77 @@ func testMutualTLSRefusals(t *testing.T, m mode) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestProofBeatsAddress: plaintext from a worker's address (a local user on it, a neighbour
+// behind its NAT) gets the address banned; the worker's ranks, which prove their identity, are
+// still forwarded. What proven connections break bans that identity at that address alone.
+func TestProofBeatsAddress(t *testing.T) { run(t, testProofBeatsAddress, loopsOnly) }
+
+func testProofBeatsAddress(t *testing.T, m mode) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	h, _ := startTLSWith(t, m, ca, func(c *config.Config) {
+		c.Ban.Violations, c.Ban.Window, c.Ban.Duration = 3, time.Minute, time.Minute
+		c.Ban.Exempt = nil // the test's clients are on loopback, exempt by default
+	})
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	probe := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGet, Key: []byte("k")})
+	for range 3 { // the plaintext prober
+		c := h.dial()
+		c.Write(probe)
+		closedByPeer(t, c)
+	}
+	eventually(t, "the address's ban", func() bool { return h.metric(`storeguard_bans_active`) == "1" })
+	closedByPeer(t, h.dial()) // plaintext stays out
+
+	worker := leaf(t, ca, workerID, time.Now().Add(-time.Minute))
+	ok := func(what string, cert tls.Certificate) {
+		t.Helper()
+		c, err := h.dialTLS(ca, cert)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		before := h.store.NumConns()
+		c.Write(probe)
+		readReply(t, c, 8)
+		c.Close()
+		if h.store.NumConns() != before+1 {
+			t.Fatalf("%s: the store saw %d connections, want %d", what, h.store.NumConns(), before+1)
+		}
+	}
+	ok("the worker's rank from the banned address", worker)
+
+	for range 3 { // the worker's own connections break the protocol
+		c, err := h.dialTLS(ca, worker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte{0xff})
+		c.SetReadDeadline(time.Now().Add(patience))
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatal("a violating proven connection was answered")
+		}
+		c.Close()
+	}
+	eventually(t, "the identity's ban", func() bool { return h.metric(`storeguard_bans_active`) == "2" })
+	if c, err := h.dialTLS(ca, worker); err == nil {
+		c.Write(probe)
+		c.SetReadDeadline(time.Now().Add(patience))
+		if n, err := c.Read(make([]byte, 8)); err == nil {
+			t.Fatalf("the banned identity at its address read %d bytes", n)
+		}
+	}
+	eventually(t, "identity_banned", func() bool {
+		return h.metric(`storeguard_connections_refused_total{reason="identity_banned"}`) == "1"
+	})
+	ok("another identity at that address", leaf(t, ca, "spiffe://sg.test/worker/w2", time.Now().Add(-time.Minute)))
+	var banned []string
+	for _, e := range h.audit.events(t) {
+		if e["event.action"] == "banned" {
+			id, _ := e["storeguard.identity"].(string)
+			banned = append(banned, id)
+		}
+	}
+	if len(banned) != 2 || banned[0] != "" || banned[1] != workerID {
+		t.Fatalf("banned events' identities %q, want the address's (none), then %s's", banned, workerID)
+	}
+}

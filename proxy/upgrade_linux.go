@@ -77,7 +77,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 // serverState is what the whole server carries over, with conns connections frozen since frozen.
 func (s *Server) serverState(conns int, frozen time.Time) upgrade.ServerState {
 	st := upgrade.ServerState{Listen: s.listeners.clients.Addr().String(), NextID: s.nextID.Load(), Sources: s.gate.State(),
-		Handovers: s.cont.handovers.Load(), Conns: conns, Frozen: frozen, Fds: []int{s.cont.lnFd}}
+		Proven: s.gate.ProvenStates(), Handovers: s.cont.handovers.Load(), Conns: conns, Frozen: frozen, Fds: []int{s.cont.lnFd}}
 	info, known := s.store.Get()
 	st.Store, st.StoreKnown = info, known
 	if s.cont.metricsFd >= 0 {
@@ -181,6 +181,7 @@ func (s *Server) TakeOver(peer *os.File) error {
 	}
 	s.nextID.Store(st.NextID)
 	s.gate.Restore(st.Sources)
+	s.gate.RestoreProven(st.Proven)
 	if st.StoreKnown {
 		s.store.Adopt(st.Store)
 	}

@@ -57,9 +57,12 @@ type ServerState struct {
 	StoreKnown    bool
 	Store         storeinfo.Info
 	Sources       []admission.SourceState
-	Handovers     uint64 // hand-overs before this one
-	Conns         int
-	Frozen        time.Time // when the old process stopped forwarding (handover_frozen_seconds)
+	// Proven: identities' violations and bans at addresses (admission.ProvenStates), apart from
+	// Sources so that a build before them never takes one for its address's.
+	Proven    []admission.ProvenState `json:",omitempty"`
+	Handovers uint64                  // hand-overs before this one
+	Conns     int
+	Frozen    time.Time // when the old process stopped forwarding (handover_frozen_seconds)
 	// Ledger: the last of Fds is the TLS relays' ledger, shared with a keeper, in which each TLS
 	// connection's relay goes on from its slot (TLSConn.Slot): at no instant does the keeper hold
 	// a slot that is not its connection's. Sent only to a process that said Ready.Ledger.

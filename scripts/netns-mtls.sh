@@ -31,6 +31,12 @@
 #   C  during a job: 2 upgrades in place (storeguard upgrade --pid-file), 1 kill -9 of the forwarding process under
 #      --keeper, and 2 upgrades whose new forwarding process is killed (kill -9) as it writes its pid file, on each
 #      end: 0 failed ops
+#   E  during a job (issue #43, "proof beats address"): a local user of the worker (uid nobody) opens 6 plaintext
+#      connections to the master guard's own port (the kit's 29499, which the worker's redirect does not cover: here
+#      a nat rule on the master takes it to the guard), and two addresses of the worker's IPv6 /64 (on the intruder)
+#      4 each: the worker's address and the /64 are banned, plaintext from them stays refused, and new connections
+#      of the worker's ranks through its client guard (IPv4, and IPv6 from inside the banned /64) are answered; the
+#      job finishes with 0 failed ops, and C's upgrades reconnect the worker from its banned address
 #   D  the policy issue's attack (a pickle running os.system SET into torchrun's rendezvous state, COMPARE_SET,
 #      MULTI_SET; interop/policy_attack.py) with the policy stage off: from the intruder in plaintext and through the
 #      intruder's own client guard (a valid certificate of a not-allowed identity) it reaches the store with 0 bytes;
@@ -42,7 +48,7 @@
 #
 # Env: STOREGUARD_BIN   storeguard binary (default: go build ./cmd/storeguard into a temp dir)
 #      TORCH_PY         python with torch (default /var/cache/storeguard/torch/2.15.0/bin/python); torchrun beside it
-#      CHECKS="A B C D" (any subset; A, B and C share one job when given together)
+#      CHECKS="A B C D E" (any subset; A, B, E and C share one job when given together)
 #      JOB_SECONDS=20   the ranks loop store ops at least this long, and until the checks during the job are done
 #      C_STEPS="m-up w-up m-kill w-kill m-upkill w-upkill m-upkill w-upkill m-up w-up"  C's steps, 1.5 s apart (m/w: master/worker;
 #                       up: upgrade in place, kill: kill -9 of the forwarding process, upkill: an upgrade, then kill -9 of
@@ -55,7 +61,7 @@ set -Eeuo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TORCH_PY=${TORCH_PY:-/var/cache/storeguard/torch/2.15.0/bin/python}
 TORCHRUN=${TORCHRUN:-$(dirname "$TORCH_PY")/torchrun}
-CHECKS=${CHECKS:-A B C D}
+CHECKS=${CHECKS:-A B C D E}
 JOB_SECONDS=${JOB_SECONDS:-20}
 C_STEPS=${C_STEPS:-m-up w-up m-kill w-kill m-upkill w-upkill m-upkill w-upkill m-up w-up}
 GUARD_PORT=29500   # the master guard: the rendezvous endpoint's port
@@ -68,6 +74,12 @@ M_METRICS=9531
 M_ADDR=10.78.0.1
 W_ADDR=10.78.0.2
 I_ADDR=10.78.0.3
+# IPv6 (check E): one /64 for the three hosts, as a cloud subnet or a customer's prefix; the intruder has two addresses
+M_ADDR6=fd78::1
+W_ADDR6=fd78::2
+I_ADDR6=fd78::3
+I_ADDR6B=fd78::33
+OWN_PORT=29499     # the master guard's own port in the kit (check E): a nat rule on the master takes it to the guard
 TAG=$$
 NS_S=sg-mtls-s-$TAG   # the switch: a bridge and nothing else
 NS_M=sg-mtls-m-$TAG
@@ -453,14 +465,20 @@ for pair in "$NS_M:$M_ADDR" "$NS_W:$W_ADDR" "$NS_I:$I_ADDR"; do
 	ip netns exec "$NS_S" ip link add "p$i" type veth peer name eth0 netns "$ns"
 	ip netns exec "$NS_S" ip link set "p$i" master br0 up
 	ip netns exec "$ns" ip addr add "$addr/24" dev eth0
+	ip netns exec "$ns" ip -6 addr add "fd78::${addr##*.}/64" dev eth0 nodad
 	ip netns exec "$ns" ip link set eth0 up
 done
+ini ip -6 addr add "$I_ADDR6B/64" dev eth0 nodad
 # The store and the relay are for the master host's own processes (torch binds the store's wildcard).
 inm nft -f - <<EOF
 table inet sgmtls {
 	chain input {
 		type filter hook input priority 0; policy accept;
 		iif != "lo" tcp dport { $RELAY_PORT, $STORE_PORT } counter drop
+	}
+	chain prerouting {
+		type nat hook prerouting priority -100; policy accept;
+		tcp dport $OWN_PORT counter redirect to :$GUARD_PORT
 	}
 }
 EOF
@@ -479,6 +497,12 @@ table ip sgmtls {
 	chain output {
 		type nat hook output priority -100; policy accept;
 		ip daddr $M_ADDR tcp dport $GUARD_PORT meta mark != $MARK counter redirect to :$CLIENT_PORT
+	}
+}
+table ip6 sgmtls6 {
+	chain output {
+		type nat hook output priority -100; policy accept;
+		ip6 daddr $M_ADDR6 tcp dport $GUARD_PORT meta mark != $MARK counter redirect to :$CLIENT_PORT
 	}
 }
 EOF
@@ -951,11 +975,110 @@ check_D() {
 	stop_master
 }
 
+# --- E: proof beats address -----------------------------------------------------------
+cat >"$WORK/plainprobe.py" <<'EOF'
+# plainprobe.py HOST PORT N [SRC]: N plaintext TCPStore connections (VALIDATE, GETNUMKEYS) from SRC; prints how many the
+# peer answered
+import socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+src = sys.argv[4] if len(sys.argv) > 4 else None
+answered = 0
+for _ in range(n):
+    s = socket.create_connection((host, port), timeout=5, source_address=(src, 0) if src else None)
+    try:
+        s.sendall(bytes.fromhex("00cef7853c07"))
+        if s.recv(8):
+            answered += 1
+    except OSError:
+        pass
+    s.close()
+print(answered)
+EOF
+cat >"$WORK/burst.py" <<'EOF'
+# burst.py HOST PORT N: N TCPStore connections open at once (a host restarting its ranks), each VALIDATE, GETNUMKEYS;
+# prints how many were answered
+import socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+conns, answered = [], 0
+for _ in range(n):
+    try:
+        conns.append(socket.create_connection((host, port), timeout=5))
+    except OSError:
+        pass
+for s in conns:
+    try:
+        s.sendall(bytes.fromhex("00cef7853c07"))
+        b = b""
+        while len(b) < 8:
+            d = s.recv(8 - len(b))
+            if not d:
+                break
+            b += d
+        answered += len(b) == 8
+    except OSError:
+        pass
+print(answered)
+EOF
+phase_E() {
+	if [ "$TLS" != on ]; then skipc "E (proof beats address): HARNESS mode"; return; fi
+	local got
+	# E1 a local user of the worker: plaintext to the guard's own port, past the worker's redirect
+	got=$(inw setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" - "$M_ADDR" "$OWN_PORT" 6 <"$WORK/plainprobe.py" 2>&1 \
+		| tail -1 | cut_lines) || true
+	sleep 0.5
+	if [ "$(audit_count "$W_ADDR" banned tls_not_tls)" -ge 1 ] && [ "$got" = 0 ]; then
+		pass "E1 a local user's 6 plaintext connections from the worker (uid 65534, to :$OWN_PORT): 0 answered, the worker's address banned"
+	else
+		fail "E1 the local user's plaintext: '$got' answered, $(audit_count "$W_ADDR" banned tls_not_tls) banned events for $W_ADDR"
+	fi
+	# E2 two addresses of the /64 (the intruder's): 4 plaintext connections each
+	ini "$PY" "$WORK/plainprobe.py" "$M_ADDR6" "$GUARD_PORT" 4 "$I_ADDR6" >/dev/null 2>&1 || true
+	got=$(ini "$PY" "$WORK/plainprobe.py" "$M_ADDR6" "$GUARD_PORT" 4 "$I_ADDR6B" 2>&1 | tail -1 | cut_lines) || true
+	sleep 0.5
+	local nb6=$(($(audit_count "$I_ADDR6" banned tls_not_tls) + $(audit_count "$I_ADDR6B" banned tls_not_tls)))
+	if [ "$nb6" -ge 1 ]; then
+		pass "E2 8 plaintext connections from two addresses of the worker's /64 ban it ('$got' of the last 4 answered)"
+	else
+		fail "E2 the /64 was not banned: $nb6 banned events from $I_ADDR6 and $I_ADDR6B"
+	fi
+	# E3 the worker's ranks come back through its client guard, from the banned address and the banned /64
+	local v4 v6 p4 ev
+	v4=$(inw "$PY" "$WORK/numkeys.py" "$M_ADDR" "$GUARD_PORT" 2>&1 | tail -1 | cut_lines) || true
+	v6=$(inw "$PY" "$WORK/numkeys.py" "$M_ADDR6" "$GUARD_PORT" 2>&1 | tail -1 | cut_lines) || true
+	p4=$(inw setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" - "$M_ADDR" "$OWN_PORT" 1 <"$WORK/plainprobe.py" 2>&1 \
+		| tail -1 | cut_lines) || true
+	case "$v4/$v6" in
+		[0-9]*/[0-9]*) pass "E3 new connections of the worker's ranks over mutual TLS from the banned $W_ADDR and the banned /64 ($W_ADDR6): answered ($v4, $v6 keys)";;
+		*) fail "E3 the worker's proven connections were refused: IPv4 '$v4', IPv6 '$v6'";;
+	esac
+	[ "$p4" = 0 ] && pass "E3 plaintext from the banned worker address is still refused" \
+		|| fail "E3 plaintext from the banned worker address: '$p4' answered"
+	if ev=$(audit_find 8 "source.ip=$W_ADDR6" "storeguard.identity=spiffe://sg.test/worker/w1"); then
+		pass "E3 the master guard's audit has the IPv6 connection as the worker's identity: $ev"
+	else
+		fail "E3 no audit line from $W_ADDR6 names the worker's identity: $ev"
+	fi
+}
+# after the job, the bans still on: the worker holds no connection now (as at a job's start, between rounds, at an
+# elastic restart), so no "serving a job" throttle lets it in; its ranks must be, all at once
+post_E() {
+	[ "$TLS" = on ] || return 0
+	local v4 v6
+	sleep 1
+	v4=$(inw "$PY" "$WORK/burst.py" "$M_ADDR" "$GUARD_PORT" 16 2>&1 | tail -1 | cut_lines) || true
+	v6=$(inw "$PY" "$WORK/burst.py" "$M_ADDR6" "$GUARD_PORT" 16 2>&1 | tail -1 | cut_lines) || true
+	if [ "$v4" = 16 ] && [ "$v6" = 16 ]; then
+		pass "E4 after the job, still banned, holding no connection: 16 new connections of the worker at once answered from $W_ADDR and 16 from the /64"
+	else
+		fail "E4 after the job, the banned worker's 16 new connections: '$v4' answered (IPv4), '$v6' (IPv6 /64), want 16 each"
+	fi
+}
+
 # --- run -----------------------------------------------------------------------------
-for c in $CHECKS; do case $c in A|B|C|D) ;; *) die "unknown check '$c' (CHECKS takes A B C D)";; esac; done
-# A, B and C share one job (in that order: the rotation, the intruder, then the upgrades; the ranks' failed ops carry
-# their time); each also runs alone.
-if want A || want B || want C; then
+for c in $CHECKS; do case $c in A|B|C|D|E) ;; *) die "unknown check '$c' (CHECKS takes A B C D E)";; esac; done
+# A, B, E and C share one job (in that order: the rotation, the intruder, the banned worker, then the upgrades, which
+# reconnect the worker from its banned address; the ranks' failed ops carry their time); each also runs alone.
+if want A || want B || want C || want E; then
 	start_master
 	start_worker_guard
 	job_start
@@ -963,7 +1086,7 @@ if want A || want B || want C; then
 	if job_wait_started 150; then
 		log "the job's ranks loop store ops from $(elapsed) (torchrun start: $(($(date +%s) - t0)) s)"
 		sleep 2
-		for c in A B C; do
+		for c in A B E C; do
 			want $c || continue
 			t0=$(date +%s); "phase_$c"; log "phase $c took $(($(date +%s) - t0)) s"
 		done
@@ -972,9 +1095,10 @@ if want A || want B || want C; then
 		tail -n 15 "$WORK/job$JOB_N-"*.log | cut_lines >&2
 	fi
 	job_stop
-	job_finish "A1/B1/C1 the job ($(for c in A B C; do want $c && printf '%s' "$c"; done) during it)"
+	job_finish "A1/B1/C1 the job ($(for c in A B E C; do want $c && printf '%s' "$c"; done) during it)"
 	want A && post_A
 	want B && post_B
+	want E && post_E
 	want B && [ "$TLS" = on ] && relay_B
 	stop_worker_guard
 	stop_master

@@ -24,6 +24,9 @@ const DefaultMaxSources = 65536
 // DefaultSummaryEvery is how often a suppressing source's interim sampled_summary is written.
 const DefaultSummaryEvery = time.Minute
 
+// DefaultRefusalsFirst is Options.RefusalsFirst's default.
+const DefaultRefusalsFirst = 10
+
 // maxKindsPerWindow bounds the kinds (sampleKind) a window remembers, as 4-byte hashes: a
 // source's window holds at most 256 B of them, whatever a scan varies.
 const maxKindsPerWindow = 64
@@ -58,6 +61,13 @@ type Options struct {
 	SampleFirst  int
 	SampleEvery  int
 	SampleWindow time.Duration
+	// RefusalsFirst: of a source's refusals (denied events and refused connections' flow records:
+	// a banned or denied source, a handshake that failed), the first RefusalsFirst of a window are
+	// written, besides the first of each kind; the rest only counted, in the sampled_summary
+	// written each SummaryEvery (exact counts, first and last seen), never one in SampleEvery: a
+	// refusal flood costs a bounded number of lines per source a minute, whatever its rate.
+	// 0 = DefaultRefusalsFirst.
+	RefusalsFirst int
 	MaxSources   int // sampling table cap; 0 = DefaultMaxSources
 	// SummaryEvery: while a source's window suppresses events, a sampled_summary of what it
 	// suppressed so far is written at most this often (by Flush), not only at the window's end.
@@ -103,7 +113,10 @@ type window struct {
 	src        netip.Addr
 	start      time.Time
 	seen       uint64
+	refusals   uint64            // of seen, refusals (refusal)
 	suppressed uint64            // since the last sampled_summary
+	first      time.Time         // the first and last event suppressed since the last sampled_summary
+	last       time.Time
 	by         map[string]uint64 // suppressed by kind, since the last sampled_summary
 	kinds      []uint32          // hashes of the kinds seen (sampleKind), at most maxKindsPerWindow
 	summarized time.Time         // the last sampled_summary, or start
@@ -156,6 +169,9 @@ func newWriter(out io.Writer, opts Options) *Writer {
 	}
 	if opts.SummaryEvery <= 0 {
 		opts.SummaryEvery = DefaultSummaryEvery
+	}
+	if opts.RefusalsFirst <= 0 {
+		opts.RefusalsFirst = DefaultRefusalsFirst
 	}
 	w := &Writer{
 		opts:    opts,
@@ -230,15 +246,27 @@ func (w *Writer) admit(e Event, now time.Time) (bool, error) {
 		w.sources[e.SourceIP] = win
 	}
 	win.seen++
+	isRefusal := refusal(&e)
+	if isRefusal {
+		win.refusals++
+	}
 	kind := sampleKind(&e)
 	if h := kindHash(kind); !slices.Contains(win.kinds, h) && len(win.kinds) < maxKindsPerWindow {
 		win.kinds = append(win.kinds, h)
 		return true, err
 	}
 	first, every := uint64(w.opts.SampleFirst), uint64(w.opts.SampleEvery)
-	if win.seen <= first || every > 0 && (win.seen-first)%every == 0 {
+	if isRefusal {
+		if win.refusals <= uint64(w.opts.RefusalsFirst) && win.seen <= first {
+			return true, err
+		}
+	} else if win.seen <= first || every > 0 && (win.seen-first)%every == 0 {
 		return true, err
 	}
+	if win.suppressed == 0 {
+		win.first = now
+	}
+	win.last = now
 	win.suppressed++
 	if win.by == nil {
 		win.by = make(map[string]uint64)
@@ -249,6 +277,12 @@ func (w *Writer) admit(e Event, now time.Time) (bool, error) {
 	win.by[kind]++
 	w.stats.Suppressed++
 	return false, err
+}
+
+// refusal reports whether e is a refusal (Options.RefusalsFirst): a denied event, or the flow
+// record of a connection refused.
+func refusal(e *Event) bool {
+	return e.Action == ActionDenied || e.Action == ActionFlow && e.Verdict == VerdictRefused
 }
 
 // neverSampled: events sampling always lets through (Options).
@@ -337,7 +371,8 @@ func (w *Writer) summarize(win *window, now time.Time) error {
 		SourceIP:     win.src,
 		Suppressed:   win.suppressed,
 		SuppressedBy: win.by,
-		Start:        win.summarized,
+		Start:        win.first,
+		End:          win.last,
 	}
 	win.suppressed, win.by, win.summarized = 0, nil, now
 	Classify(&e, w.opts.Observer)

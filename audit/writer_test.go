@@ -256,7 +256,14 @@ func TestSampling(t *testing.T) {
 		{"first then one in four", Options{SampleFirst: 3, SampleEvery: 4, SampleWindow: time.Minute}, ActionWouldBlock, 20,
 			[]uint64{1, 2, 3, 7, 11, 15, 19}},
 		// The first event of each kind (action and reason) of a source in a window is always written.
-		{"none first, one in five", Options{SampleEvery: 5, SampleWindow: time.Minute}, ActionDenied, 12, []uint64{1, 5, 10}},
+		{"none first, one in five", Options{SampleEvery: 5, SampleWindow: time.Minute}, ActionBlocked, 12, []uint64{1, 5, 10}},
+		// Refusals: the first RefusalsFirst, then none (counted in the summary), whatever SampleEvery says.
+		{"refusals: the first few", Options{SampleFirst: 100, SampleEvery: 5, RefusalsFirst: 3, SampleWindow: time.Minute},
+			ActionDenied, 20, []uint64{1, 2, 3}},
+		{"refusals: the default few", Options{SampleFirst: 100, SampleEvery: 1, SampleWindow: time.Minute}, ActionDenied, 30,
+			[]uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+		{"refusals within sample-first", Options{SampleFirst: 2, RefusalsFirst: 5, SampleWindow: time.Minute}, ActionDenied, 9,
+			[]uint64{1, 2}},
 		{"every one", Options{SampleFirst: 2, SampleEvery: 1, SampleWindow: time.Minute}, ActionBlocked, 5, []uint64{1, 2, 3, 4, 5}},
 		{"sampling off", Options{SampleFirst: 1}, ActionBlocked, 4, []uint64{1, 2, 3, 4}},
 		{"bans never sampled", Options{SampleFirst: 1, SampleWindow: time.Minute}, ActionBanned, 3, []uint64{1, 2, 3}},

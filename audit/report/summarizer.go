@@ -270,6 +270,13 @@ func (z *Summarizer) Add(e audit.Event) {
 // addSuppressed counts what a sampled_summary says was sampled away, by kind when it says so.
 // A Rule filter keeps that rule's kinds only; the source is not counted when none is left.
 func (z *Summarizer) addSuppressed(e *audit.Event) {
+	if !e.Start.IsZero() && z.filter.Rule == "" { // the first and last event it counts (older writers: none)
+		src := z.source(e.SourceIP)
+		for _, t := range []time.Time{e.Start, cmp.Or(e.End, e.Start)} {
+			widen(&src.stats.FirstSeen, &src.stats.LastSeen, t)
+			widen(&z.sum.FirstSeen, &z.sum.LastSeen, t)
+		}
+	}
 	if len(e.SuppressedBy) == 0 {
 		if z.filter.Rule == "" {
 			z.suppressEvents(z.source(e.SourceIP), e.Suppressed)

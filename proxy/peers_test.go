@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -215,5 +216,80 @@ func testRevocationClosesLiveConnections(t *testing.T, m mode) {
 	}
 	if alive(other) {
 		t.Fatal("a connection tls.allow no longer permits still works")
+	}
+}
+
+// TestTrustRotationRevokes: a trust bundle that no longer holds a CA closes the live connections
+// whose chain ended in it, audited (identity_revoked), and takes their hosts out of the peer set;
+// a connection of the CA kept stays, even one whose short-lived certificate expired since it
+// connected (judged as at its start: SVIDs renew under live connections).
+func TestTrustRotationRevokes(t *testing.T) { run(t, testTrustRotationRevokes, loopsOnly) }
+
+func testTrustRotationRevokes(t *testing.T, m mode) {
+	ca := testpki.NewCA(t, "sg.test CA")
+	old := testpki.NewCA(t, "sg.test CA, retiring")
+	h, nft := startPeerSet(t, m, ca, 2*time.Minute)
+	h.store.Answer(protocol.GenSetting{Gen: protocol.G0})
+	caFile := h.srv.set.Load().cfg.TLS.CAFile
+	both := append(ca.PEM(), old.PEM()...)
+	if err := os.WriteFile(caFile, both, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	get := enc(t, protocol.G0, protocol.Request{Op: protocol.OpGet, Key: []byte("k")})
+	open := func(of *testpki.CA, from string, notAfter time.Time) *tls.Conn {
+		t.Helper()
+		cert := of.Issue(t, testpki.Leaf{URIs: []string{workerID}, NotBefore: time.Now().Add(-time.Minute), NotAfter: notAfter}).TLS
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: patience}
+		var c *tls.Conn
+		eventually(t, "a handshake with a certificate of "+of.Cert.Subject.CommonName, func() bool {
+			var err error
+			c, err = tls.DialWithDialer(d, "tcp", h.addr, &tls.Config{Certificates: []tls.Certificate{cert},
+				InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+			if err != nil {
+				return false
+			}
+			c.Write(get)
+			c.SetReadDeadline(time.Now().Add(patience))
+			if _, err := io.ReadFull(c, make([]byte, 8)); err != nil {
+				c.Close()
+				return false
+			}
+			return true
+		})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	alive := func(c *tls.Conn) bool {
+		if _, err := c.Write(get); err != nil {
+			return false
+		}
+		c.SetReadDeadline(time.Now().Add(patience))
+		_, err := io.ReadFull(c, make([]byte, 8))
+		return err == nil
+	}
+	retiring := open(old, "127.0.0.4", time.Now().Add(time.Hour)) // waits for the guard to read both CAs
+	kept := open(ca, "127.0.0.5", time.Now().Add(time.Hour))
+	shortLived := open(ca, "127.0.0.6", time.Now().Add(2*time.Second))
+	time.Sleep(3 * time.Second) // shortLived's certificate expires
+	_, before := nft.since(0)
+	if err := os.WriteFile(caFile, ca.PEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the retiring CA's connection closed", func() bool { return !alive(retiring) })
+	if !alive(kept) || !alive(shortLived) {
+		t.Fatalf("connections of the CA kept closed: kept %v, its certificate expired since %v", alive(kept), alive(shortLived))
+	}
+	eventually(t, "its host out of the peer set", func() bool {
+		calls, _ := nft.since(before)
+		return mentions(calls, "delete element inet sg peers { 127.0.0.4 }")
+	})
+	var revoked []any
+	for _, e := range h.audit.events(t) {
+		if e["event.reason"] == ReasonRevoked {
+			revoked = append(revoked, e["source.ip"])
+		}
+	}
+	if len(revoked) != 1 || revoked[0] != "127.0.0.4" {
+		t.Fatalf("identity_revoked events from %v, want 127.0.0.4's alone", revoked)
 	}
 }

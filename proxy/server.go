@@ -349,6 +349,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	go s.sweepLoop(ctx)
 	go s.jobStoreLoop(ctx)
 	go s.peerLoop(ctx)
+	go s.trustLoop(ctx)
 	if n := st.cfg.EventLoops; n >= 0 {
 		if n == 0 {
 			n = startProcs

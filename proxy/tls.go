@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -41,6 +43,9 @@ type tlsConn struct {
 	info  *audit.TLS      // on every event and flow record of the connection
 	id    string          // the peer's identity (identity.Peer.ID)
 	peer  identity.Peer   // its certificate's names, judged again when a reload changes the rules (revoke); zero when handed over
+	// chain: the certificates it presented, verified again when the trust bundle changes
+	// (revokeUntrusted); nil when handed over
+	chain []*x509.Certificate
 	// handover: the loopback pair an End is being handed over with (frozenState), closed by a
 	// thaw.
 	handover [2]*net.TCPConn
@@ -174,7 +179,7 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		return nil, nil, nil, false
 	}
 	peer := identity.PeerOf(cs.PeerCertificates[0])
-	t = &tlsConn{info: audit.TLSOf(&cs, peer.ID), id: peer.ID, peer: peer}
+	t = &tlsConn{info: audit.TLSOf(&cs, peer.ID), id: peer.ID, peer: peer, chain: cs.PeerCertificates}
 	release, reason := s.gate.AdmitIdentity(src.Addr(), s.sources.Serving(src.Addr()), peer.ID, peer.Names()...)
 	if reason != "" {
 		s.m.refused.WithLabelValues(string(reason)).Inc()
@@ -265,19 +270,74 @@ func (s *Server) revoke(cfg config.Config) {
 		return
 	}
 	adm := cfg.Admission()
-	refused := func(t *tlsConn) bool {
+	s.revokeWhere("reload: closed connections whose identity the rules no longer admit", func(c *conn) bool {
+		t := c.tls
 		if t.peer.ID == "" { // handed over by an upgrade or a keeper: only its identity came along
 			return adm.DeniesIdentity(t.id, nil)
 		}
 		return !allow.Permits(t.peer) || adm.DeniesIdentity(t.peer.ID, t.peer.Names())
+	})
+}
+
+// revokeUntrusted closes the live mutual-TLS connections whose certificate chain no longer
+// verifies against roots, the trust bundle now: a CA taken out of it no longer admits what it
+// signed. The chain is judged as at the connection's start, so a leaf that expired since (short-
+// lived SVIDs renew under a live connection) is not revoked for that.
+func (s *Server) revokeUntrusted(roots *x509.CertPool) {
+	s.revokeWhere("trust bundle changed: closed connections whose certificate no longer chains to it", func(c *conn) bool {
+		chain := c.tls.chain
+		if len(chain) == 0 {
+			return false // handed over: its chain did not come along
+		}
+		opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool(), CurrentTime: c.start,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+		for _, ic := range chain[1:] {
+			opts.Intermediates.AddCert(ic)
+		}
+		_, err := chain[0].Verify(opts)
+		return err != nil
+	})
+}
+
+// trustLoop watches the trust bundle (identity.Source.Roots) every trustPoll until ctx ends, and
+// revokes what a change no longer admits (revokeUntrusted).
+func (s *Server) trustLoop(ctx context.Context) {
+	if s.ids == nil {
+		return
 	}
+	last, _ := s.ids.Roots()
+	t := time.NewTicker(trustPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		roots, err := s.ids.Roots()
+		if err != nil || roots == nil || roots.Equal(last) {
+			continue
+		}
+		last = roots
+		s.revokeUntrusted(roots)
+	}
+}
+
+// trustPoll is how often trustLoop reads the trust bundle: a revocation by rotation takes at most
+// this long after the source has the new bundle.
+const trustPoll = 250 * time.Millisecond
+
+// revokeWhere closes the live mutual-TLS connections refused says no to, each audited (denied,
+// identity_revoked), and takes their addresses out of the peer set unless another connection of
+// theirs stays; why is logged with their count.
+func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 	var revoked []*conn
 	kept := map[netip.Addr]bool{}
 	s.reg.mu.Lock()
 	for c := range s.reg.conns {
 		switch {
 		case c.tls == nil:
-		case refused(c.tls):
+		case refused(c):
 			revoked = append(revoked, c)
 		default:
 			kept[c.src.Addr()] = true
@@ -298,7 +358,7 @@ func (s *Server) revoke(cfg config.Config) {
 		}
 	}
 	if len(revoked) > 0 {
-		s.log.Warn("reload: closed connections whose identity the rules no longer admit", "connections", len(revoked))
+		s.log.Warn(why, "connections", len(revoked))
 	}
 	s.peersGone(gone)
 }

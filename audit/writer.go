@@ -68,7 +68,7 @@ type Options struct {
 	// refusal flood costs a bounded number of lines per source a minute, whatever its rate.
 	// 0 = DefaultRefusalsFirst.
 	RefusalsFirst int
-	MaxSources   int // sampling table cap; 0 = DefaultMaxSources
+	MaxSources    int // sampling table cap; 0 = DefaultMaxSources
 	// SummaryEvery: while a source's window suppresses events, a sampled_summary of what it
 	// suppressed so far is written at most this often (by Flush), not only at the window's end.
 	// 0 = DefaultSummaryEvery.
@@ -113,9 +113,9 @@ type window struct {
 	src        netip.Addr
 	start      time.Time
 	seen       uint64
-	refusals   uint64            // of seen, refusals (refusal)
-	suppressed uint64            // since the last sampled_summary
-	first      time.Time         // the first and last event suppressed since the last sampled_summary
+	refusals   uint64    // of seen, refusals (refusal)
+	suppressed uint64    // since the last sampled_summary
+	first      time.Time // the first and last event suppressed since the last sampled_summary
 	last       time.Time
 	by         map[string]uint64 // suppressed by kind, since the last sampled_summary
 	kinds      []uint32          // hashes of the kinds seen (sampleKind), at most maxKindsPerWindow

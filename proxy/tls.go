@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/storeguard/storeguard/audit"
@@ -284,10 +283,14 @@ func (s *Server) revoke(cfg config.Config) {
 // signed. The chain is judged as at the connection's start, so a leaf that expired since (short-
 // lived SVIDs renew under a live connection) is not revoked for that.
 func (s *Server) revokeUntrusted(roots *x509.CertPool) {
+	verdicts := map[string]bool{} // by leaf signature: a host's connections share a certificate
 	s.revokeWhere("trust bundle changed: closed connections whose certificate no longer chains to it", func(c *conn) bool {
 		chain := c.tls.chain
 		if len(chain) == 0 {
 			return false // handed over: its chain did not come along
+		}
+		if v, ok := verdicts[string(chain[0].Signature)]; ok {
+			return v
 		}
 		opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool(), CurrentTime: c.start,
 			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
@@ -295,6 +298,7 @@ func (s *Server) revokeUntrusted(roots *x509.CertPool) {
 			opts.Intermediates.AddCert(ic)
 		}
 		_, err := chain[0].Verify(opts)
+		verdicts[string(chain[0].Signature)] = err != nil
 		return err != nil
 	})
 }
@@ -330,20 +334,26 @@ const trustPoll = 250 * time.Millisecond
 // revokeWhere closes the live mutual-TLS connections refused says no to, each audited (denied,
 // identity_revoked), and takes their addresses out of the peer set unless another connection of
 // theirs stays; why is logged with their count.
+// The connections are judged outside the registry's lock: a chain's verification takes about
+// 100 µs, and accepting must not wait for thousands of them.
 func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
-	var revoked []*conn
-	kept := map[netip.Addr]bool{}
+	var live []*conn
 	s.reg.mu.Lock()
 	for c := range s.reg.conns {
-		switch {
-		case c.tls == nil:
-		case refused(c):
-			revoked = append(revoked, c)
-		default:
-			kept[c.src.Addr()] = true
+		if c.tls != nil {
+			live = append(live, c)
 		}
 	}
 	s.reg.mu.Unlock()
+	var revoked []*conn
+	kept := map[netip.Addr]bool{}
+	for _, c := range live {
+		if refused(c) {
+			revoked = append(revoked, c)
+		} else {
+			kept[c.src.Addr()] = true
+		}
+	}
 	var gone []netip.Addr
 	for _, c := range revoked {
 		s.m.refused.WithLabelValues(ReasonRevoked).Inc()
@@ -353,7 +363,8 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 		c.decided(audit.VerdictRefused, ReasonRevoked)
 		c.ended(endedByGuard)
 		c.closeBoth()
-		if a := c.src.Addr(); !kept[a] && !slices.Contains(gone, a) {
+		if a := c.src.Addr(); !kept[a] {
+			kept[a] = true // listed once
 			gone = append(gone, a)
 		}
 	}

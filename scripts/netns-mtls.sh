@@ -123,7 +123,7 @@ cleanup() {
 	for ns in "$NS_M" "$NS_W" "$NS_I" "$NS_S"; do
 		for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
 	done
-	for ns in "$NS_I" "$NS_W" "$NS_M" "$NS_S"; do ip netns del "$ns" 2>/dev/null; done
+	for ns in "$NS_I" "$NS_W" "$NS_M" "$NS_S"; do ip netns del "$ns" 2>/dev/null; rm -rf "/etc/netns/$ns"; done
 	if [ "${MTLS_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
 		log "logs kept in $WORK"
 		for f in "$WORK"/*.log; do [ -s "$f" ] && { echo "--- $f (tail)" >&2; tail -n 20 "$f" | cut_lines >&2; }; done
@@ -456,6 +456,14 @@ numkeys() { inm "$PY" "$WORK/numkeys.py" 127.0.0.1 "$STORE_PORT" 2>&1; }
 stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 # --- topology: a bridge in the switch namespace, one veth to each host -----------------
+# The hosts share this machine's hostname (one UTS namespace), which /etc/hosts gives as 127.0.0.1: torch 2.4's c10d
+# rendezvous sends its ranks to the rank-0 agent's socket.getfqdn(), here "localhost" on every host. As on a cluster,
+# each host's name is its own address, with a fully qualified alias (which getfqdn() prefers) the other host resolves
+# too (ip netns exec mounts /etc/netns/NS/hosts).
+H=$(hostname)
+mkdir -p "/etc/netns/$NS_M" "/etc/netns/$NS_W"
+printf '127.0.0.1 localhost\n::1 localhost\n%s %s sgm.test\n%s sgw.test\n' "$M_ADDR" "$H" "$W_ADDR" >"/etc/netns/$NS_M/hosts"
+printf '127.0.0.1 localhost\n::1 localhost\n%s %s sgw.test\n%s sgm.test\n' "$W_ADDR" "$H" "$M_ADDR" >"/etc/netns/$NS_W/hosts"
 for ns in "$NS_S" "$NS_M" "$NS_W" "$NS_I"; do ip netns exec "$ns" ip link set lo up; done
 ip netns exec "$NS_S" ip link add br0 type bridge
 ip netns exec "$NS_S" ip link set br0 up

@@ -328,7 +328,7 @@ func testLoopViolationCloses(t *testing.T, m mode) {
 // A connection a loop forwards from its first byte has no goroutine of its own: idle connections
 // cost the loop's bookkeeping and the kernel's sockets, not a goroutine stack each.
 func TestLoopConnectionsHaveNoGoroutines(t *testing.T) {
-	run(t, testLoopConnectionsHaveNoGoroutines, loopsOnly)
+	run(t, testLoopConnectionsHaveNoGoroutines, loopsOnly, serially) // counts the process's goroutines
 }
 
 func testLoopConnectionsHaveNoGoroutines(t *testing.T, m mode) {

@@ -102,6 +102,9 @@ const (
 func run(t *testing.T, f func(t *testing.T, m mode), opts ...runOption) {
 	t.Helper()
 	modes, parallel := []mode{loopMode, goroutineMode}, true
+	if testing.Short() { // make quick: one transport (the loops, where Linux has them)
+		modes = modes[:1]
+	}
 	for _, o := range opts {
 		switch o {
 		case loopsOnly:
@@ -109,6 +112,11 @@ func run(t *testing.T, f func(t *testing.T, m mode), opts ...runOption) {
 		case serially:
 			parallel = false
 		}
+	}
+	if testing.Short() && parallel {
+		// One subtest each: without this, the tests would run one after the other (a test's
+		// parallel subtests run only beside each other). make quick runs them beside each other.
+		t.Parallel()
 	}
 	for _, m := range modes {
 		t.Run(string(m), func(t *testing.T) {

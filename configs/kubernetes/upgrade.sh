@@ -1,6 +1,6 @@
 #!/bin/sh
 # Upgrade the storeguard sidecar of a running pod in place: every connection of the training job stays
-# open (README.md, "Zero downtime"). Restarting the container instead would close them all.
+# open (docs/zero-downtime.md). Restarting the container instead would close them all.
 #
 #   configs/kubernetes/upgrade.sh POD IMAGE [NAMESPACE]
 #

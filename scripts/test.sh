@@ -49,6 +49,9 @@ STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh
 # Mutual TLS across three hosts: during the job, two upgrades in place and one kill -9 of each end's
 # forwarding process (both under their keepers), with 0 failed store ops.
 STOREGUARD_BIN="$BIN" scripts/netns-mtls.sh
+# Proof beats address on torch 2.4.1 too (issue #43: 2.15 and 2.4.1): a local user's and an IPv6 neighbour's
+# plaintext ban the worker's address and /64, and its ranks over mutual TLS are still answered.
+CHECKS=E TORCH_PY=/var/cache/storeguard/torch/2.4.1/bin/python STOREGUARD_BIN="$BIN" scripts/netns-mtls.sh
 
 if [ "${SKIP_INTEROP:-}" != 1 ]; then
   step "interop with real torch"

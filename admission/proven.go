@@ -122,12 +122,7 @@ func (g *Gate) ProvenStates() []ProvenState {
 	out := make([]ProvenState, 0, len(g.proven))
 	for k, st := range g.proven {
 		ps := ProvenState{Identity: k.id, Addr: k.addr}
-		if st.bannedUntil != 0 {
-			ps.BannedUntil, ps.BannedAt = abs(st.bannedUntil), abs(st.bannedAt)
-		}
-		for _, v := range st.violations {
-			ps.Violations = append(ps.Violations, abs(v))
-		}
+		ps.BannedUntil, ps.BannedAt, ps.Violations = st.carriedBan(abs)
 		out = append(out, ps)
 	}
 	return out
@@ -145,16 +140,8 @@ func (g *Gate) RestoreProven(states []ProvenState) {
 			continue
 		}
 		st := &sourceState{}
-		if !ps.BannedUntil.IsZero() {
-			if st.bannedUntil = rel(ps.BannedUntil); st.bannedUntil <= 0 {
-				st.bannedUntil = 0
-			} else {
-				st.bannedAt = rel(ps.BannedAt)
-				g.bannedProven[k] = st
-			}
-		}
-		for _, v := range ps.Violations {
-			st.violations = append(st.violations, rel(v))
+		if st.restoreBan(ps.BannedUntil, ps.BannedAt, ps.Violations, rel) {
+			g.bannedProven[k] = st
 		}
 		g.proven[k] = st
 	}

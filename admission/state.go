@@ -36,12 +36,7 @@ func (g *Gate) State() []SourceState {
 		if st.filled {
 			ss.Refilled = abs(st.refilled)
 		}
-		if st.bannedUntil != 0 {
-			ss.BannedUntil, ss.BannedAt = abs(st.bannedUntil), abs(st.bannedAt)
-		}
-		for _, v := range st.violations {
-			ss.Violations = append(ss.Violations, abs(v))
-		}
+		ss.BannedUntil, ss.BannedAt, ss.Violations = st.carriedBan(abs)
 		out = append(out, ss)
 	}
 	for p, nt := range g.nets {
@@ -80,19 +75,40 @@ func (g *Gate) Restore(states []SourceState) {
 		if ss.Filled {
 			st.refilled = rel(ss.Refilled)
 		}
-		if !ss.BannedUntil.IsZero() {
-			if st.bannedUntil = rel(ss.BannedUntil); st.bannedUntil <= 0 {
-				st.bannedUntil = 0 // ran out meanwhile
-			} else {
-				st.bannedAt = rel(ss.BannedAt)
-				g.banned[src] = st
-			}
-		}
-		for _, v := range ss.Violations {
-			st.violations = append(st.violations, rel(v))
+		if st.restoreBan(ss.BannedUntil, ss.BannedAt, ss.Violations, rel) {
+			g.banned[src] = st
 		}
 		g.sources[src] = st
 	}
+}
+
+// carriedBan is st's ban and violations in absolute times, as one gate hands them to the next
+// (zero times: no ban).
+func (st *sourceState) carriedBan(abs func(time.Duration) time.Time) (until, at time.Time, violations []time.Time) {
+	if st.bannedUntil != 0 {
+		until, at = abs(st.bannedUntil), abs(st.bannedAt)
+	}
+	for _, v := range st.violations {
+		violations = append(violations, abs(v))
+	}
+	return until, at, violations
+}
+
+// restoreBan takes back what carriedBan gave, and reports whether the ban is still on (one that
+// ran out meanwhile is dropped).
+func (st *sourceState) restoreBan(until, at time.Time, violations []time.Time, rel func(time.Time) time.Duration) bool {
+	for _, v := range violations {
+		st.violations = append(st.violations, rel(v))
+	}
+	if until.IsZero() {
+		return false
+	}
+	if st.bannedUntil = rel(until); st.bannedUntil <= 0 {
+		st.bannedUntil = 0
+		return false
+	}
+	st.bannedAt = rel(at)
+	return true
 }
 
 // restoreNet adds a network's state, as Restore does a source's.

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"time"
 )
 
 // ServerConfig is the TLS 1.3 config a serving guard accepts peers with. VerifyConnection does
@@ -66,14 +67,7 @@ func verifyPeer(src Source, allow Allow, certs []*x509.Certificate, usage x509.E
 	if err != nil {
 		return peer, &RefusedError{Reason: BadHandshake, Peer: &peer, Err: err}
 	}
-	opts := x509.VerifyOptions{
-		Roots:         roots,
-		Intermediates: x509.NewCertPool(),
-		KeyUsages:     []x509.ExtKeyUsage{usage},
-	}
-	for _, c := range certs[1:] {
-		opts.Intermediates.AddCert(c)
-	}
+	opts := chainOptions(certs, roots, usage)
 	if _, err := leaf.Verify(opts); err != nil {
 		return peer, &RefusedError{Reason: chainReason(leaf, opts, err), Peer: &peer, Err: err}
 	}
@@ -84,6 +78,28 @@ func verifyPeer(src Source, allow Allow, certs []*x509.Certificate, usage x509.E
 		return peer, &RefusedError{Reason: NotAllowed, Peer: &peer, Err: errors.New("not in tls.allow: " + allow.String())}
 	}
 	return peer, nil
+}
+
+// chainOptions verifies certs[0] against roots for usage, with the rest of certs as intermediates.
+func chainOptions(certs []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage) x509.VerifyOptions {
+	opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{usage}}
+	for _, c := range certs[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	return opts
+}
+
+// Chains reports whether a client's certificate chain (leaf first), which a handshake verified,
+// still chains to roots, judged as at time at: what a trust-bundle rotation asks of a live
+// connection.
+func Chains(certs []*x509.Certificate, roots *x509.CertPool, at time.Time) bool {
+	if len(certs) == 0 {
+		return false
+	}
+	opts := chainOptions(certs, roots, x509.ExtKeyUsageClientAuth)
+	opts.CurrentTime = at
+	_, err := certs[0].Verify(opts)
+	return err == nil
 }
 
 // chainReason tells an expired certificate of our own CA from a stranger's: x509 checks the

@@ -150,15 +150,16 @@ func (c *conn) noteSeen() {
 	}
 }
 
-// admit decides on a new connection from src: a release func, or why it is refused.
-func (s *Server) admit(src netip.Addr) (release func(), reason admission.Reason) {
+// admit decides on a new connection from src under settings st, the snapshot that also decides
+// whether it must handshake: a release func, or why it is refused.
+func (s *Server) admit(src netip.Addr, st *settings) (release func(), reason admission.Reason) {
 	if s.draining.on.Load() {
 		return nil, refuseDraining
 	}
 	serving := s.sources.Serving(src)
 	// A source that must handshake is judged by what it proves, not by its address's ban
 	// (admission.AdmitToProve).
-	toProve := !s.set.Load().cfg.TLS.Plaintext(src)
+	toProve := !st.cfg.TLS.Plaintext(src)
 	if toProve {
 		release, reason = s.gate.AdmitToProve(src, serving)
 	} else {

@@ -165,7 +165,8 @@ func (s *Server) handle(tc *net.TCPConn) {
 	remote := addrPort(tc.RemoteAddr())
 	src := netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
 	dst := origdst.Of(tc)
-	release, reason := s.admit(src.Addr())
+	st := s.set.Load() // one snapshot: a reload in between must not admit to prove, then take plaintext
+	release, reason := s.admit(src.Addr(), st)
 	if reason != "" {
 		s.refuseConn(tc, src, dst, reason)
 		s.cont.accepting.Add(-1)
@@ -175,7 +176,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 	var client sock = tc
 	var t *tlsConn
 	id := s.nextID.Add(1)
-	if st := s.set.Load(); !st.cfg.TLS.Plaintext(src.Addr()) {
+	if !st.cfg.TLS.Plaintext(src.Addr()) {
 		var ok bool
 		var idRelease func()
 		if client, t, idRelease, ok = s.handshake(tc, id, src, dst, st); !ok {

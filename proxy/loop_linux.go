@@ -446,7 +446,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 		local = sockaddrAddrPort(lsa)
 	}
 	dst := origdst.Fd(fd, local)
-	release, reason := s.admit(src.Addr())
+	release, reason := s.admit(src.Addr(), s.set.Load())
 	if reason != "" {
 		s.refuseFd(fd, src, dst, reason) // closes fd; the audit sink never waits (AuditSink)
 		s.handlers.Done()

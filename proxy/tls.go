@@ -292,14 +292,9 @@ func (s *Server) revokeUntrusted(roots *x509.CertPool) {
 		if v, ok := verdicts[string(chain[0].Signature)]; ok {
 			return v
 		}
-		opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool(), CurrentTime: c.start,
-			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-		for _, ic := range chain[1:] {
-			opts.Intermediates.AddCert(ic)
-		}
-		_, err := chain[0].Verify(opts)
-		verdicts[string(chain[0].Signature)] = err != nil
-		return err != nil
+		untrusted := !identity.Chains(chain, roots, c.start)
+		verdicts[string(chain[0].Signature)] = untrusted
+		return untrusted
 	})
 }
 

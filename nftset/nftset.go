@@ -1,21 +1,18 @@
-// Package nftset keeps addresses in a pair of nftables sets (IPv4 and IPv6) with timeouts,
-// through the nft command: the firewall's view of which hosts proved who they are.
+// Package nftset keeps addresses in a pair of nftables sets (IPv4 and IPv6) with timeouts, by
+// netlink (no nft binary): the firewall's view of which hosts proved who they are.
 //
 // A set is named by "family table set" (tls.peer-set: "inet storeguard_peers peers"); its IPv6
 // twin is the same name with "6" appended. Both are declared with "flags timeout" by the
 // operator's ruleset (configs/nftables/storeguard-peers.nft), which also says what an address in
-// them may reach. Each Refresh re-adds every address it is given with a full timeout in one nft
-// transaction (add, delete, add: an element that is already there gets its timeout back, one that
+// them may reach (storeguard firewall install peers loads it). Each Refresh re-adds every address
+// it is given with a full timeout in one netlink transaction (add, delete, add: an element that is already there gets its timeout back, one that
 // is not is made), so an address nobody refreshes any longer leaves the set by itself.
 package nftset
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"regexp"
 	"strings"
 	"time"
@@ -46,89 +43,104 @@ func Parse(s string) (Spec, error) {
 	return sp, nil
 }
 
-// sets are the IPv4 set's and the IPv6 set's full names.
-func (sp Spec) sets() [2]string {
-	p := sp.Family + " " + sp.Table + " "
-	return [2]string{p + sp.Set, p + sp.Set + "6"}
-}
+// Check fails when either set is missing, is not a set of addresses with timeouts, or r may not
+// read them.
+func (sp Spec) Check(ctx context.Context, r Runner) error { return r.Check(ctx, sp) }
 
-// Check lists both sets with run: it fails when either is missing, or nft may not read them.
-// (Two commands: nft 1.0.6 fails the first "list set" of a script given with -f.)
-func (sp Spec) Check(ctx context.Context, run Runner) error {
-	for _, set := range sp.sets() {
-		if err := run(ctx, "", append([]string{"list", "set"}, strings.Fields(set)...)...); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// Refresh runs RefreshScript(addrs, timeout) with run, as one transaction; nothing when addrs is
+// Refresh applies RefreshTxn(addrs, timeout) with r, as one transaction; nothing when addrs is
 // empty.
-func (sp Spec) Refresh(ctx context.Context, run Runner, addrs []netip.Addr, timeout time.Duration) error {
-	script := sp.RefreshScript(addrs, timeout)
-	if script == "" {
+func (sp Spec) Refresh(ctx context.Context, r Runner, addrs []netip.Addr, timeout time.Duration) error {
+	return apply(ctx, r, sp.RefreshTxn(addrs, timeout))
+}
+
+// Remove applies RemoveTxn(addrs) with r, as one transaction; nothing when addrs is empty.
+func (sp Spec) Remove(ctx context.Context, r Runner, addrs []netip.Addr) error {
+	return apply(ctx, r, sp.RemoveTxn(addrs))
+}
+
+func apply(ctx context.Context, r Runner, t Txn) error {
+	if len(t.Ops) == 0 {
 		return nil
 	}
-	return run(ctx, script, "-f", "-")
+	return r.Apply(ctx, t)
 }
 
-// RefreshScript is the transaction that gives each of addrs a full timeout in its set (IPv4 or
-// IPv6; a v4-mapped address counts as IPv4). Empty when addrs is.
-func (sp Spec) RefreshScript(addrs []netip.Addr, timeout time.Duration) string {
-	fam := families(addrs)
-	secs := int64((timeout + time.Second - 1) / time.Second)
+// Txn is a transaction on a Spec's sets: its ops are applied together or not at all.
+type Txn struct {
+	Spec Spec
+	Ops  []Op
+}
+
+// Op adds (with Timeout, when not zero) or deletes Addrs in one set (Spec.Set, or Spec.Set+"6").
+type Op struct {
+	Delete  bool
+	Set     string
+	Addrs   []netip.Addr
+	Timeout time.Duration
+}
+
+// String is the transaction in nft's syntax, one line an op (what `nft -f` would be given).
+func (t Txn) String() string {
 	var b strings.Builder
-	for i, set := range sp.sets() {
-		if len(fam[i]) == 0 {
-			continue
+	for _, op := range t.Ops {
+		verb := "add"
+		if op.Delete {
+			verb = "delete"
 		}
-		timed := make([]string, len(fam[i]))
-		for j, a := range fam[i] {
-			timed[j] = fmt.Sprintf("%s timeout %ds", a, secs)
+		elems := make([]string, len(op.Addrs))
+		for i, a := range op.Addrs {
+			elems[i] = a.String()
+			if op.Timeout > 0 {
+				elems[i] += fmt.Sprintf(" timeout %ds", int64((op.Timeout+time.Second-1)/time.Second))
+			}
 		}
-		fmt.Fprintf(&b, "add element %s { %s }\n", set, strings.Join(timed, ", "))
-		fmt.Fprintf(&b, "delete element %s { %s }\n", set, strings.Join(fam[i], ", "))
-		fmt.Fprintf(&b, "add element %s { %s }\n", set, strings.Join(timed, ", "))
+		fmt.Fprintf(&b, "%s element %s %s %s { %s }\n", verb, t.Spec.Family, t.Spec.Table, op.Set, strings.Join(elems, ", "))
 	}
 	return b.String()
 }
 
-// Remove runs RemoveScript(addrs) with run, as one transaction; nothing when addrs is empty.
-func (sp Spec) Remove(ctx context.Context, run Runner, addrs []netip.Addr) error {
-	script := sp.RemoveScript(addrs)
-	if script == "" {
-		return nil
-	}
-	return run(ctx, script, "-f", "-")
-}
-
-// RemoveScript is the transaction that takes each of addrs out of its set, whether it is there
-// or not: an element is added with a second's timeout first, so that the delete always finds it.
-// Empty when addrs is.
-func (sp Spec) RemoveScript(addrs []netip.Addr) string {
-	var b strings.Builder
-	for i, set := range sp.sets() {
-		fam := families(addrs)[i]
+// RefreshTxn is the transaction that gives each of addrs a full timeout in its set (IPv4 or
+// IPv6; a v4-mapped address counts as IPv4): add, delete, add, so that an element already there
+// gets its timeout back and one that is not (expired, flushed by hand) is made. No ops when addrs
+// is empty.
+func (sp Spec) RefreshTxn(addrs []netip.Addr, timeout time.Duration) Txn {
+	t := Txn{Spec: sp}
+	timeout = (timeout + time.Second - 1).Truncate(time.Second)
+	for i, fam := range families(addrs) {
 		if len(fam) == 0 {
 			continue
 		}
-		timed := make([]string, len(fam))
-		for j, a := range fam {
-			timed[j] = a + " timeout 1s"
-		}
-		fmt.Fprintf(&b, "add element %s { %s }\n", set, strings.Join(timed, ", "))
-		fmt.Fprintf(&b, "delete element %s { %s }\n", set, strings.Join(fam, ", "))
+		set := sp.sets()[i]
+		t.Ops = append(t.Ops, Op{Set: set, Addrs: fam, Timeout: timeout}, Op{Delete: true, Set: set, Addrs: fam},
+			Op{Set: set, Addrs: fam, Timeout: timeout})
 	}
-	return b.String()
+	return t
 }
+
+// RemoveTxn is the transaction that takes each of addrs out of its set, whether it is there or
+// not: an element is added with a second's timeout first, so that the delete always finds it. No
+// ops when addrs is empty.
+func (sp Spec) RemoveTxn(addrs []netip.Addr) Txn {
+	t := Txn{Spec: sp}
+	for i, fam := range families(addrs) {
+		if len(fam) == 0 {
+			continue
+		}
+		set := sp.sets()[i]
+		t.Ops = append(t.Ops, Op{Set: set, Addrs: fam, Timeout: time.Second}, Op{Delete: true, Set: set, Addrs: fam})
+	}
+	return t
+}
+
+// sets are the IPv4 set's and the IPv6 set's names.
+func (sp Spec) sets() [2]string { return [2]string{sp.Set, sp.Set + "6"} }
 
 // families splits addrs into IPv4 (a v4-mapped address counts as IPv4) and IPv6, as the sets
 // hold them.
-func families(addrs []netip.Addr) [2][]string {
-	var fam [2][]string
+func families(addrs []netip.Addr) [2][]netip.Addr {
+	var fam [2][]netip.Addr
 	for _, a := range addrs {
-		a = a.Unmap()
+		a = a.Unmap().WithZone("")
 		if !a.IsValid() {
 			continue
 		}
@@ -136,26 +148,15 @@ func families(addrs []netip.Addr) [2][]string {
 		if a.Is6() {
 			i = 1
 		}
-		fam[i] = append(fam[i], a.WithZone("").String())
+		fam[i] = append(fam[i], a)
 	}
 	return fam
 }
 
-// Runner runs nft with args, and stdin as its standard input.
-type Runner func(ctx context.Context, stdin string, args ...string) error
-
-// Nft runs the nft command (it needs CAP_NET_ADMIN in the network namespace of the sets). Its
-// error carries nft's first line of output.
-func Nft(ctx context.Context, stdin string, args ...string) error {
-	cmd := exec.CommandContext(ctx, "nft", args...)
-	cmd.Stdin = strings.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		msg := strings.TrimSpace(string(bytes.SplitN(out, []byte("\n"), 2)[0]))
-		if errors.Is(err, exec.ErrNotFound) || msg == "" {
-			return fmt.Errorf("nft: %w", err)
-		}
-		return fmt.Errorf("nft: %s (%w)", msg, err)
-	}
-	return nil
+// Runner reads and changes the sets: Netlink, or a stand-in in tests.
+type Runner interface {
+	// Check fails unless both of sp's sets exist as sets of addresses with timeouts.
+	Check(ctx context.Context, sp Spec) error
+	// Apply applies t's ops in one transaction.
+	Apply(ctx context.Context, t Txn) error
 }

@@ -19,7 +19,7 @@ import (
 // takes connections over (an upgrade, a keeper's restart) refreshes them within a quarter timeout
 // of its start, while the elements its predecessor refreshed still have three quarters left.
 
-// peerSet is the server's side of it: what handshakes tell the refresher, and how nft is run.
+// peerSet is the server's side of it: what handshakes tell the refresher, and what keeps the sets (netlink).
 type peerSet struct {
 	proved chan netip.Addr
 	run    nftset.Runner
@@ -29,10 +29,10 @@ type peerSet struct {
 // new address waits for the next refresh (a quarter of tls.peer-set-timeout).
 const peersQueued = 256
 
-// peerSetCheckTimeout bounds each nft run.
+// peerSetCheckTimeout bounds each change to the sets.
 const peerSetCheckTimeout = 10 * time.Second
 
-// checkPeerSet fails unless both sets of tc's peer-set exist and nft, run by run, can reach them
+// checkPeerSet fails unless both sets of tc's peer-set exist and run can reach them
 // (nothing to check without one).
 func checkPeerSet(tc config.TLS, run nftset.Runner) error {
 	if tc.PeerSet == "" {
@@ -45,7 +45,7 @@ func checkPeerSet(tc config.TLS, run nftset.Runner) error {
 		cancel()
 	}
 	if err != nil {
-		return fmt.Errorf("tls.peer-set %q: %w (create the sets first: configs/nftables/storeguard-peers.nft; storeguard needs CAP_NET_ADMIN)", tc.PeerSet, err)
+		return fmt.Errorf("tls.peer-set %q: %w (create the sets first: storeguard firewall install peers, or configs/nftables/storeguard-peers.nft; storeguard needs CAP_NET_ADMIN)", tc.PeerSet, err)
 	}
 	return nil
 }
@@ -162,7 +162,7 @@ func (s *Server) peerLoop(ctx context.Context) {
 }
 
 // peersGone takes addrs, hosts a reload revoked with no other mutual-TLS connection open, out of
-// the peer set at once, on a goroutine of its own (a reload never waits for nft).
+// the peer set at once, on a goroutine of its own (a reload never waits for netlink).
 func (s *Server) peersGone(addrs []netip.Addr) {
 	tc := s.set.Load().cfg.TLS
 	sp, err := nftset.Parse(tc.PeerSet)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -14,25 +15,33 @@ import (
 
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/internal/testpki"
+	"github.com/storeguard/storeguard/nftset"
 	"github.com/storeguard/storeguard/protocol"
 )
 
-// nftCalls stands in for nft: it records what the guard runs, and fails while fail is set.
+// nftCalls stands in for netlink: it records what the guard asks, in nft's syntax, and fails
+// while fail is set.
 type nftCalls struct {
 	mu    sync.Mutex
-	calls []string // args, then stdin
+	calls []string
 	fail  bool
 }
 
-func (n *nftCalls) run(_ context.Context, stdin string, args ...string) error {
+func (n *nftCalls) record(call string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.calls = append(n.calls, strings.Join(args, " ")+"\n"+stdin)
+	n.calls = append(n.calls, call)
 	if n.fail {
-		return errors.New("nft: Operation not permitted")
+		return errors.New("netlink: operation not permitted")
 	}
 	return nil
 }
+
+func (n *nftCalls) Check(_ context.Context, sp nftset.Spec) error {
+	return n.record(fmt.Sprintf("list set %[1]s %[2]s %[3]s\nlist set %[1]s %[2]s %[3]s6\n", sp.Family, sp.Table, sp.Set))
+}
+
+func (n *nftCalls) Apply(_ context.Context, t nftset.Txn) error { return n.record(t.String()) }
 
 // since returns the calls from the i-th on, and how many there are.
 func (n *nftCalls) since(i int) ([]string, int) {
@@ -57,7 +66,7 @@ func startPeerSet(t *testing.T, m mode, ca *testpki.CA, timeout time.Duration) (
 	h, _ := startTLSOptions(t, m, ca, func(c *config.Config) {
 		c.TLS.PeerSet = "inet sg peers"
 		c.TLS.PeerSetTimeout = timeout
-	}, Options{PeerSetRunner: nft.run})
+	}, Options{PeerSetRunner: nft})
 	return h, nft
 }
 
@@ -146,8 +155,8 @@ func TestPeerSetMissingStopsTheStart(t *testing.T) {
 	cfg := testConfig(goroutineMode, "127.0.0.1:1")
 	cfg.TLS.PeerSet = "inet sg peers"
 	nft := &nftCalls{fail: true}
-	_, err := New(cfg, Options{PeerSetRunner: nft.run})
-	if err == nil || !strings.Contains(err.Error(), `tls.peer-set "inet sg peers"`) || !strings.Contains(err.Error(), "Operation not permitted") {
+	_, err := New(cfg, Options{PeerSetRunner: nft})
+	if err == nil || !strings.Contains(err.Error(), `tls.peer-set "inet sg peers"`) || !strings.Contains(err.Error(), "operation not permitted") {
 		t.Fatalf("New = %v", err)
 	}
 }

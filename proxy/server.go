@@ -129,7 +129,7 @@ type Options struct {
 	// UpgradeFailed, if set, is told why an upgrade in place that the keeper ran failed (this
 	// process serves on). Upgrades without a keeper fail to their caller (HandOver's error).
 	UpgradeFailed func(error)
-	// PeerSetRunner runs nft for tls.peer-set (peers.go); nil = the nft command.
+	// PeerSetRunner keeps tls.peer-set's sets (peers.go); nil = netlink (nftset.Netlink).
 	PeerSetRunner nftset.Runner
 	// ReplyGrace is how long the store's last replies may take after a client's end of stream; 0 =
 	// replyGrace. Tests lengthen it to tell a connection freed at its end from one a timer held.
@@ -232,7 +232,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.ids = opts.Identity
 	s.peers = peerSet{proved: make(chan netip.Addr, peersQueued), run: opts.PeerSetRunner}
 	if s.peers.run == nil {
-		s.peers.run = nftset.Nft
+		s.peers.run = nftset.Netlink{}
 	}
 	if err := checkPeerSet(cfg.TLS, s.peers.run); err != nil {
 		return nil, err

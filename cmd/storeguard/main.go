@@ -23,7 +23,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Version:       version.String(),
 	}
 	root.AddCommand(newServeCommand(), newConnectCommand(), newConfigCommand(), newAuditCommand(), newProbeCommand(), newBenchCommand(), newReplayCommand(), newPolicyCommand(), newIdentifyCommand(),
-		newUpgradeCommand(), newInstallCommand())
+		newUpgradeCommand(), newInstallCommand(), newFirewallCommand())
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)

@@ -205,55 +205,68 @@ func Remove(tg Target, name string) error {
 
 // Check says how the loaded table differs from what Install(name, v) loads: a missing table, set
 // or chain, a chain of another type, hook or priority, and a rule missing, added or changed
-// (compared expression by expression, with the counters' values and set ids left out).
-func Check(tg Target, name string, v Values) error {
+// (compared expression by expression, with the counters' values and set ids left out). When it
+// is the same, it gives what each counting rule counted.
+func Check(tg Target, name string, v Values) ([]Count, error) {
 	rs, err := build(name, v)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c, err := tg.conn()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	where := fmt.Sprintf("table inet %s", rs.table.Name)
 	if _, err := c.ListTableOfFamily(rs.table.Name, nftables.TableFamilyINet); err != nil {
-		return fmt.Errorf("%s: not loaded (%v)", where, err)
+		return nil, fmt.Errorf("%s: not loaded (%v)", where, err)
 	}
+	var counts []Count
 	for _, s := range rs.sets {
 		got, err := c.GetSetByName(rs.table, s.Name)
 		if err != nil {
-			return fmt.Errorf("%s: set %s: missing (%v)", where, s.Name, err)
+			return nil, fmt.Errorf("%s: set %s: missing (%v)", where, s.Name, err)
 		}
 		if got.KeyType.Name != s.KeyType.Name || got.HasTimeout != s.HasTimeout || got.Interval != s.Interval {
-			return fmt.Errorf("%s: set %s: type %s, timeout %v, interval %v; want %s, %v, %v", where, s.Name,
+			return nil, fmt.Errorf("%s: set %s: type %s, timeout %v, interval %v; want %s, %v, %v", where, s.Name,
 				got.KeyType.Name, got.HasTimeout, got.Interval, s.KeyType.Name, s.HasTimeout, s.Interval)
 		}
 	}
 	for _, ch := range rs.chains {
 		got, err := c.ListChain(rs.table, ch.chain.Name)
 		if err != nil {
-			return fmt.Errorf("%s: chain %s: missing (%v)", where, ch.chain.Name, err)
+			return nil, fmt.Errorf("%s: chain %s: missing (%v)", where, ch.chain.Name, err)
 		}
 		if got.Type != ch.chain.Type || got.Hooknum == nil || *got.Hooknum != *ch.chain.Hooknum ||
 			got.Priority == nil || *got.Priority != *ch.chain.Priority {
-			return fmt.Errorf("%s: chain %s: not a %s chain on hook %d at priority %d", where, ch.chain.Name,
+			return nil, fmt.Errorf("%s: chain %s: not a %s chain on hook %d at priority %d", where, ch.chain.Name,
 				ch.chain.Type, *ch.chain.Hooknum, *ch.chain.Priority)
 		}
 		rules, err := c.GetRules(rs.table, ch.chain)
 		if err != nil {
-			return fmt.Errorf("%s: chain %s: %w", where, ch.chain.Name, err)
+			return nil, fmt.Errorf("%s: chain %s: %w", where, ch.chain.Name, err)
 		}
 		if len(rules) != len(ch.rules) {
-			return fmt.Errorf("%s: chain %s: %d rules, want %d", where, ch.chain.Name, len(rules), len(ch.rules))
+			return nil, fmt.Errorf("%s: chain %s: %d rules, want %d", where, ch.chain.Name, len(rules), len(ch.rules))
 		}
 		for i, r := range ch.rules {
 			comment, _ := userdata.GetString(rules[i].UserData, userdata.TypeComment)
 			if comment != r.comment || !sameExprs(rules[i].Exprs, r.exprs) {
-				return fmt.Errorf("%s: chain %s: rule %d (%q) is not the one storeguard loads", where, ch.chain.Name, i+1, comment)
+				return nil, fmt.Errorf("%s: chain %s: rule %d (%q) is not the one storeguard loads with these values", where, ch.chain.Name, i+1, comment)
+			}
+			for _, e := range rules[i].Exprs {
+				if n, ok := e.(*expr.Counter); ok {
+					counts = append(counts, Count{Chain: ch.chain.Name, Comment: comment, Packets: n.Packets, Bytes: n.Bytes})
+				}
 			}
 		}
 	}
-	return nil
+	return counts, nil
+}
+
+// Count is what a rule with a counter counted.
+type Count struct {
+	Chain, Comment string
+	Packets, Bytes uint64
 }
 
 // sameExprs compares two rules' expressions, but for what the kernel fills in or numbers itself.

@@ -128,11 +128,11 @@ func TestInstallLoadsWhatTheFileLoads(t *testing.T) {
 			// Check takes the file's table for its own, and not the file with other defines.
 			fileNS, _ := os.Open(filepath.Join("/run/netns", byFile))
 			defer fileNS.Close()
-			if err := Check(Target{NetNS: fileNS}, c.name, c.v); err != nil {
+			if _, err := Check(Target{NetNS: fileNS}, c.name, c.v); err != nil {
 				t.Fatalf("check of what the file loaded: %v", err)
 			}
 			if c.defines == nil {
-				if err := Check(Target{NetNS: fileNS}, c.name, other); err == nil {
+				if _, err := Check(Target{NetNS: fileNS}, c.name, other); err == nil {
 					t.Fatal("check passed a table loaded with other ports")
 				}
 			}
@@ -145,23 +145,23 @@ func TestInstallLoadsWhatTheFileLoads(t *testing.T) {
 func TestCheckAndRemove(t *testing.T) {
 	ns, tg := netns(t)
 	v := Defaults()
-	if err := Check(tg, "sidecar", v); err == nil || !strings.Contains(err.Error(), "not loaded") {
+	if _, err := Check(tg, "sidecar", v); err == nil || !strings.Contains(err.Error(), "not loaded") {
 		t.Fatalf("check with nothing loaded: %v", err)
 	}
 	for _, r := range []string{"sidecar", "connect"} {
 		if err := Install(tg, r, v); err != nil {
 			t.Fatal(err)
 		}
-		if err := Check(tg, r, v); err != nil {
+		if _, err := Check(tg, r, v); err != nil {
 			t.Fatal(err)
 		}
 	}
 	nft(t, ns, "", "flush", "chain", "inet", "storeguard", "input")
-	if err := Check(tg, "sidecar", v); err == nil || !strings.Contains(err.Error(), "chain input: 0 rules, want 1") {
+	if _, err := Check(tg, "sidecar", v); err == nil || !strings.Contains(err.Error(), "chain input: 0 rules, want 1") {
 		t.Fatalf("check after the drop rule was flushed: %v", err)
 	}
 	nft(t, ns, "", "add", "rule", "inet", "storeguard", "input", "tcp", "dport", "29500", "accept", "comment", `"storeguard: store port is loopback-only"`)
-	if err := Check(tg, "sidecar", v); err == nil || !strings.Contains(err.Error(), "is not the one storeguard loads") {
+	if _, err := Check(tg, "sidecar", v); err == nil || !strings.Contains(err.Error(), "is not the one storeguard loads") {
 		t.Fatalf("check after the drop became an accept: %v", err)
 	}
 	if err := Remove(tg, "sidecar"); err != nil {
@@ -173,7 +173,7 @@ func TestCheckAndRemove(t *testing.T) {
 	if got := listing(t, ns); strings.Contains(got, "table inet storeguard ") || !strings.Contains(got, "table inet storeguard_connect") {
 		t.Fatalf("after removing sidecar:\n%s", got)
 	}
-	if err := Check(tg, "connect", v); err != nil {
+	if _, err := Check(tg, "connect", v); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -199,7 +199,7 @@ func TestPeersReinstallKeepsAddresses(t *testing.T) {
 			t.Errorf("%s left the sets on a reinstall:\n%s", want, got)
 		}
 	}
-	if err := Check(tg, "peers", v); err != nil {
+	if _, err := Check(tg, "peers", v); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -19,4 +19,10 @@ func Install(Target, string, Values) error { return errNotLinux }
 func Remove(Target, string) error { return errNotLinux }
 
 // Check compares the loaded table with the ruleset: Linux only.
-func Check(Target, string, Values) error { return errNotLinux }
+func Check(Target, string, Values) ([]Count, error) { return nil, errNotLinux }
+
+// Count is what a rule with a counter counted.
+type Count struct {
+	Chain, Comment string
+	Packets, Bytes uint64
+}

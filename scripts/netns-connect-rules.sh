@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Proves the client-side (mutual TLS) rules, configs/nftables/storeguard-connect.nft and
-# configs/iptables/storeguard-connect.sh, in two private network namespaces joined by a veth pair.
-# Nothing leaves them, and no storeguard is needed: a stand-in listens on the connect port and answers
-# with the original destination it reads (SO_ORIGINAL_DST), as `storeguard connect --transparent` does.
+# Proves the client-side (mutual TLS) rules, `storeguard firewall install connect` (by netlink),
+# configs/nftables/storeguard-connect.nft and configs/iptables/storeguard-connect.sh, in two private
+# network namespaces joined by a veth pair. Nothing leaves them, and no storeguard connect is needed: a
+# stand-in listens on the connect port and answers with the original destination it reads
+# (SO_ORIGINAL_DST), as `storeguard connect --transparent` does.
 #
 #   master ns (10.78.0.1/24, fd78::1/64)             worker ns (10.78.0.2/24, fd78::2/64)
 #     "store" on :MASTER_PORT and :OTHER_PORT          stand-in guard on :CONNECT_PORT, rules loaded
 #                                                      a local "store" on :MASTER_PORT (a rank-0 agent's)
-# Checks (each with nft, and with iptables on both backends when installed):
+# Checks (each with storeguard firewall install connect, with nft, and with iptables on both backends when installed):
 #   R1 a rank's connection to MASTER:MASTER_PORT lands on the guard, which reads MASTER:MASTER_PORT back (IPv4, R1b IPv6)
 #   R2 the guard's own connection (its uid) reaches the master directly; R3 so does one carrying the mark
 #   R4 a store on this host (127.0.0.1 and the host's own address) is reached directly
 #   R5 another port of the master is not touched
 #   R6 the connect port is not reachable from another host; R6c positive control: it is without the rules
-# Env: PY=/usr/bin/python3 GUARD_UID=65533 GUARD_MARK=0x5347 MASTER_PORT=29500 CONNECT_PORT=15001 OTHER_PORT=29400
+# Env: STOREGUARD_BIN (default: go build ./cmd/storeguard) PY=/usr/bin/python3 GUARD_UID=65533 GUARD_MARK=0x5347 MASTER_PORT=29500 CONNECT_PORT=15001 OTHER_PORT=29400
 # Exit 0 on pass, or with a line starting "SKIP" when namespaces cannot be made here; 1 on failure.
 set -euo pipefail
 
@@ -44,6 +45,10 @@ cleanup() {
 trap cleanup EXIT
 
 [ "$(id -u)" = 0 ] || skip "needs root (ip netns)"
+if [ -z "${STOREGUARD_BIN:-}" ]; then
+	(cd "$ROOT" && go build -o "$WORK/storeguard" ./cmd/storeguard) || { echo "connect-rules: FAIL go build"; exit 1; }
+	STOREGUARD_BIN=$WORK/storeguard
+fi
 ip netns add "$NS_M" 2>"$WORK/err" || skip "'ip netns add' is not permitted here ($(head -c 200 "$WORK/err"))"
 ip netns add "$NS_W"
 ip -n "$NS_M" link add sgcm$TAG type veth peer name sgcw$TAG netns "$NS_W"
@@ -144,6 +149,23 @@ checks() { # LABEL
 }
 
 expect "R6c positive control: without rules another host reaches the connect port (no original destination)" "guard none" \
+	"$(ip netns exec "$NS_M" "$PY" "$WORK/peer.py" dial 10.78.0.2 "$CONNECT_PORT")"
+
+# storeguard firewall install connect: the same rules, loaded by netlink (no nft binary).
+SG=(ip netns exec "$NS_W" "$STOREGUARD_BIN" firewall)
+FLAGS=(--connect-port "$CONNECT_PORT" --guard-uid "$GUARD_UID" --guard-mark "$GUARD_MARK")
+"${SG[@]}" install connect --master-ports "$MASTER_PORT" "${FLAGS[@]}" >/dev/null
+"${SG[@]}" install connect --master-ports "$MASTER_PORT,$OTHER_PORT" "${FLAGS[@]}" >/dev/null
+expect "storeguard install with another port list: the new port is redirected" "guard 10.78.0.1:$OTHER_PORT" "$(dial 10.78.0.1 "$OTHER_PORT")"
+"${SG[@]}" install connect --master-ports "$MASTER_PORT" "${FLAGS[@]}" >/dev/null
+"${SG[@]}" install connect --master-ports "$MASTER_PORT" "${FLAGS[@]}" >/dev/null # twice: idempotent
+checks storeguard
+n=$("${SG[@]}" check connect --master-ports "$MASTER_PORT" "${FLAGS[@]}" | awk '/chain output:/ {print $3}')
+[ "${n:-0}" -ge 1 ] && pass "storeguard check: the redirect counted $n packets" || fail "storeguard check: redirect counter is ${n:-missing}"
+"${SG[@]}" remove connect >/dev/null
+"${SG[@]}" check connect --master-ports "$MASTER_PORT" "${FLAGS[@]}" >/dev/null 2>&1 \
+	&& fail "storeguard check passed after remove" || pass "storeguard remove: the table is gone (check fails)"
+expect "storeguard remove: another host reaches the connect port again" "guard none" \
 	"$(ip netns exec "$NS_M" "$PY" "$WORK/peer.py" dial 10.78.0.2 "$CONNECT_PORT")"
 
 if command -v nft >/dev/null; then

@@ -5,7 +5,7 @@
 #   master ns (10.77.0.1/24, + IPv6 link-local)       worker ns (10.77.0.2/24, + IPv6 link-local)
 #     torch TCPStore on :STORE_PORT (wildcard bind)      rank 1 / probes -> 10.77.0.1:STORE_PORT
 #     storeguard :PROXY_PORT -> 127.0.0.1:STORE_PORT
-#     firewall: configs/nftables/storeguard.nft (or configs/iptables/storeguard.sh)
+#     firewall: storeguard firewall install sidecar (by netlink), or configs/nftables/storeguard.nft, or configs/iptables/storeguard.sh
 #
 # Checks:
 #   A  a real two-process gloo job (rank 0 in master ns, rank 1 in worker ns, init_method tcp://10.77.0.1:STORE_PORT,
@@ -25,7 +25,8 @@
 #
 # Env: STOREGUARD_BIN   storeguard binary (default: go build ./cmd/storeguard into a temp dir)
 #      TORCH_PY         python with torch (default /usr/bin/python3, Debian's python3-torch 1.13)
-#      E2E_FW           nft | iptables (default nft when the nft command exists, else iptables);
+#      E2E_FW           storeguard | nft | iptables (default storeguard: storeguard firewall loads the rules by
+#                       netlink, no nft binary; nft loads configs/nftables/storeguard.nft);
 #                       with iptables, IPTABLES=iptables-legacy selects the legacy backend
 #      STORE_PORT=29500 PROXY_PORT=29499 METRICS_PORT=9529
 #      TORCHRUN_PY      python of a torch 2.x with torchrun beside it, for D (default: the 2.15.0 env of scripts/torch-envs.sh;
@@ -92,8 +93,8 @@ if ! ip netns add "$NS_M" 2>"$WORK/netns.err"; then
 fi
 ip netns add "$NS_W" || skip "'ip netns add' failed for the second namespace"
 
-E2E_FW=${E2E_FW:-}
-if ! command -v nft >/dev/null && ! command -v iptables >/dev/null && [ "${E2E_NO_INSTALL:-0}" != 1 ] \
+E2E_FW=${E2E_FW:-storeguard}
+if [ "$E2E_FW" != storeguard ] && ! command -v nft >/dev/null && ! command -v iptables >/dev/null && [ "${E2E_NO_INSTALL:-0}" != 1 ] \
 	&& [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 	log "installing nftables (E2E_NO_INSTALL=1 to skip instead)"
 	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q install --no-install-recommends nftables >&2 \
@@ -101,13 +102,11 @@ if ! command -v nft >/dev/null && ! command -v iptables >/dev/null && [ "${E2E_N
 		     && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q install --no-install-recommends nftables >&2; } \
 		|| log "apt-get install nftables failed"
 fi
-if [ -z "$E2E_FW" ]; then
-	if command -v nft >/dev/null; then E2E_FW=nft; elif command -v iptables >/dev/null; then E2E_FW=iptables; fi
-fi
 case "$E2E_FW" in
+	storeguard) ;;
 	nft) command -v nft >/dev/null || skip "nft not installed (apt-get install nftables)";;
 	iptables) command -v iptables >/dev/null || skip "iptables not installed (apt-get install iptables)";;
-	*) skip "neither nft nor iptables is installed (apt-get install nftables)";;
+	*) die "E2E_FW=$E2E_FW: want storeguard, nft or iptables";;
 esac
 
 "$TORCH_PY" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null \
@@ -291,6 +290,8 @@ IPT4=${IPTABLES:-iptables}
 IPT6=${IP6TABLES:-$(echo "$IPT4" | sed 's/iptables/ip6tables/')}
 fw_add() {
 	case $E2E_FW in
+		storeguard) inm "$STOREGUARD_BIN" firewall install sidecar --store-port "$STORE_PORT" --proxy-port "$PROXY_PORT" >/dev/null \
+		            && inm "$STOREGUARD_BIN" firewall check sidecar --store-port "$STORE_PORT" --proxy-port "$PROXY_PORT" >/dev/null;;
 		nft) sed -e "s/^define store_port = [0-9]*/define store_port = $STORE_PORT/" \
 		         -e "s/^define proxy_port = [0-9]*/define proxy_port = $PROXY_PORT/" \
 		         "$ROOT/configs/nftables/storeguard.nft" | inm nft -f -;;
@@ -300,6 +301,7 @@ fw_add() {
 }
 fw_remove_redirect() {
 	case $E2E_FW in
+		storeguard) inm "$STOREGUARD_BIN" firewall install explicit --private-port "$STORE_PORT" >/dev/null;; # the drop alone
 		nft) inm nft flush chain inet storeguard prerouting;;
 		iptables) inm "$IPT4" -w -t nat -F STOREGUARD-PREROUTING
 		          [ "$V6" = off ] || inm "$IPT6" -w -t nat -F STOREGUARD-PREROUTING;;
@@ -307,6 +309,7 @@ fw_remove_redirect() {
 }
 fw_remove_all() {
 	case $E2E_FW in
+		storeguard) inm "$STOREGUARD_BIN" firewall remove sidecar >/dev/null;;
 		nft) inm nft delete table inet storeguard;;
 		iptables) inm env STOREGUARD_IPV6="$V6" sh "$ROOT/configs/iptables/storeguard.sh" remove;;
 	esac
@@ -314,6 +317,11 @@ fw_remove_all() {
 # fw_count redirect|drop: packets matched, both address families
 fw_count() {
 	case $E2E_FW in
+		storeguard) local rs=sidecar chain=prerouting args=(--store-port "$STORE_PORT" --proxy-port "$PROXY_PORT")
+		     [ "$1" = drop ] && chain=input
+		     # after fw_remove_redirect, the table holds the explicit ruleset (its drop only)
+		     if ! inm "$STOREGUARD_BIN" firewall check sidecar "${args[@]}" >/dev/null 2>&1; then rs=explicit args=(--private-port "$STORE_PORT"); fi
+		     inm "$STOREGUARD_BIN" firewall check "$rs" "${args[@]}" | awk -v c="chain $chain:" 'index($0, c) {s+=$3} END {print s+0}';;
 		nft) local chain=prerouting; [ "$1" = drop ] && chain=input
 		     inm nft list chain inet storeguard "$chain" | sed -n 's/.*counter packets \([0-9]*\).*/\1/p' | awk '{s+=$1} END {print s+0}';;
 		iptables) local t=nat c=STOREGUARD-PREROUTING; [ "$1" = drop ] && { t=filter; c=STOREGUARD-INPUT; }
@@ -463,7 +471,6 @@ if [ "$V6" = on ]; then
 fi
 
 # --- C: no way around storeguard -----------------------------------------------------
-D0=$(fw_count drop)
 stop_pid "$SG_PID"
 got=$(inw "$TORCH_PY" "$WORK/connect.py" "$M_ADDR" "$STORE_PORT" 3)
 [ "$got" = refused ] && pass "C1 storeguard stopped: worker -> $M_ADDR:$STORE_PORT refused (redirected to the closed proxy port)" \
@@ -476,6 +483,7 @@ got=$(inm "$TORCH_PY" "$WORK/client.py" 127.0.0.1 "$STORE_PORT" master2)
 [ "$got" = ok ] && pass "C1c the store itself is up all along (loopback client ok)" || fail "C1c loopback client: $got"
 
 fw_remove_redirect
+D0=$(fw_count drop)  # after: with E2E_FW=storeguard the drop's table is loaded again, its counters from 0
 got=$(inw "$TORCH_PY" "$WORK/connect.py" "$M_ADDR" "$STORE_PORT" 3)
 D1=$(fw_count drop)
 if [ "$got" = timeout ] && [ "$D1" -gt "$D0" ]; then

@@ -27,7 +27,7 @@
 #      the worker's client guard is not a relay for the intruder (10.78.0.2:15001); the ranks' own store (c10d: the
 #      rank-0 agent's TCPStore on a free port of the master, which no guard fronts) does not answer the intruder and
 #      does answer the worker, and the master's peer set holds the worker and not the intruder (serve --tls-peer-set
-#      with configs/nftables/storeguard-peers.nft loaded on the master)
+#      with the peers ruleset loaded on the master by storeguard firewall install peers)
 #   C  during a job: 2 upgrades in place (storeguard upgrade --pid-file), 1 kill -9 of the forwarding process under
 #      --keeper, and 2 upgrades whose new forwarding process is killed (kill -9) as it writes its pid file, on each
 #      end: 0 failed ops
@@ -493,9 +493,9 @@ EOF
 # The kit's peer-set rule: the master's free ports (where torch puts the ranks' store of a c10d rendezvous, and gloo's
 # listeners) for hosts in the set the master's guard fills only.
 if [ "$PEERS" = on ]; then
-	range=$(inm sysctl -n net.ipv4.ip_local_port_range | awk '{print $1 "-" $2}')
-	sed "s/^define free_ports = .*/define free_ports = $range/" "$ROOT/configs/nftables/storeguard-peers.nft" | inm nft -f - \
-		|| die "configs/nftables/storeguard-peers.nft did not load"
+	# Loaded by storeguard itself, by netlink (storeguard firewall: the file's rules, rule for rule).
+	inm "$STOREGUARD_BIN" firewall install peers >/dev/null && inm "$STOREGUARD_BIN" firewall check peers >/dev/null \
+		|| die "storeguard firewall install peers failed"
 fi
 # The worker's client side (the issue's kit style): its ranks' connections to the master's store port, except the
 # client guard's own (marked), go to the client guard.
@@ -548,7 +548,8 @@ start_master() {
 	[ "$TLS" = on ] && tls=(--tls-mode on --tls-cert "$CERTS/master.crt" --tls-key "$CERTS/master.key"
 		--tls-ca "$CERTS/ca.crt" --tls-allow 'spiffe://sg.test/worker/*')
 	[ "$PEERS" = on ] && tls+=(--tls-peer-set "inet storeguard_peers peers")
-	ip netns exec "$NS_M" "$STOREGUARD_BIN" serve --keeper --pid-file "$WORK/master.pid" --config "$WORK/master.yaml" \
+	# PATH=/nonexistent: the guard keeps the peer set by netlink, with no nft (or any other) binary to run.
+	ip netns exec "$NS_M" env PATH=/nonexistent "$STOREGUARD_BIN" serve --keeper --pid-file "$WORK/master.pid" --config "$WORK/master.yaml" \
 		--listen ":$GUARD_PORT" --upstream "127.0.0.1:$RELAY_PORT" --metrics-listen "127.0.0.1:$M_METRICS" \
 		--audit-log "$AUDIT" --generation "$TORCH_MM" "${tls[@]}" >>"$WORK/master-guard.log" 2>&1 &
 	M_GUARD_PID=$!

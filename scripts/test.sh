@@ -44,7 +44,7 @@ scripts/sigma-convert.sh
 if [ "${SEARCH_LIVE:-}" = 1 ]; then configs/elastic/opensearch-local.sh; fi
 STOREGUARD_BIN="$BIN" python3 configs/kubernetes/validate.py
 configs/systemd/verify.sh
-scripts/netns-connect-rules.sh
+STOREGUARD_BIN="$BIN" scripts/netns-connect-rules.sh
 STOREGUARD_BIN="$BIN" scripts/dissector-vs-replay.sh   # the Wireshark dissector against replay, every capture
 STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh
 # Mutual TLS across three hosts: during the job, two upgrades in place and one kill -9 of each end's

@@ -63,14 +63,15 @@ what differs, unless the loaded table is what install loads; remove deletes the 
 	f.StringVar(&mark, "guard-mark", fmt.Sprintf("%#x", d.GuardMark), "connect: storeguard connect --mark (its connections are not redirected)")
 	f.StringVar(&freePorts, "free-ports", fmt.Sprintf("%d-%d", d.FreePorts[0], d.FreePorts[1]), "peers: this host's ephemeral ports (default: net.ipv4.ip_local_port_range)")
 
-	verb := func(use, short string, run func(name string) error) *cobra.Command {
+	verb := func(use, short string, run func(cmd *cobra.Command, name string) error) *cobra.Command {
 		return &cobra.Command{
 			Use: use + " RULESET", Short: short, Args: cobra.ExactArgs(1), ValidArgs: firewall.Rulesets,
 			RunE: func(cmd *cobra.Command, args []string) error {
+				cmd.SilenceUsage = true
 				if err := parse(); err != nil {
 					return err
 				}
-				if err := run(args[0]); err != nil {
+				if err := run(cmd, args[0]); err != nil {
 					return err
 				}
 				table, _ := firewall.Table(args[0])
@@ -80,9 +81,19 @@ what differs, unless the loaded table is what install loads; remove deletes the 
 		}
 	}
 	cmd.AddCommand(
-		verb("install", "Load the ruleset in one transaction (idempotent)", func(n string) error { return firewall.Install(firewall.Target{}, n, v) }),
-		verb("check", "Fail unless the loaded table is what install loads", func(n string) error { return firewall.Check(firewall.Target{}, n, v) }),
-		verb("remove", "Delete the ruleset's table (nothing when there is none)", func(n string) error { return firewall.Remove(firewall.Target{}, n) }),
+		verb("install", "Load the ruleset in one transaction (idempotent)", func(_ *cobra.Command, n string) error {
+			return firewall.Install(firewall.Target{}, n, v)
+		}),
+		verb("check", "Fail unless the loaded table is what install loads; print what its rules counted", func(cmd *cobra.Command, n string) error {
+			counts, err := firewall.Check(firewall.Target{}, n, v)
+			for _, c := range counts {
+				fmt.Fprintf(cmd.OutOrStdout(), "  chain %s: %d packets, %d bytes: %s\n", c.Chain, c.Packets, c.Bytes, c.Comment)
+			}
+			return err
+		}),
+		verb("remove", "Delete the ruleset's table (nothing when there is none)", func(_ *cobra.Command, n string) error {
+			return firewall.Remove(firewall.Target{}, n)
+		}),
 	)
 	return cmd
 }

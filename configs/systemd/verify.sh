@@ -4,8 +4,9 @@
 # (storeguard.service, with and without its drop-in, and storeguard-connect.service); and that
 # storeguard-connect.sysusers.conf makes the user whose uid configs/nftables/storeguard-connect.nft lets past
 # the redirect (systemd-sysusers --root).
-# The units name /usr/local/bin/storeguard and /usr/sbin/nft; verify insists that they exist, so the units are
-# checked from a scratch copy pointing at STOREGUARD_BIN (default: the storeguard on PATH, else a stub).
+# The units name /usr/local/bin/storeguard (the firewall units too: storeguard firewall, no nft binary); verify
+# insists that it exists, so the units are checked from a scratch copy pointing at STOREGUARD_BIN (default: the
+# storeguard on PATH, else a stub).
 # Usage: configs/systemd/verify.sh          exit 1 on a verify error; prints SKIP without systemd-analyze.
 set -eu
 DIR=$(cd "$(dirname "$0")" && pwd)
@@ -14,18 +15,16 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 BIN=${STOREGUARD_BIN:-$(command -v storeguard || true)}
 if [ -z "$BIN" ]; then BIN=$TMP/storeguard; printf '#!/bin/sh\nexit 0\n' >"$BIN"; chmod +x "$BIN"; fi
-NFT=$(command -v nft || true)
-if [ -z "$NFT" ]; then NFT=$TMP/nft; printf '#!/bin/sh\nexit 0\n' >"$NFT"; chmod +x "$NFT"; fi
 UNITS="storeguard.service storeguard-firewall.service storeguard-connect.service storeguard-connect-firewall.service"
 for u in $UNITS; do
-	sed -e "s|/usr/local/bin/storeguard |$BIN |g" -e "s|/usr/sbin/nft |$NFT |g" "$DIR/$u" >"$TMP/$u"
+	sed -e "s|/usr/local/bin/storeguard |$BIN |g" "$DIR/$u" >"$TMP/$u"
 done
 # The peer-set drop-ins (storeguard.service.d, storeguard-firewall.service.d), each checked as its unit with the
 # drop-in's lines appended (a drop-in's [Service] lines add to or replace the unit's).
 for u in storeguard.service storeguard-firewall.service; do
 	d="$DIR/$u.d/peer-set.conf"
 	v=${u%.service}-peer-set.service
-	{ cat "$TMP/$u"; grep -v '^#' "$d"; } | sed -e "s|/usr/sbin/nft |$NFT |g" >"$TMP/$v"
+	{ cat "$TMP/$u"; grep -v '^#' "$d"; } | sed -e "s|/usr/local/bin/storeguard |$BIN |g" >"$TMP/$v"
 	UNITS="$UNITS $v"
 done
 # storeguard-connect.service names a static user; verify wants it to exist only when run, not offline.

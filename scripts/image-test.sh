@@ -169,6 +169,14 @@ else
 fi
 
 # --- I6: the probe -----------------------------------------------------------------------------------
+# The job's store left with its rank 0: a store of its own, as a pod's training container keeps one.
+ip netns exec "$NS_M" "$TORCH_PY" -c '
+import datetime, sys, time
+import torch.distributed as dist
+s = dist.TCPStore("0.0.0.0", int(sys.argv[1]), 1, True, timeout=datetime.timedelta(seconds=60))
+time.sleep(120)' "$STORE_PORT" >"$WORK/store.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 300); do inm ss -ltnH "sport = :$STORE_PORT" | grep -q . && break; sleep 0.1; done
 got=$(inw python3 -c '
 import socket, sys
 s = socket.create_connection(("10.79.0.1", int(sys.argv[1])), timeout=3)

@@ -27,6 +27,7 @@ skip() { echo "SKIP: image: $*"; exit 0; }
 die() { fail "$*"; exit 1; }
 cleanup() {
 	for c in "${CTRS[@]}"; do "${PODMAN[@]}" rm -f "$c" >/dev/null 2>&1 || true; done
+	[ -n "${REF:-}" ] && "${PODMAN[@]}" rmi -f "$REF" >/dev/null 2>&1 || true
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	ip netns del "$NS_W" 2>/dev/null || true
 	ip netns del "$NS_M" 2>/dev/null || true

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, only when missing, everything the tests need: Debian packages (haproxy, stunnel4, tshark,
-# nftables, iptables, nmap, iproute2, python3-torch, chromium; masscan, redis-tools, openssh-client, curl,
+# nftables, podman, runc, iptables, nmap, iproute2, python3-torch, chromium; masscan, redis-tools, openssh-client, curl,
 # openssl, wget for probename/testdata/capture-all.sh), Go modules, pytest, sigma-cli with its
 # Elasticsearch and Splunk backends (a venv of scripts/sigma-convert.sh), and the real-torch
 # environments of interop/torch-versions.txt (scripts/torch-envs.sh), a real vLLM release's Python source
@@ -14,7 +14,10 @@ need=()
 command -v haproxy >/dev/null || need+=(haproxy)
 command -v stunnel4 >/dev/null || need+=(stunnel4) # bench/tls-side-by-side.sh: TLS at both ends, the reference
 command -v tshark >/dev/null || need+=(tshark)
-command -v nft >/dev/null || need+=(nftables)
+command -v nft >/dev/null || need+=(nftables) # the kit's files, compared with storeguard firewall's rules
+# scripts/image-test.sh: the image loaded and run by Debian's podman (runc: crun refuses hybrid cgroups)
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
 # configs/iptables/storeguard-connect.sh, checked on both backends by scripts/netns-connect-rules.sh
 command -v iptables-legacy >/dev/null || need+=(iptables)
 command -v nmap >/dev/null || need+=(nmap)

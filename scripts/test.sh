@@ -47,6 +47,8 @@ configs/systemd/verify.sh
 STOREGUARD_BIN="$BIN" scripts/netns-connect-rules.sh
 STOREGUARD_BIN="$BIN" scripts/dissector-vs-replay.sh   # the Wireshark dissector against replay, every capture
 STOREGUARD_BIN="$BIN" scripts/netns-e2e.sh
+# The image: two builds with one digest, its SBOM, non-root and shell-free, and a gloo job through it under podman.
+scripts/image-test.sh
 # Mutual TLS across three hosts: during the job, two upgrades in place and one kill -9 of each end's
 # forwarding process (both under their keepers), with 0 failed store ops.
 STOREGUARD_BIN="$BIN" scripts/netns-mtls.sh

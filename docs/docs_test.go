@@ -64,7 +64,7 @@ func TestPackageTable(t *testing.T) {
 	if len(pkgs) < 20 {
 		t.Fatalf("found %d packages: %v", len(pkgs), pkgs)
 	}
-	table := regexp.MustCompile("(?m)^\\| `([a-z/]+)` \\|([^|]*)\\|([^|]*)\\|$")
+	table := regexp.MustCompile("(?m)^\\| `([a-z/-]+)` \\|([^|]*)\\|([^|]*)\\|$")
 	name := regexp.MustCompile("`([a-z/]+)`")
 	rows := map[string]bool{}
 	for _, m := range table.FindAllStringSubmatch(string(doc), -1) {

@@ -50,3 +50,10 @@ scripts/sigma-convert.sh --install-only
 scripts/torch-envs.sh >/dev/null
 scripts/vllm-src.sh >/dev/null   # vLLM's own StatelessProcessGroup, for interop/test_policy.py (about 20 s, 340 MB fetched once)
 scripts/install-spire.sh >/dev/null
+
+# kustomize, for configs/kubernetes/validate.py: each variant's build names the image component's image.
+if ! [ -x /var/cache/storeguard/bin/kustomize ]; then
+  log "go install sigs.k8s.io/kustomize/kustomize/v5@v5.8.0"
+  mkdir -p /var/cache/storeguard/bin
+  GOBIN=/var/cache/storeguard/bin GOFLAGS=-mod=mod go install sigs.k8s.io/kustomize/kustomize/v5@v5.8.0 >&2
+fi

@@ -333,7 +333,7 @@ fw_count() {
 # start_storeguard [GENERATION]: the guard for TORCH_PY's release unless told
 start_storeguard() {
 	# Background jobs call "ip netns exec" directly (not through inm): $! must be the process itself.
-	# As the sidecar runs it (configs/kubernetes/pod-sidecar.yaml): under its keeper, with a pid file.
+	# As the sidecar runs it (configs/kubernetes/sidecar/pod-sidecar.yaml): under its keeper, with a pid file.
 	ip netns exec "$NS_M" "$STOREGUARD_BIN" serve --keeper --listen ":$PROXY_PORT" --upstream "127.0.0.1:$STORE_PORT" \
 		--metrics-listen "127.0.0.1:$METRICS_PORT" --audit-log "$AUDIT" --generation "${1:-$TORCH_MM}" --mode enforce \
 		--pid-file "$WORK/worker.pid" >>"$WORK/storeguard.log" 2>&1 &

@@ -42,7 +42,7 @@ go build -o "$BIN" ./cmd/storeguard
 scripts/promtool-check.sh
 scripts/sigma-convert.sh
 if [ "${SEARCH_LIVE:-}" = 1 ]; then configs/elastic/opensearch-local.sh; fi
-STOREGUARD_BIN="$BIN" python3 configs/kubernetes/validate.py
+KUSTOMIZE=/var/cache/storeguard/bin/kustomize STOREGUARD_BIN="$BIN" python3 configs/kubernetes/validate.py
 configs/systemd/verify.sh
 STOREGUARD_BIN="$BIN" scripts/netns-connect-rules.sh
 STOREGUARD_BIN="$BIN" scripts/dissector-vs-replay.sh   # the Wireshark dissector against replay, every capture

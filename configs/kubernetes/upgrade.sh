@@ -12,7 +12,7 @@
 # with its state, and the old one exits. The container's exit status is the upgrade's: 0, or 1 as soon
 # as the old process records a failure (it goes on serving), with the reason in this container's log
 # and in `kubectl logs POD -c storeguard`.
-# The client guard of a worker pod (mtls-worker.yaml), as the same command with
+# The client guard of a worker pod (mtls/mtls-worker.yaml), as the same command with
 #   CONTAINER=storeguard-connect PID_FILE=/opt/storeguard/connect.pid UID_GID=65533
 # Needs kubectl >= 1.24 (patch --subresource) and ephemeral containers (Kubernetes >= 1.25).
 set -eu

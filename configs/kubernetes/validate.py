@@ -1,26 +1,31 @@
 #!/usr/bin/env python3
 """Checks the Kubernetes manifests of the kit without a cluster.
 
-For each file (default: pod-sidecar.yaml and the mutual TLS set, mtls-*.yaml):
+For each file (default: every manifest of the variants: sidecar/, mtls/, mtls-spiffe/):
 1. every document parses (PyYAML);
 2. each storeguard sidecar (container `storeguard`, serve) keeps the hardening the deployment relies on
    (non-root, read-only root filesystem, no privilege escalation, capabilities drop ALL and add none), probes
    /healthz and /readyz on the metrics port, and the scrape annotations name that port;
-3. its init container has NET_ADMIN and loads the rules; the embedded storeguard.nft is byte-for-byte
-   configs/nftables/storeguard.nft, and its ports agree with storeguard's listen/upstream and the Service;
+3. its init container (storeguard-firewall: storeguard's own image, `firewall install sidecar`, no nft) has
+   NET_ADMIN and its ports agree with storeguard's listen/upstream and the Service;
 4. the embedded storeguard.yaml passes `storeguard config check` (when $STOREGUARD_BIN or storeguard is on PATH),
    and its audit files (the log and its passed flows, with their backups) fit the audit volume's sizeLimit;
 5. with tls.mode on: the identity comes from a mounted Secret (no subPath: renewals must reach the files)
    or from the SPIFFE Workload API socket on a csi.spiffe.io volume, an allow list is set, and only
    loopback may speak plaintext;
 6. each client guard (container `storeguard-connect`, connect --transparent) is hardened the same way, runs
-   as the embedded storeguard-connect.nft's guard_uid (byte-for-byte configs/nftables/storeguard-connect.nft)
-   and no other container of the pod does, listens on its connect_port, expects its master_ports, takes
-   its identity as in 5 and names the master's (--tls-allow), after an init container that loads the rules;
+   as the --guard-uid of its init container's `firewall install connect` and no other container of the pod
+   does, listens on its --connect-port, expects its --master-ports, takes its identity as in 5 and names the
+   master's (--tls-allow), after that init container;
 7. cert-manager and SPIRE objects pass their CRDs' schemas (crds/, strict: no unknown field), and across
    files the identities agree: each side's certificate (Certificate uris, or ClusterSPIFFEID template)
    is allowed by the other side's guard, and each Secret a guard mounts is a Certificate's secretName;
-8. the objects pass `kubernetes-validate --strict` against Kubernetes $K8S_VERSION (default 1.30.0) when the
+8. the image: every storeguard container (firewall, install, serve, connect) names the one reference
+   "storeguard", the name scripts/build-image.sh gives the image; image/kustomization.yaml (a Component)
+   sets it, and each variant's kustomization lists its manifests and takes that component; no manifest
+   names a netinit image or runs nft; with kustomize on PATH (or $KUSTOMIZE), each variant's build names
+   the component's image in every storeguard container and nothing else;
+9. the objects pass `kubernetes-validate --strict` against Kubernetes $K8S_VERSION (default 1.30.0) when the
    kubernetes_validate package is importable (pip install kubernetes-validate: schemas ship in the package,
    no network needed); it knows no CRD, and says so.
 
@@ -32,7 +37,10 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.dirname(HERE)
-paths = sys.argv[1:] or [os.path.join(HERE, "pod-sidecar.yaml")] + sorted(glob.glob(os.path.join(HERE, "mtls-*.yaml")))
+VARIANTS = ["sidecar", "mtls", "mtls-spiffe"]
+paths = sys.argv[1:] or [p for v in VARIANTS for p in sorted(glob.glob(os.path.join(HERE, v, "*.yaml")))
+                         if os.path.basename(p) != "kustomization.yaml"]
+IMAGE = "storeguard"  # the one reference every storeguard container names
 errors, notes = [], []
 UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
 
@@ -45,11 +53,6 @@ def check(cond, msg):
 def quantity(q):
     m = re.fullmatch(r"(\d+)(Ki|Mi|Gi)?", str(q))
     return int(m.group(1)) * UNITS.get(m.group(2), 1) if m else None
-
-
-def nft_define(nft, name):
-    m = re.search(r"^define %s = (.*?)\s*(#.*)?$" % name, nft, re.M)
-    return m.group(1) if m else None
 
 
 def flag(args, name):
@@ -87,28 +90,38 @@ def hardened(c, who):
     check(not caps.get("add"), "%s: must add no capabilities" % who)
 
 
-def native_sidecar_after_netinit(spec, name, who):
+def native_sidecar_after_firewall(spec, name, who):
     inits = [c["name"] for c in spec.get("initContainers", [])]
     c = next((c for c in spec.get("initContainers", []) if c["name"] == name), None)
     if c is not None:
         check(c.get("restartPolicy") == "Always", "%s as an init container must be a native sidecar (restartPolicy: Always)" % who)
-        check("storeguard-netinit" in inits and inits.index("storeguard-netinit") < inits.index(name),
+        check("storeguard-firewall" in inits and inits.index("storeguard-firewall") < inits.index(name),
               "%s: the rules must be installed before it starts" % who)
 
 
-def netinit_ok(spec, who, nft_name):
-    netinit = next((c for c in spec.get("initContainers", []) if c["name"] == "storeguard-netinit"), None)
-    check(netinit is not None, "%s: no storeguard-netinit init container" % who)
-    if netinit is None:
-        return
-    nsc = netinit.get("securityContext", {})
-    check("NET_ADMIN" in nsc.get("capabilities", {}).get("add", []), "netinit: needs NET_ADMIN")
-    check(nsc.get("privileged") is not True, "netinit: NET_ADMIN is enough, do not run privileged")
-    check(any(a.endswith("/" + nft_name) for a in netinit.get("command", []) + netinit.get("args", [])),
-          "%s: storeguard-netinit must load %s" % (who, nft_name))
+def firewall_args(spec, who, ruleset):
+    """The args of the init container that installs the rules (storeguard-firewall: storeguard's own image,
+    `firewall install RULESET`), after checking it; [] when there is none."""
+    fw = next((c for c in spec.get("initContainers", []) if c["name"] == "storeguard-firewall"), None)
+    check(fw is not None, "%s: no storeguard-firewall init container" % who)
+    if fw is None:
+        return []
+    sc = fw.get("securityContext", {})
+    check("NET_ADMIN" in sc.get("capabilities", {}).get("add", []), "storeguard-firewall: needs NET_ADMIN")
+    check(sc.get("capabilities", {}).get("drop") == ["ALL"], "storeguard-firewall: capabilities.drop must be [ALL]")
+    check(sc.get("privileged") is not True, "storeguard-firewall: NET_ADMIN is enough, do not run privileged")
+    check(sc.get("runAsUser") == 0, "storeguard-firewall: netlink to nf_tables needs uid 0 with NET_ADMIN (runAsUser: 0)")
+    check(not fw.get("command"), "storeguard-firewall: no command: the image's own entrypoint (there is no shell or nft)")
+    args = fw.get("args", [])
+    check(args[:3] == ["firewall", "install", ruleset], "%s: storeguard-firewall must run firewall install %s" % (who, ruleset))
     for c in spec.get("containers", []):
         add = c.get("securityContext", {}).get("capabilities", {}).get("add", [])
         check("NET_ADMIN" not in add, "%s: must not have NET_ADMIN (it could remove the rules)" % c["name"])
+    return args
+
+
+def fw_value(args, name, default):
+    return (flag(args, name) or [default])[-1]
 
 
 def configmap_of(pod, objs):
@@ -161,8 +174,8 @@ def check_server(pod, objs, path):
     ctrs = {c["name"]: c for c in spec.get("containers", [])}
     sg = inits.get("storeguard") or ctrs.get("storeguard")
     hardened(sg, "storeguard")
-    native_sidecar_after_netinit(spec, "storeguard", "storeguard")
-    netinit_ok(spec, "storeguard", "storeguard.nft")
+    native_sidecar_after_firewall(spec, "storeguard", "storeguard")
+    fw = firewall_args(spec, "storeguard", "sidecar")
     cm = configmap_of(pod, objs)
     svc = next((o for (k, _), o in objs.items() if k == "Service" and
                 all(pod["metadata"].get("labels", {}).get(a) == b for a, b in o["spec"].get("selector", {}).items())), None)
@@ -184,16 +197,13 @@ def check_server(pod, objs, path):
     check(ann.get("prometheus.io/path") == "/metrics", "pod: prometheus.io/path must be /metrics")
 
     # --- rules and ports agree ---
-    nft_file = open(os.path.join(CONFIGS, "nftables", "storeguard.nft")).read()
-    nft = cm["data"].get("storeguard.nft", "")
-    check(nft == nft_file, "ConfigMap %s storeguard.nft differs from configs/nftables/storeguard.nft" % cm["metadata"]["name"])
-    store_port, proxy_port = int(nft_define(nft, "store_port")), int(nft_define(nft, "proxy_port"))
+    store_port, proxy_port = int(fw_value(fw, "--store-port", 29500)), int(fw_value(fw, "--proxy-port", 29499))
     cfg = yaml.safe_load(cm["data"]["storeguard.yaml"])
-    check(str(cfg.get("listen", "")).rsplit(":", 1)[-1] == str(proxy_port), "storeguard listen port != nft proxy_port")
-    check(cfg.get("upstream") == "127.0.0.1:%d" % store_port, "storeguard upstream must be 127.0.0.1:<nft store_port>")
+    check(str(cfg.get("listen", "")).rsplit(":", 1)[-1] == str(proxy_port), "storeguard listen port != the firewall's --proxy-port")
+    check(cfg.get("upstream") == "127.0.0.1:%d" % store_port, "storeguard upstream must be 127.0.0.1:<the firewall's --store-port>")
     check(str(cfg.get("metrics-listen", "")).rsplit(":", 1)[-1] == str(ports.get("metrics")), "metrics-listen port != metrics containerPort")
     check(not str(cfg.get("metrics-listen", "")).startswith("127."), "metrics-listen on loopback: kubelet probes and Prometheus cannot reach it")
-    check(ports.get("proxy") == proxy_port, "storeguard proxy containerPort != nft proxy_port")
+    check(ports.get("proxy") == proxy_port, "storeguard proxy containerPort != the firewall's --proxy-port")
     check(any(p.get("targetPort") == store_port for p in svc["spec"]["ports"]), "Service must target MASTER_PORT (%d)" % store_port)
     audit = cfg.get("audit-log", "")
     mounts = [m["mountPath"] for m in sg.get("volumeMounts", []) if not m.get("readOnly")]
@@ -230,26 +240,19 @@ def check_client(pod, objs, path):
     cg = inits.get("storeguard-connect") or ctrs.get("storeguard-connect")
     who = "storeguard-connect"
     hardened(cg, who)
-    native_sidecar_after_netinit(spec, "storeguard-connect", who)
-    netinit_ok(spec, who, "storeguard-connect.nft")
+    native_sidecar_after_firewall(spec, "storeguard-connect", who)
+    fw = firewall_args(spec, who, "connect")
     args = cg.get("command", [])[1:] + cg.get("args", [])
     check(args[:1] == ["connect"], "%s: must run storeguard connect" % who)
     check("--transparent" in args, "%s: the rule redirects to it: --transparent" % who)
-    cm = configmap_of(pod, objs)
-    check(cm is not None, "%s: no ConfigMap mounted as storeguard-config" % who)
-    if cm is None:
-        return
-    nft_file = open(os.path.join(CONFIGS, "nftables", "storeguard-connect.nft")).read()
-    nft = cm["data"].get("storeguard-connect.nft", "")
-    check(nft == nft_file, "ConfigMap %s storeguard-connect.nft differs from configs/nftables/storeguard-connect.nft" % cm["metadata"]["name"])
-    connect_port = int(nft_define(nft, "connect_port"))
-    guard_uid = int(nft_define(nft, "guard_uid"))
-    master_ports = {int(p) for p in re.findall(r"\d+", nft_define(nft, "master_ports"))}
+    connect_port = int(fw_value(fw, "--connect-port", 15001))
+    guard_uid = int(fw_value(fw, "--guard-uid", 65533))
+    master_ports = {int(p) for p in re.findall(r"\d+", fw_value(fw, "--master-ports", "29500"))}
     listen = flag(args, "--listen")
-    check(listen and listen[-1].rsplit(":", 1)[-1] == str(connect_port), "%s: --listen port != nft connect_port (%d)" % (who, connect_port))
-    check(all(int(p) in master_ports for p in flag(args, "--master-port")), "%s: --master-port not in nft master_ports" % who)
+    check(listen and listen[-1].rsplit(":", 1)[-1] == str(connect_port), "%s: --listen port != the firewall's --connect-port (%d)" % (who, connect_port))
+    check(all(int(p) in master_ports for p in flag(args, "--master-port")), "%s: --master-port not in the firewall's --master-ports" % who)
     sc = cg.get("securityContext", {})
-    check(sc.get("runAsUser") == guard_uid, "%s: runAsUser must be nft guard_uid (%d): the rule lets that uid past" % (who, guard_uid))
+    check(sc.get("runAsUser") == guard_uid, "%s: runAsUser must be the firewall's --guard-uid (%d): the rule lets that uid past" % (who, guard_uid))
     pod_uid = spec.get("securityContext", {}).get("runAsUser")
     for c in spec.get("initContainers", []) + spec.get("containers", []):
         if c["name"] in (who, "storeguard-install"):
@@ -312,6 +315,13 @@ for path in paths:
     pods = [d for d in docs if d["kind"] == "Pod"]
     check(pods or any(d["apiVersion"] not in CORE for d in docs), "%s: no Pod" % path)
     for pod in pods:
+        for c in pod["spec"].get("initContainers", []) + pod["spec"].get("containers", []):
+            if c["name"].startswith("storeguard"):
+                check(c.get("image") == IMAGE, "%s: %s names image %r, not the one reference %r (image/kustomization.yaml sets it)" % (
+                    os.path.basename(path), c["name"], c.get("image"), IMAGE))
+            cmd = c.get("command") or []
+            check("netinit" not in str(c.get("image", "")) and not (cmd and os.path.basename(cmd[0]) == "nft"),
+                  "%s: %s needs a netinit image or nft: storeguard firewall installs the rules" % (os.path.basename(path), c["name"]))
         names = [c["name"] for c in pod["spec"].get("initContainers", []) + pod["spec"].get("containers", [])]
         check("storeguard" in names or "storeguard-connect" in names, "%s: pod %s has no storeguard" % (path, pod["metadata"]["name"]))
         if "storeguard" in names:
@@ -325,6 +335,51 @@ for path in paths:
             certificates[d["spec"]["secretName"]] = d
         if d["kind"] == "ClusterSPIFFEID":
             spiffe_ids.append(d)
+
+# --- the image: one reference, set by one kustomization ---
+def load(path):
+    return yaml.safe_load(open(path)) if os.path.exists(path) else None
+
+
+build_tag = re.search(r'--tag "([a-z0-9._/-]+):', open(os.path.join(CONFIGS, "..", "scripts", "build-image.sh")).read())
+check(build_tag and build_tag.group(1) == IMAGE, "scripts/build-image.sh names the image %r, the manifests %r" % (
+    build_tag and build_tag.group(1), IMAGE))
+component = load(os.path.join(HERE, "image", "kustomization.yaml")) or {}
+check(component.get("kind") == "Component", "image/kustomization.yaml must be a kustomize Component")
+entries = [i for i in component.get("images", []) if i.get("name") == IMAGE]
+check(len(entries) == 1 and entries[0].get("newName") and (entries[0].get("newTag") or entries[0].get("digest")),
+      "image/kustomization.yaml must set %r once (newName, and newTag or digest)" % IMAGE)
+want_image = None
+if len(entries) == 1:
+    e = entries[0]
+    want_image = e.get("newName", IMAGE) + ("@" + e["digest"] if e.get("digest") else ":" + str(e.get("newTag")))
+for v in VARIANTS:
+    k = load(os.path.join(HERE, v, "kustomization.yaml"))
+    check(k is not None, "%s/: no kustomization.yaml" % v)
+    if k is None:
+        continue
+    files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(HERE, v, "*.yaml")) if not p.endswith("kustomization.yaml"))
+    check(sorted(k.get("resources", [])) == files, "%s/kustomization.yaml resources %s, the directory holds %s" % (v, k.get("resources"), files))
+    check("../image" in k.get("components", []), "%s/kustomization.yaml does not take the image component (../image)" % v)
+kustomize = os.environ.get("KUSTOMIZE") or shutil.which("kustomize")
+check(not kustomize or os.access(kustomize, os.X_OK), "KUSTOMIZE=%s is not executable (scripts/install-deps.sh installs it)" % kustomize)
+if kustomize and os.access(kustomize, os.X_OK) and want_image:
+    for v in VARIANTS:
+        r = subprocess.run([kustomize, "build", os.path.join(HERE, v)], capture_output=True, text=True)
+        check(r.returncode == 0, "kustomize build %s: %s" % (v, r.stderr.strip()[-300:]))
+        if r.returncode != 0:
+            continue
+        n = 0
+        for d in yaml.safe_load_all(r.stdout):
+            if not d or d.get("kind") != "Pod":
+                continue
+            for c in d["spec"].get("initContainers", []) + d["spec"].get("containers", []):
+                is_sg = c["name"].startswith("storeguard")
+                n += is_sg
+                check((c["image"] == want_image) == is_sg, "kustomize build %s: %s runs %s" % (v, c["name"], c["image"]))
+        notes.append("kustomize build %s: %d storeguard containers run %s" % (v, n, want_image))
+else:
+    notes.append("kustomize build skipped (no kustomize on PATH or $KUSTOMIZE)")
 
 # --- identities agree across files ---
 def identities(guard):

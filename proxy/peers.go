@@ -3,8 +3,11 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/nftset"
@@ -19,10 +22,18 @@ import (
 // takes connections over (an upgrade, a keeper's restart) refreshes them within a quarter timeout
 // of its start, while the elements its predecessor refreshed still have three quarters left.
 
-// peerSet is the server's side of it: what handshakes tell the refresher, and what keeps the sets (netlink).
+// peerSet keeps the sets: handshakes feed it (proved), a reload that revokes hosts takes them out
+// (gone), and its loop refreshes every address with a mutual-TLS connection open (live).
 type peerSet struct {
-	proved chan netip.Addr
-	run    nftset.Runner
+	proved    chan netip.Addr
+	run       nftset.Runner
+	conf      func() config.TLS   // the settings now (a reload changes them)
+	live      func() []netip.Addr // the addresses with a mutual-TLS connection open now
+	now       func() time.Time
+	log       *slog.Logger
+	every     everySecond // the refresh failure's log line
+	updates   *prometheus.CounterVec
+	addresses prometheus.Gauge
 }
 
 // peersQueued: addresses whose handshake passed, waiting for the refresher; beyond them, a
@@ -32,8 +43,8 @@ const peersQueued = 256
 // peerSetCheckTimeout bounds each change to the sets.
 const peerSetCheckTimeout = 10 * time.Second
 
-// checkPeerSet fails unless both sets of tc's peer-set exist and run can reach them
-// (nothing to check without one).
+// checkPeerSet fails unless both sets of tc's peer-set exist and run can reach them (nothing to
+// check without one).
 func checkPeerSet(tc config.TLS, run nftset.Runner) error {
 	if tc.PeerSet == "" {
 		return nil
@@ -50,40 +61,30 @@ func checkPeerSet(tc config.TLS, run nftset.Runner) error {
 	return nil
 }
 
-// peerProved tells the refresher that a handshake from a passed; it never waits.
-func (s *Server) peerProved(a netip.Addr) {
-	if s.set.Load().cfg.TLS.PeerSet == "" {
+// spec is the peer set of the settings now; false when there is none.
+func (p *peerSet) spec() (nftset.Spec, config.TLS, bool) {
+	tc := p.conf()
+	sp, err := nftset.Parse(tc.PeerSet)
+	return sp, tc, tc.PeerSet != "" && err == nil
+}
+
+// provedBy tells the refresher that a handshake from a passed; it never waits.
+func (p *peerSet) provedBy(a netip.Addr) {
+	if p.conf().PeerSet == "" {
 		return
 	}
 	select {
-	case s.peers.proved <- a:
+	case p.proved <- a:
 	default: // the next refresh takes it
 	}
 }
 
-// tlsPeers is the addresses with a mutual-TLS connection open now.
-func (s *Server) tlsPeers() []netip.Addr {
-	seen := map[netip.Addr]struct{}{}
-	s.reg.mu.Lock()
-	for c := range s.reg.conns {
-		if c.tls != nil {
-			seen[c.src.Addr()] = struct{}{}
-		}
-	}
-	s.reg.mu.Unlock()
-	out := make([]netip.Addr, 0, len(seen))
-	for a := range seen {
-		out = append(out, a)
-	}
-	return out
-}
-
-// peerLoop keeps the peer set until ctx ends: every address a handshake proved at once (unless
-// it was refreshed less than a quarter timeout ago), and every address with a connection open
-// each quarter timeout, the first time as it starts.
-func (s *Server) peerLoop(ctx context.Context) {
+// loop keeps the peer set until ctx ends: every address a handshake proved at once (unless it was
+// refreshed less than a quarter timeout ago), and every address with a connection open each
+// quarter timeout, the first time as it starts.
+func (p *peerSet) loop(ctx context.Context) {
 	quarter := func() time.Duration {
-		if t := s.set.Load().cfg.TLS.PeerSetTimeout; t >= 4*time.Second {
+		if t := p.conf().PeerSetTimeout; t >= 4*time.Second {
 			return t / 4
 		}
 		return 30 * time.Second // a config made in code, without the key (Validate holds it to 4s or more)
@@ -93,31 +94,30 @@ func (s *Server) peerLoop(ctx context.Context) {
 	defer tick.Stop()
 	renewed := map[netip.Addr]time.Time{} // when each address last got its full timeout
 	refresh := func(addrs []netip.Addr, all bool) {
-		tc := s.set.Load().cfg.TLS
-		sp, err := nftset.Parse(tc.PeerSet)
-		if tc.PeerSet == "" || err != nil {
+		sp, tc, on := p.spec()
+		if !on {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, peerSetCheckTimeout)
-		err = sp.Refresh(rctx, s.peers.run, addrs, tc.PeerSetTimeout)
+		err := sp.Refresh(rctx, p.run, addrs, tc.PeerSetTimeout)
 		cancel()
-		now := s.now()
+		now := p.now()
 		if err != nil {
-			s.m.peerSetUpdates.WithLabelValues("failed").Inc()
-			if s.every.peerSet.allow(now) {
-				s.log.Error("tls.peer-set: cannot refresh the peer set; hosts whose handshake passed may be kept off this host's free ports",
+			p.updates.WithLabelValues("failed").Inc()
+			if p.every.allow(now) {
+				p.log.Error("tls.peer-set: cannot refresh the peer set; hosts whose handshake passed may be kept off this host's free ports",
 					"set", tc.PeerSet, "addresses", len(addrs), "err", err)
 			}
 			return
 		}
 		if len(addrs) > 0 {
-			s.m.peerSetUpdates.WithLabelValues("ok").Inc()
+			p.updates.WithLabelValues("ok").Inc()
 		}
 		for _, a := range addrs {
 			renewed[a] = now
 		}
 		if all {
-			s.m.peerSetAddresses.Set(float64(len(addrs)))
+			p.addresses.Set(float64(len(addrs)))
 			for a, t := range renewed {
 				if now.Sub(t) > tc.PeerSetTimeout {
 					delete(renewed, a)
@@ -125,31 +125,26 @@ func (s *Server) peerLoop(ctx context.Context) {
 			}
 		}
 	}
-	on := func() bool { return s.set.Load().cfg.TLS.PeerSet != "" }
-	if on() {
-		refresh(s.tlsPeers(), true)
-	}
+	refresh(p.live(), true)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if p := quarter(); p != period { // a reload changed the timeout
-				period = p
-				tick.Reset(p)
+			if q := quarter(); q != period { // a reload changed the timeout
+				period = q
+				tick.Reset(q)
 			}
-			if on() {
-				refresh(s.tlsPeers(), true)
-			}
-		case a := <-s.peers.proved:
+			refresh(p.live(), true)
+		case a := <-p.proved:
 			fresh := []netip.Addr{}
-			now := s.now()
+			now := p.now()
 			for more := true; more; {
 				if t, ok := renewed[a]; !ok || now.Sub(t) >= period {
 					fresh = append(fresh, a)
 				}
 				select {
-				case a = <-s.peers.proved:
+				case a = <-p.proved:
 				default:
 					more = false
 				}
@@ -161,23 +156,39 @@ func (s *Server) peerLoop(ctx context.Context) {
 	}
 }
 
-// peersGone takes addrs, hosts a reload revoked with no other mutual-TLS connection open, out of
-// the peer set at once, on a goroutine of its own (a reload never waits for netlink).
-func (s *Server) peersGone(addrs []netip.Addr) {
-	tc := s.set.Load().cfg.TLS
-	sp, err := nftset.Parse(tc.PeerSet)
-	if len(addrs) == 0 || tc.PeerSet == "" || err != nil {
+// gone takes addrs, hosts a reload revoked with no other mutual-TLS connection open, out of the
+// peer set at once, on a goroutine of its own (a reload never waits for netlink).
+func (p *peerSet) gone(addrs []netip.Addr) {
+	sp, tc, on := p.spec()
+	if len(addrs) == 0 || !on {
 		return
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), peerSetCheckTimeout)
 		defer cancel()
-		if err := sp.Remove(ctx, s.peers.run, addrs); err != nil {
-			s.m.peerSetUpdates.WithLabelValues("failed").Inc()
-			s.log.Error("tls.peer-set: cannot take revoked hosts out of the peer set", "set", tc.PeerSet,
+		if err := sp.Remove(ctx, p.run, addrs); err != nil {
+			p.updates.WithLabelValues("failed").Inc()
+			p.log.Error("tls.peer-set: cannot take revoked hosts out of the peer set", "set", tc.PeerSet,
 				"addresses", len(addrs), "err", err)
 			return
 		}
-		s.m.peerSetUpdates.WithLabelValues("ok").Inc()
+		p.updates.WithLabelValues("ok").Inc()
 	}()
+}
+
+// tlsAddrs is the addresses with a mutual-TLS connection open now.
+func (r *registry) tlsAddrs() []netip.Addr {
+	seen := map[netip.Addr]struct{}{}
+	r.mu.Lock()
+	for c := range r.conns {
+		if c.tls != nil {
+			seen[c.src.Addr()] = struct{}{}
+		}
+	}
+	r.mu.Unlock()
+	out := make([]netip.Addr, 0, len(seen))
+	for a := range seen {
+		out = append(out, a)
+	}
+	return out
 }

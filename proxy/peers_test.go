@@ -141,7 +141,7 @@ func testPeerSetRefreshesWhileConnected(t *testing.T, m mode) {
 		return k >= 2
 	})
 	c.Close()
-	eventually(t, "the connection gone", func() bool { return len(h.srv.tlsPeers()) == 0 })
+	eventually(t, "the connection gone", func() bool { return len(h.srv.reg.tlsAddrs()) == 0 })
 	_, n = nft.since(0)
 	time.Sleep(2500 * time.Millisecond) // two refresh periods
 	if calls, _ := nft.since(n); mentions(calls, "127.0.0.1") {

@@ -147,7 +147,7 @@ type Server struct {
 	set        atomic.Pointer[settings]
 	gate       *admission.Gate
 	ids        identity.Source // Options.Identity
-	peers      peerSet         // tls.peer-set (peers.go)
+	peers      *peerSet        // tls.peer-set (peers.go)
 	tickets    *identity.TicketKeys
 	flows      *verdict.Flows // where flow records go (flow.go)
 	peeks      verdict.Peeks  // banned connections being read (peek.go)
@@ -189,7 +189,7 @@ type policyState struct {
 }
 
 // rateLogs are the log lines a flood could otherwise fill: each at most once a second.
-type rateLogs struct{ dial, accept, audit, budget, evict, jobStore, peerSet everySecond }
+type rateLogs struct{ dial, accept, audit, budget, evict, jobStore everySecond }
 
 // listeners are the server's listening sockets: the clients', and the metrics endpoint's (nil: none).
 type listeners struct{ clients, metrics net.Listener }
@@ -230,7 +230,8 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.learned.jobStores.Asked = s.askJobStore
 	s.jobAsks = make(chan jobAsk, jobAsksQueued)
 	s.ids = opts.Identity
-	s.peers = peerSet{proved: make(chan netip.Addr, peersQueued), run: opts.PeerSetRunner}
+	s.peers = &peerSet{proved: make(chan netip.Addr, peersQueued), run: opts.PeerSetRunner, now: s.now, log: s.log,
+		conf: func() config.TLS { return s.set.Load().cfg.TLS }, live: s.reg.tlsAddrs}
 	if s.peers.run == nil {
 		s.peers.run = nftset.Netlink{}
 	}
@@ -293,6 +294,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 			return float64(events)
 		},
 	})
+	s.peers.updates, s.peers.addresses = s.m.peerSetUpdates, s.m.peerSetAddresses
 	s.draining.end = make(chan struct{})
 	s.serving = make(chan struct{})
 	s.cont.init()
@@ -348,7 +350,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	go s.sweepLoop(ctx)
 	go s.jobStoreLoop(ctx)
-	go s.peerLoop(ctx)
+	go s.peers.loop(ctx)
 	go s.trustLoop(ctx)
 	if n := st.cfg.EventLoops; n >= 0 {
 		if n == 0 {

@@ -205,7 +205,7 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		return nil, nil, nil, false
 	}
 	s.m.handshakes.WithLabelValues("ok").Inc()
-	s.peerProved(src.Addr())
+	s.peers.provedBy(src.Addr())
 	if cs.DidResume {
 		s.m.resumed.Inc()
 	}
@@ -366,5 +366,5 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 	if len(revoked) > 0 {
 		s.log.Warn(why, "connections", len(revoked))
 	}
-	s.peersGone(gone)
+	s.peers.gone(gone)
 }

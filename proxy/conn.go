@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/admission"
-	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/storeinfo"
@@ -278,7 +277,7 @@ func (c *conn) expired() bool {
 // whether the connection lives on.
 func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 	for _, w := range d.Warnings {
-		c.s.recordWarning(c, w.Violation, w.First)
+		c.s.ev.warning(c, w.Violation, w.First)
 	}
 	if d.Talked {
 		c.untalk = c.s.markTalker(c.src.Addr())
@@ -292,7 +291,7 @@ func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 		}
 	}
 	if d.Violation != nil {
-		c.s.recordViolation(c, d.Violation, d.First)
+		c.s.ev.violation(c, d.Violation, d.First)
 		if !c.st.monitor {
 			c.ended(endedByGuard)
 			c.closeBoth()
@@ -393,7 +392,7 @@ func (c *conn) releaseCarry() {
 func (c *conn) end() {
 	c.finish()
 	if d := c.g.Ended(); d.Violation != nil {
-		c.s.recordTruncated(c, d.Violation, d.First)
+		c.s.ev.truncated(c, d.Violation, d.First)
 	}
 	c.endFlow()
 	if c.storeSlot != nil { // the store's socket is closed by now
@@ -501,77 +500,4 @@ func addrPort(a net.Addr) netip.AddrPort {
 		return t.AddrPort()
 	}
 	return netip.AddrPort{}
-}
-
-func (s *Server) recordViolation(c *conn, v *protocol.Violation, first []byte) {
-	_, known := c.g.Generation()
-	s.recordViolationSeen(c, v, first, known, c.g.Bytes())
-}
-
-// recordViolationSeen records v as recordViolation does, for a goroutine other than the one
-// judging c's stream: known and seen are what the stream had shown (conn.seen).
-func (s *Server) recordViolationSeen(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) {
-	o := s.recordOutcome(c, v, first, known, seen)
-	s.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", string(c.mode()))
-	if !o.Bans() {
-		return
-	}
-	// A proven connection's violations ban its identity at its address; any other's, the address
-	// (or its IPv6 network): admission's proven.go says why.
-	var banned string
-	if id := c.identity(); id != "" {
-		if s.gate.ProvenViolation(c.src.Addr(), id) {
-			banned = id + " at " + c.src.Addr().String()
-		}
-	} else if p := s.gate.Violation(c.src.Addr()); p.IsValid() {
-		banned = p.String()
-	}
-	if banned != "" {
-		s.m.bans.Inc()
-		b := s.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
-		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tlsInfo()
-		s.writeAudit(b)
-		s.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned,
-			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
-	}
-}
-
-// recordWarning records v, a rule broken in monitor mode by a message that was forwarded: a
-// would_block event, never a step towards a ban.
-func (s *Server) recordWarning(c *conn, v *protocol.Violation, first []byte) {
-	s.m.violations.WithLabelValues(string(v.Rule), string(audit.ModeMonitor)).Inc()
-	c.decided(audit.VerdictWouldBlock, string(v.Rule))
-	e := audit.ViolationEvent(v, true, c.src, c.dst, audit.ActionWouldBlock, audit.ModeMonitor, first, c.g.Bytes())
-	e.Timestamp, e.ConnID, e.TLS = s.now(), c.id, c.tlsInfo()
-	s.writeAudit(e)
-	s.log.Debug("violation let through (monitor)", "conn", c.id, "src", c.src.String(), "err", v.Error())
-}
-
-// recordTruncated records v, a message that the stream's end cut short (first: its bytes): blocked
-// in either mode, since none of it was forwarded, and never a step towards a ban (verdict.Of).
-func (s *Server) recordTruncated(c *conn, v *protocol.Violation, first []byte) {
-	_, known := c.g.Generation()
-	s.recordOutcome(c, v, first, known, c.g.Bytes())
-}
-
-func (s *Server) refuse(src, dst netip.AddrPort, reason admission.Reason) {
-	s.m.refused.WithLabelValues(string(reason)).Inc()
-	e := s.event(src, dst, audit.ActionDenied, string(reason))
-	s.writeAudit(e)
-}
-
-func (s *Server) event(src, dst netip.AddrPort, action audit.Action, reason string) audit.Event {
-	e := audit.AdmissionEvent(src, dst, action, reason)
-	e.Timestamp = s.now()
-	return e
-}
-
-func (s *Server) writeAudit(e audit.Event) {
-	if s.audit == nil {
-		return
-	}
-	if err := s.audit.Write(e); err != nil && s.every.audit.allow(s.now()) {
-		s.log.Error("audit event lost (logged at most once a second; counted in audit_write_errors_total)",
-			"err", err)
-	}
 }

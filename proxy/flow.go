@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,18 +75,6 @@ func (c *conn) decided(v audit.Verdict, reason string) {
 	c.flow.mu.Unlock()
 }
 
-// recordOutcome counts v, a violation of c's stream, decides c's flow and writes v's event, as
-// verdict.Of says (recordViolation, recordTruncated).
-func (s *Server) recordOutcome(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) verdict.Outcome {
-	o := verdict.Of(v, c.st.monitor)
-	s.m.violations.WithLabelValues(string(v.Rule), string(c.mode())).Inc()
-	c.decided(o.Verdict, string(v.Rule))
-	e := audit.ViolationEvent(v, known, c.src, c.dst, o.Action, c.mode(), first, seen)
-	e.Timestamp, e.ConnID, e.TLS = s.now(), c.id, c.tlsInfo()
-	s.writeAudit(e)
-	return o
-}
-
 // flowCarry is the flow's account as an upgrade carries it to the new process.
 func (c *conn) flowCarry() upgrade.Flow {
 	fc := upgrade.Flow{FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load()}
@@ -150,20 +137,10 @@ func (c *conn) mode() audit.Mode {
 	return audit.ModeEnforce
 }
 
-// writeFlow writes f as configured (flows) and feeds the scan detector, writing its notice.
-func (s *Server) writeFlow(f *audit.Flow) {
-	if notice, ok := s.flows.Write(f, &s.set.Load().cfg, s.sources); ok {
-		s.m.scans.Inc()
-		s.writeAudit(notice)
-		s.log.Warn("scan detected", "src", f.Src.Addr().String(), "connections", *notice.ScanConnections,
-			"probes", notice.ScanProbes)
-	}
-}
-
 // endFlow writes c's final flow record.
 func (c *conn) endFlow() {
 	f := c.flowRecord(c.s.now(), false)
-	c.s.writeFlow(&f)
+	c.s.ev.flow(&f)
 }
 
 // interimFlows writes an interim flow record of every connection open for audit.flow-interim
@@ -190,20 +167,6 @@ func (s *Server) interimFlows() {
 	s.reg.mu.Unlock()
 	for _, c := range due {
 		f := c.flowRecord(now, true)
-		s.writeFlow(&f)
+		s.ev.flow(&f)
 	}
-}
-
-// refusedFlow writes the flow record of a connection refused at accept (reason: why), which began
-// at start, with first, what it sent before it was closed (ban.peek), if anything.
-// judged: the violation those bytes would have been, for the record.
-func (s *Server) refusedFlow(src, dst netip.AddrPort, reason string, start time.Time, first []byte,
-	judged *protocol.Violation) {
-	mode := audit.ModeEnforce
-	if s.set.Load().monitor {
-		mode = audit.ModeMonitor
-	}
-	f := audit.Flow{Src: src, Dst: dst, Start: start, End: s.now(), Verdict: audit.VerdictRefused,
-		Reason: reason, ClosedBy: audit.ClosedByGuard, FromClient: uint64(len(first)), First: first, Mode: mode, Judged: judged}
-	s.writeFlow(&f)
 }

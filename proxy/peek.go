@@ -20,19 +20,19 @@ import (
 // refuseConn refuses tc, whose source admission turned away for reason, and accounts for it.
 func (s *Server) refuseConn(tc *net.TCPConn, src, dst netip.AddrPort, reason admission.Reason) {
 	start := s.now()
-	s.refuse(src, dst, reason)
+	s.ev.refused(src, dst, reason)
 	if st := s.peekable(reason); st != nil {
 		s.peekThenClose(tc, src, dst, reason, start, st)
 		return
 	}
 	tc.Close()
-	s.refusedFlow(src, dst, string(reason), start, nil, nil)
+	s.ev.refusedFlow(src, dst, string(reason), start, nil, nil)
 }
 
 // refuseFd is refuseConn for a socket an event loop accepted; it closes fd.
 func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reason) {
 	start := s.now()
-	s.refuse(src, dst, reason)
+	s.ev.refused(src, dst, reason)
 	if st := s.peekable(reason); st != nil {
 		f := os.NewFile(uintptr(fd), "")
 		nc, err := net.FileConn(f) // a duplicate
@@ -48,7 +48,7 @@ func (s *Server) refuseFd(fd int, src, dst netip.AddrPort, reason admission.Reas
 	} else {
 		unix.Close(fd)
 	}
-	s.refusedFlow(src, dst, string(reason), start, nil, nil)
+	s.ev.refusedFlow(src, dst, string(reason), start, nil, nil)
 }
 
 // peekable takes one of admission.MaxPeeks for a connection refused for reason, if it is to be read: a
@@ -76,7 +76,7 @@ func (s *Server) peekThenClose(tc *net.TCPConn, src, dst netip.AddrPort, reason 
 		defer s.peeks.Done()
 		first := peek(tc, st.cfg.Ban.Peek)
 		tc.Close()
-		s.refusedFlow(src, dst, string(reason), start, first, s.judgeFirst(st, first))
+		s.ev.refusedFlow(src, dst, string(reason), start, first, s.judgeFirst(st, first))
 	}()
 }
 

@@ -390,6 +390,6 @@ func (c *conn) repliesUnread() {
 	if gen > 0 {
 		v.Generation = protocol.Generation(gen - 1)
 	}
-	c.s.recordViolationSeen(c, v, nil, gen > 0, seen)
+	c.s.ev.violationSeen(c, v, nil, gen > 0, seen)
 	c.closeBoth()
 }

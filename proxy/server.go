@@ -149,8 +149,8 @@ type Server struct {
 	ids        identity.Source // Options.Identity
 	peers      *peerSet        // tls.peer-set (peers.go)
 	tickets    *identity.TicketKeys
-	flows      *verdict.Flows // where flow records go (flow.go)
-	peeks      verdict.Peeks  // banned connections being read (peek.go)
+	ev         *evidence     // audit events and flow records (evidence.go)
+	peeks      verdict.Peeks // banned connections being read (peek.go)
 	buf        *budget
 	m          *metrics
 	// slots counts the connections to the store against its caps (storelimit.go); storeCaps keeps
@@ -215,14 +215,15 @@ type registry struct {
 func New(cfg config.Config, opts Options) (*Server, error) {
 	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock, reg: registry{conns: make(map[*conn]struct{}),
 		silent: make(map[netip.Addr]*silentSource), over: make(map[netip.Addr]*silentSource)}}
-	s.sources = verdict.NewSources(&s.reg.mu, s.weighSilentLocked) // silent.go weighs the sources they change
-	s.flows = verdict.NewFlows(s.writeAudit, maxScanSources)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.sources = verdict.NewSources(&s.reg.mu, s.weighSilentLocked) // silent.go weighs the sources they change
+	s.ev = &evidence{audit: s.audit, log: s.log, now: s.now, set: &s.set, sources: s.sources}
+	s.ev.flows = verdict.NewFlows(s.ev.write, maxScanSources)
 	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
 	s.learned.written, s.learned.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
 	s.learned.appends = policy.NewAppends(appendedKeys)
@@ -248,6 +249,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	}
 	s.set.Store(st)
 	s.gate = admission.New(cfg.Admission(), s.now)
+	s.ev.gate = s.gate
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.slots = admission.NewStoreSlots(storeinfo.FallbackConnections, cfg.Caps.PerSourceStoreConnections)
 	if !cfg.Caps.MaxStoreConnections.Auto {
@@ -295,6 +297,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 		},
 	})
 	s.peers.updates, s.peers.addresses = s.m.peerSetUpdates, s.m.peerSetAddresses
+	s.ev.m = s.m
 	s.draining.end = make(chan struct{})
 	s.serving = make(chan struct{})
 	s.cont.init()

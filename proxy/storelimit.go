@@ -82,8 +82,8 @@ func (s *Server) refuseStore(c *conn, reason admission.Reason) {
 	s.m.storeRefused.WithLabelValues(string(reason)).Inc()
 	c.decided(audit.VerdictRefused, string(reason))
 	c.ended(endedByGuard)
-	e := s.event(c.src, c.dst, audit.ActionDenied, string(reason))
+	e := s.ev.event(c.src, c.dst, audit.ActionDenied, string(reason))
 	e.ConnID, e.TLS = c.id, c.tlsInfo()
-	s.writeAudit(e)
+	s.ev.write(e)
 	s.storeCaps.Refused(s.now(), reason, c.st.cfg, c.id, c.src.String())
 }

@@ -168,12 +168,12 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		s.m.handshakes.WithLabelValues(string(why)).Inc()
 		e := audit.HandshakeEvent(src, dst, string(why), info)
 		e.Timestamp = s.now()
-		s.writeAudit(e)
-		s.refusedFlowTLS(src, dst, e.Reason, start, e.TLS)
+		s.ev.write(e)
+		s.ev.refusedFlowTLS(src, dst, e.Reason, start, e.TLS)
 		s.log.Info("TLS handshake refused", "src", src.String(), "reason", string(why), "err", err.Error())
 		tc.Close()
 		if banned := s.gate.Violation(src.Addr()); banned.IsValid() {
-			s.bannedFor(src, dst, e.Reason, banned)
+			s.ev.bannedFor(src, dst, e.Reason, banned)
 		}
 		return nil, nil, nil, false
 	}
@@ -182,10 +182,10 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 	release, reason := s.gate.AdmitIdentity(src.Addr(), s.sources.Serving(src.Addr()), peer.ID, peer.Names()...)
 	if reason != "" {
 		s.m.refused.WithLabelValues(string(reason)).Inc()
-		e := s.event(src, dst, audit.ActionDenied, string(reason))
+		e := s.ev.event(src, dst, audit.ActionDenied, string(reason))
 		e.TLS = t.info
-		s.writeAudit(e)
-		s.refusedFlowTLS(src, dst, string(reason), start, t.info)
+		s.ev.write(e)
+		s.ev.refusedFlowTLS(src, dst, string(reason), start, t.info)
 		tc.Close()
 		return nil, nil, nil, false
 	}
@@ -237,23 +237,6 @@ func (t *tlsConn) dropHandover() {
 // errHandshakeFrozen: a handshake that finished after a freeze began; the connection is closed as
 // if cut short, since what it would relay belongs to a process that no longer forwards.
 var errHandshakeFrozen = errors.New("a freeze began during the handshake")
-
-// refusedFlowTLS writes the flow record of a client refused at its handshake.
-func (s *Server) refusedFlowTLS(src, dst netip.AddrPort, reason string, start time.Time, info *audit.TLS) {
-	f := audit.Flow{Src: src, Dst: dst, Start: start, End: s.now(), Verdict: audit.VerdictRefused, Reason: reason,
-		ClosedBy: audit.ClosedByGuard, Mode: audit.ModeEnforce, TLS: info}
-	s.writeFlow(&f)
-}
-
-// bannedFor audits and logs a source banned after its last refusal (reason).
-func (s *Server) bannedFor(src, dst netip.AddrPort, reason string, banned netip.Prefix) {
-	s.m.bans.Inc()
-	b := s.event(src, dst, audit.ActionBanned, reason)
-	b.Mode = audit.ModeEnforce
-	s.writeAudit(b)
-	s.log.Warn("source banned after repeated violations", "src", src.Addr().String(), "banned", banned.String(),
-		"last_rule", reason)
-}
 
 // ReasonRevoked is why a reload closed a live mutual-TLS connection: tls.allow no longer permits
 // its certificate, or access.deny-identities now refuses one of its names.
@@ -352,9 +335,9 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 	var gone []netip.Addr
 	for _, c := range revoked {
 		s.m.refused.WithLabelValues(ReasonRevoked).Inc()
-		e := s.event(c.src, c.dst, audit.ActionDenied, ReasonRevoked)
+		e := s.ev.event(c.src, c.dst, audit.ActionDenied, ReasonRevoked)
 		e.ConnID, e.TLS = c.id, c.tlsInfo()
-		s.writeAudit(e)
+		s.ev.write(e)
 		c.decided(audit.VerdictRefused, ReasonRevoked)
 		c.ended(endedByGuard)
 		c.closeBoth()

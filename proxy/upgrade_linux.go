@@ -388,7 +388,7 @@ func (s *Server) startAdopted() {
 	if ap, err := netip.ParseAddrPort(s.listeners.clients.Addr().String()); err == nil {
 		e.DestIP, e.DestPort = ap.Addr().Unmap(), ap.Port()
 	}
-	s.writeAudit(e)
+	s.ev.write(e)
 	if a.reason == "restart" {
 		s.log.Info("restart: took every connection back from the keeper", "connections", len(a.conns), "kept_ends", keptEnds)
 	} else {

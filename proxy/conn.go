@@ -164,7 +164,7 @@ func (s *Server) admit(src netip.Addr, st *settings) (release func(), reason adm
 	} else {
 		release, reason = s.gate.Admit(src, serving)
 	}
-	if reason == admission.MaxConnections && s.silentOver() {
+	if reason == admission.MaxConnections && s.reg.silentOver() {
 		// Admitted in place of a silent connection (silent.go), closed once this one is in: its
 		// slot is then this one's, whoever else is admitted meanwhile.
 		if release, reason = s.gate.AdmitInPlace(src, serving, toProve); reason == "" && !s.evictSilent() {
@@ -486,11 +486,11 @@ func (s *Server) track(c *conn, on bool) {
 	if on {
 		s.reg.conns[c] = struct{}{}
 		if c.flow.fromClient.Load() == 0 {
-			s.addSilentLocked(c)
+			s.reg.addSilentLocked(c)
 		}
 	} else {
 		delete(s.reg.conns, c)
-		s.dropSilentLocked(c)
+		s.reg.dropSilentLocked(c)
 	}
 	s.reg.mu.Unlock()
 }

@@ -46,7 +46,7 @@ type flowStats struct {
 // readClient counts p, read from the client, keeping the stream's first bytes.
 func (c *conn) readClient(p []byte) {
 	if n := uint64(len(p)); c.flow.fromClient.Add(n) == n {
-		c.s.spoke(c)
+		c.s.reg.spoke(c)
 	}
 	if c.flow.firstN < len(c.flow.first) { // only this connection's reader writes firstN
 		c.flow.mu.Lock()

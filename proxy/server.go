@@ -161,7 +161,7 @@ type Server struct {
 	// store learns, in auto mode, the generation the store speaks, and asks it about keys.
 	store   *storeinfo.Learner
 	learned policyState // what the policy learns of the store
-	jobAsks chan jobAsk // rounds' MASTER_PORT to ask the store about (jobStoreLoop)
+	jobs    *jobWatch   // where the rendezvous rounds send their ranks (jobs.go)
 
 	every     rateLogs
 	listeners listeners
@@ -189,7 +189,7 @@ type policyState struct {
 }
 
 // rateLogs are the log lines a flood could otherwise fill: each at most once a second.
-type rateLogs struct{ dial, accept, audit, budget, evict, jobStore everySecond }
+type rateLogs struct{ dial, accept, budget, evict everySecond }
 
 // listeners are the server's listening sockets: the clients', and the metrics endpoint's (nil: none).
 type listeners struct{ clients, metrics net.Listener }
@@ -209,6 +209,9 @@ type registry struct {
 	conns  map[*conn]struct{}
 	silent map[netip.Addr]*silentSource
 	over   map[netip.Addr]*silentSource
+	// allowance is how many silent connections src may hold before a new connection may take the
+	// place of its newest: its working connections plus caps.per-source-silent.
+	allowance func(src netip.Addr) int
 }
 
 // New validates cfg and builds a server; Listen and Serve start it.
@@ -221,15 +224,15 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.sources = verdict.NewSources(&s.reg.mu, s.weighSilentLocked) // silent.go weighs the sources they change
+	s.sources = verdict.NewSources(&s.reg.mu, s.reg.weighSilentLocked) // silent.go weighs the sources they change
+	s.reg.allowance = func(src netip.Addr) int { return s.sources.Count(src) + s.set.Load().cfg.Caps.PerSourceSilent }
 	s.ev = &evidence{audit: s.audit, log: s.log, now: s.now, set: &s.set, sources: s.sources}
 	s.ev.flows = verdict.NewFlows(s.ev.write, maxScanSources)
 	s.store = storeinfo.NewLearner(s.storeTarget, storeNews{s}, s.now)
 	s.learned.written, s.learned.quota = policy.NewWritten(writtenKeys), policy.NewQuota()
 	s.learned.appends = policy.NewAppends(appendedKeys)
-	s.learned.jobStores = policy.NewJobStores(jobStoreRounds, s.jobStore)
-	s.learned.jobStores.Asked = s.askJobStore
-	s.jobAsks = make(chan jobAsk, jobAsksQueued)
+	s.jobs = newJobWatch(s.store.Value, func() config.Config { return s.set.Load().cfg }, s.log, s.now)
+	s.learned.jobStores = s.jobs.rounds
 	s.ids = opts.Identity
 	s.peers = &peerSet{proved: make(chan netip.Addr, peersQueued), run: opts.PeerSetRunner, now: s.now, log: s.log,
 		conf: func() config.TLS { return s.set.Load().cfg.TLS }, live: s.reg.tlsAddrs}
@@ -298,6 +301,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	})
 	s.peers.updates, s.peers.addresses = s.m.peerSetUpdates, s.m.peerSetAddresses
 	s.ev.m = s.m
+	s.jobs.unguarded = s.m.unguardedStores
 	s.draining.end = make(chan struct{})
 	s.serving = make(chan struct{})
 	s.cont.init()
@@ -352,7 +356,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		go httpSrv.Serve(s.listeners.metrics)
 	}
 	go s.sweepLoop(ctx)
-	go s.jobStoreLoop(ctx)
+	go s.jobs.loop(ctx)
 	go s.peers.loop(ctx)
 	go s.trustLoop(ctx)
 	if n := st.cfg.EventLoops; n >= 0 {
@@ -596,104 +600,6 @@ func (s *Server) reload(cfg config.Config) error {
 func (s *Server) policyStore() policy.Store {
 	return policy.Store{Written: s.learned.written, Lookup: s.store.Exists, Quota: s.learned.quota, Count: s.store.Count,
 		JobStores: s.learned.jobStores, Appends: s.learned.appends, Value: s.store.Value}
-}
-
-// jobStoreRounds bounds the rendezvous rounds remembered (policy.JobStores); jobAsksQueued the
-// questions about them that wait for the store (more are dropped: a client that reads the
-// MASTER_PORT of made-up rounds costs the store one CHECK each at most).
-const jobStoreRounds, jobAsksQueued = 256, 16
-
-// jobStore is told of a rendezvous round's store (policy.JobStores): by the message that wrote
-// its MASTER_PORT through the guard, or by the store when a client read it (askJobStore). A port
-// that is neither this guard's nor its store's is a store no guard here fronts: torchrun's c10d
-// rendezvous sends its ranks to one on a free port of group rank 0's host, so their own traffic
-// (the NCCL unique id included) never passes this guard. Counted always, logged at most once a
-// second.
-func (s *Server) jobStore(js policy.JobStore) {
-	cfg := s.set.Load().cfg
-	if portOf(cfg.Upstream) == js.Port || portOf(cfg.Listen) == js.Port {
-		return
-	}
-	s.m.unguardedStores.Inc()
-	if s.every.jobStore.allow(s.now()) {
-		s.log.Warn("a rendezvous round sends its ranks to a store this guard does not front: their own traffic "+
-			"(the NCCL unique id included) passes no guard; torchrun's static rendezvous (--master-addr, --master-port, "+
-			"--node-rank) keeps them on the guarded port (README, Deploy)",
-			"round", js.Round, "master_addr", js.Addr, "master_port", js.Port, "source", js.Src, "identity", js.Identity,
-			"peer_set", peerSetNote(cfg.TLS))
-	}
-}
-
-// peerSetNote says, for the log line of a store no guard fronts, whether tls.peer-set holds that
-// store's host's free ports for the hosts whose handshake passed (when the store is on this host).
-func peerSetNote(tc config.TLS) string {
-	if tc.PeerSet == "" {
-		return "none (tls.peer-set: on this host, configs/nftables/storeguard-peers.nft lets only hosts whose handshake passed reach it)"
-	}
-	return tc.PeerSet
-}
-
-// jobAsk is a round's MASTER_PORT that a client read before any write through the guard told it.
-type jobAsk struct {
-	key []byte // as the wire has it
-	js  policy.JobStore
-}
-
-// askJobStore queues a question about a round's MASTER_PORT for jobStoreLoop; on the judging
-// goroutine, so it never waits: a full queue drops it.
-func (s *Server) askJobStore(key []byte, js policy.JobStore) {
-	select {
-	case s.jobAsks <- jobAsk{key, js}:
-	default:
-	}
-}
-
-// jobStoreLoop asks the store about the rounds queued, one at a time, until ctx ends. In a
-// transparent sidecar the master host's own agent writes past the guard, and when it is group
-// rank 0 the other hosts' agents only read the round's store through it.
-func (s *Server) jobStoreLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case a := <-s.jobAsks:
-			s.lookUpJobStore(ctx, a)
-		}
-	}
-}
-
-// lookUpJobStore asks the store for a round's MASTER_PORT (and MASTER_ADDR), and tells jobStore
-// unless a write through the guard did first. A read may come before rank 0's write: asked every
-// 500 ms, 6 times at most.
-func (s *Server) lookUpJobStore(ctx context.Context, a jobAsk) {
-	for try := 0; try < 6; try++ {
-		if try > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(500 * time.Millisecond):
-			}
-		}
-		v, exists, err := s.store.Value(a.key, 16)
-		if err != nil || !exists {
-			continue
-		}
-		port, ok := policy.ParsePort(v)
-		if !ok {
-			return
-		}
-		js := a.js
-		js.Port, js.Addr = port, s.learned.jobStores.Addr(js.Round)
-		if js.Addr == "" {
-			if v, ok, err := s.store.Value(policy.AddrKey(a.key), 255); err == nil && ok {
-				js.Addr = protocol.ShowKey(v)
-			}
-		}
-		if !s.learned.jobStores.Told(js.Round) {
-			s.jobStore(js)
-		}
-		return
-	}
 }
 
 // portOf is the port of a host:port, 0 if it has none.

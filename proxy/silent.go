@@ -22,7 +22,7 @@ import (
 // reasonSilentEvicted is the flow record's reason for a silent connection closed to admit another.
 const reasonSilentEvicted = "silent_evicted"
 
-// silentLink is a connection's place in its source's silent list while on (under s.reg.mu).
+// silentLink is a connection's place in its source's silent list while on (under registry.mu).
 type silentLink struct {
 	prev, next *conn
 	on         bool
@@ -35,12 +35,12 @@ type silentSource struct {
 }
 
 // addSilentLocked indexes c, which has sent nothing, as its source's newest silent connection.
-func (s *Server) addSilentLocked(c *conn) {
+func (r *registry) addSilentLocked(c *conn) {
 	src := c.src.Addr()
-	ss := s.reg.silent[src]
+	ss := r.silent[src]
 	if ss == nil {
 		ss = &silentSource{}
-		s.reg.silent[src] = ss
+		r.silent[src] = ss
 	}
 	c.silent.prev, c.silent.next, c.silent.on = ss.newest, nil, true
 	if ss.newest != nil {
@@ -48,17 +48,17 @@ func (s *Server) addSilentLocked(c *conn) {
 	}
 	ss.newest = c
 	ss.n++
-	s.weighSilentLocked(src)
+	r.weighSilentLocked(src)
 }
 
 // dropSilentLocked takes c out of the index (it sent its first bytes, ended, or was evicted), if
 // it is there.
-func (s *Server) dropSilentLocked(c *conn) {
+func (r *registry) dropSilentLocked(c *conn) {
 	if !c.silent.on {
 		return
 	}
 	src := c.src.Addr()
-	ss := s.reg.silent[src]
+	ss := r.silent[src]
 	if c.silent.prev != nil {
 		c.silent.prev.silent.next = c.silent.next
 	}
@@ -69,49 +69,54 @@ func (s *Server) dropSilentLocked(c *conn) {
 	}
 	c.silent.prev, c.silent.next, c.silent.on = nil, nil, false
 	if ss.n--; ss.n == 0 {
-		delete(s.reg.silent, src)
+		delete(r.silent, src)
 	}
-	s.weighSilentLocked(src)
+	r.weighSilentLocked(src)
 }
 
 // weighSilentLocked files src among the sources a new connection may evict from, or takes it out,
-// after its silent or its working connections changed.
-func (s *Server) weighSilentLocked(src netip.Addr) {
-	ss := s.reg.silent[src]
-	if ss != nil && ss.n > s.sources.Count(src)+s.set.Load().cfg.Caps.PerSourceSilent {
-		s.reg.over[src] = ss
+// after its silent or its working connections changed: over when it holds more silent connections
+// than its allowance (its working connections plus caps.per-source-silent).
+func (r *registry) weighSilentLocked(src netip.Addr) {
+	ss := r.silent[src]
+	if ss != nil && ss.n > r.allowance(src) {
+		r.over[src] = ss
 		return
 	}
-	delete(s.reg.over, src)
+	delete(r.over, src)
 }
 
 // spoke takes c out of the silent index at its first bytes.
-func (s *Server) spoke(c *conn) {
-	s.reg.mu.Lock()
-	s.dropSilentLocked(c)
-	s.reg.mu.Unlock()
+func (r *registry) spoke(c *conn) {
+	r.mu.Lock()
+	r.dropSilentLocked(c)
+	r.mu.Unlock()
 }
 
 // silentOver reports whether a source is over its allowance, so that a connection may be evicted.
-func (s *Server) silentOver() bool {
-	s.reg.mu.Lock()
-	defer s.reg.mu.Unlock()
-	return len(s.reg.over) > 0
+func (r *registry) silentOver() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.over) > 0
+}
+
+// takeSilentOver takes the newest silent connection of a source over its allowance out of the
+// index, to be evicted; nil when no source is over.
+func (r *registry) takeSilentOver() *conn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ss := range r.over {
+		v := ss.newest
+		r.dropSilentLocked(v)
+		return v
+	}
+	return nil
 }
 
 // evictSilent closes the newest silent connection of a source over its allowance, for a connection
 // admitted in its place (admission.Gate.AdmitInPlace); it reports false when no source is over.
 func (s *Server) evictSilent() bool {
-	s.reg.mu.Lock()
-	var v *conn
-	for _, ss := range s.reg.over {
-		v = ss.newest
-		break
-	}
-	if v != nil {
-		s.dropSilentLocked(v)
-	}
-	s.reg.mu.Unlock()
+	v := s.reg.takeSilentOver()
 	if v == nil {
 		return false
 	}

@@ -116,9 +116,9 @@ const heapOverhead = 96 << 20
 // budget.
 func heapLimit(cfg config.Config) int64 { return cfg.Caps.BufferBudgetBytes + heapOverhead }
 
-// limitHeap applies heapLimit when the server holds the heap (Options.HoldHeap).
-func (s *Server) limitHeap(cfg config.Config) {
-	if s.holdHeap {
+// limitHeap applies heapLimit when the server holds the heap (hold: Options.HoldHeap).
+func limitHeap(hold bool, cfg config.Config) {
+	if hold {
 		debug.SetMemoryLimit(heapLimit(cfg))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/storeguard/storeguard/admission"
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/guard"
 	"github.com/storeguard/storeguard/protocol"
 	"github.com/storeguard/storeguard/storeinfo"
@@ -177,6 +178,24 @@ func (s *Server) admit(src netip.Addr, st *settings) (release func(), reason adm
 		s.m.active.Inc()
 	}
 	return release, reason
+}
+
+// evictSilent closes the newest silent connection of a source over its allowance, for a connection
+// admitted in its place (admission.Gate.AdmitInPlace); it reports false when no source is over.
+func (s *Server) evictSilent() bool {
+	v := s.reg.takeSilentOver()
+	if v == nil {
+		return false
+	}
+	s.m.silentEvictions.Inc()
+	v.decided(audit.VerdictRefused, reasonSilentEvicted)
+	v.ended(endedByGuard)
+	v.closeBoth()
+	if s.every.evict.allow(s.now()) {
+		s.log.Warn("caps.max-connections reached: closed a silent connection of a source over caps.per-source-silent "+
+			"to admit a new one (not a violation; logged at most once a second)", "conn", v.id, "source", v.src.String())
+	}
+	return true
 }
 
 // newConn is the one constructor of a connection, however it starts (accepted here, taken over

@@ -152,3 +152,31 @@ func (ev *evidence) bannedFor(src, dst netip.AddrPort, reason string, banned net
 	ev.log.Warn("source banned after repeated violations", "src", src.Addr().String(), "banned", banned.String(),
 		"last_rule", reason)
 }
+
+// interimFlows writes an interim flow record of every connection open for audit.flow-interim
+// since its start or its last one; serve calls it every minute.
+func (ev *evidence) interimFlows(r *registry) {
+	every := ev.set.Load().cfg.Audit.FlowInterim
+	if every <= 0 {
+		return
+	}
+	now := ev.now()
+	r.mu.Lock()
+	var due []*conn
+	for c := range r.conns {
+		c.flow.mu.Lock()
+		if c.flow.interim.IsZero() {
+			c.flow.interim = c.start
+		}
+		if now.Sub(c.flow.interim) >= every {
+			c.flow.interim = now
+			due = append(due, c)
+		}
+		c.flow.mu.Unlock()
+	}
+	r.mu.Unlock()
+	for _, c := range due {
+		f := c.flowRecord(now, true)
+		ev.flow(&f)
+	}
+}

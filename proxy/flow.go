@@ -142,31 +142,3 @@ func (c *conn) endFlow() {
 	f := c.flowRecord(c.s.now(), false)
 	c.s.ev.flow(&f)
 }
-
-// interimFlows writes an interim flow record of every connection open for audit.flow-interim
-// since its start or its last one; serve calls it every minute.
-func (s *Server) interimFlows() {
-	every := s.set.Load().cfg.Audit.FlowInterim
-	if every <= 0 {
-		return
-	}
-	now := s.now()
-	s.reg.mu.Lock()
-	var due []*conn
-	for c := range s.reg.conns {
-		c.flow.mu.Lock()
-		if c.flow.interim.IsZero() {
-			c.flow.interim = c.start
-		}
-		if now.Sub(c.flow.interim) >= every {
-			c.flow.interim = now
-			due = append(due, c)
-		}
-		c.flow.mu.Unlock()
-	}
-	s.reg.mu.Unlock()
-	for _, c := range due {
-		f := c.flowRecord(now, true)
-		s.ev.flow(&f)
-	}
-}

@@ -233,7 +233,7 @@ func testInterimFlows(t *testing.T, m mode) {
 	c.Write(get)
 	eventually(t, "the message at the store", func() bool { return len(h.store.Received(0)) == len(get) })
 	time.Sleep(5 * time.Millisecond)
-	h.srv.interimFlows() // as the sweep does every 5 s
+	h.srv.ev.interimFlows(&h.srv.reg) // as the sweep does every 5 s
 	open := h.flowsOf("flow", 1)[0]
 	if open["storeguard.verdict"] != "open" || open["event.end"] != nil || num(open, "source.bytes") != float64(len(get)) ||
 		num(open, "storeguard.store_bytes") != float64(len(get)) {

@@ -266,7 +266,7 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	if s.cont.failed == nil {
 		s.cont.failed = func(error) {}
 	}
-	s.limitHeap(cfg)
+	limitHeap(s.holdHeap, cfg)
 	s.m = newMetrics(readings{
 		bansActive: func() float64 { return float64(s.gate.Stats().ActiveBans) },
 		buffered:   func() float64 { return float64(s.buf.inUse()) },
@@ -579,7 +579,7 @@ func (s *Server) reload(cfg config.Config) error {
 	}
 	s.gate.Update(cfg.Admission())
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
-	s.limitHeap(cfg)
+	limitHeap(s.holdHeap, cfg)
 	s.set.Store(st)
 	s.revoke(cfg)
 	if !cfg.Caps.MaxStoreConnections.Auto {
@@ -631,7 +631,7 @@ func (s *Server) sweepLoop(ctx context.Context) {
 		select {
 		case <-t.C:
 			s.gate.Sweep()
-			s.interimFlows()
+			s.ev.interimFlows(&s.reg)
 		case <-ctx.Done():
 		}
 	}

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"net/netip"
-
-	"github.com/storeguard/storeguard/audit"
 )
 
 // Silent connections. A connection that has sent nothing costs the store nothing (it is connected
@@ -111,22 +109,4 @@ func (r *registry) takeSilentOver() *conn {
 		return v
 	}
 	return nil
-}
-
-// evictSilent closes the newest silent connection of a source over its allowance, for a connection
-// admitted in its place (admission.Gate.AdmitInPlace); it reports false when no source is over.
-func (s *Server) evictSilent() bool {
-	v := s.reg.takeSilentOver()
-	if v == nil {
-		return false
-	}
-	s.m.silentEvictions.Inc()
-	v.decided(audit.VerdictRefused, reasonSilentEvicted)
-	v.ended(endedByGuard)
-	v.closeBoth()
-	if s.every.evict.allow(s.now()) {
-		s.log.Warn("caps.max-connections reached: closed a silent connection of a source over caps.per-source-silent "+
-			"to admit a new one (not a violation; logged at most once a second)", "conn", v.id, "source", v.src.String())
-	}
-	return true
 }

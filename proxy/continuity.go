@@ -26,8 +26,9 @@ type continuity struct {
 	ledger          *tlsrelay.Ledger // with a keeper: the TLS relays' state, shared with it
 	failed          func(error)      // Options.UpgradeFailed
 	// keptEnds: the process an upgrade hands over to takes kept Ends from their slots
-	// (upgrade.Ready.KeptEnds); set for the hand-over, under upgradeMu.
-	keptEnds bool
+	// (upgrade.Ready.KeptEnds); socketHolds: it takes a hold left in a client's socket as its own
+	// (upgrade.Ready.SocketHolds). Set for the hand-over, under upgradeMu.
+	keptEnds, socketHolds bool
 }
 
 // sockFd runs f with tc's descriptor, valid for the call (-1 when it has none).

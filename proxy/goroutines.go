@@ -495,6 +495,12 @@ func readPooled(rc syscall.RawConn, peek bool, held int) (bp *[]byte, n int, err
 		}
 		return true
 	})
+	if bp == nil {
+		// The last try found nothing past the hold (or nothing at all), and the wait ended (a
+		// freeze's deadline): nothing was read. Its n must not pass for a read of the hold
+		// alone, which the caller takes for the client's end and consumes.
+		n = 0
+	}
 	switch {
 	case err != nil:
 	case rerr != nil:

@@ -18,9 +18,11 @@ import (
 // comes after it, and the socket's low-water mark (SO_RCVLOWAT) is one byte past it, so that
 // neither epoll nor Go's poller reports the socket until something new is there. A worker that
 // dies meanwhile leaves the message whole in the socket, consumed up to its first byte: its
-// successor starts between messages and reads it again. A freeze lets the hold go (its bytes go
-// to the next process in Refeed, as the carry they are); a start larger than holdMax is consumed
-// as before.
+// successor starts between messages and reads it again. An upgrade hands the hold on: its bytes go
+// to the next process in Refeed, as the carry they are, and stay in the socket (upgrade.Conn.
+// InSocket), which the next process holds as its own (takeHold), so that its crash before the
+// message completes loses nothing either; to a build from before that, the freeze consumes them.
+// A start larger than holdMax is consumed as before.
 
 // holdMax is the largest start of a message left in the socket: each read peeks it again.
 const holdMax = readSize / 2
@@ -47,6 +49,20 @@ func (c *conn) settleHold(fd, n int, left *leftover) {
 	if keep == 0 {
 		c.setLowat(fd, 1)
 	}
+}
+
+// takeHold takes the n bytes at the head of fd, the start of a message the previous process held
+// there and handed on in Refeed too (refeed bytes long; upgrade.Conn.InSocket), as this process's
+// hold: its reads skip them, and a crash before the message completes leaves them in the socket.
+// When it cannot hold them (a connection it does not read by peeking, or a hand-over that does not
+// add up) it consumes them, as a process that knows no socket hold would have had them consumed.
+func (c *conn) takeHold(fd, n, refeed int) {
+	if c.kept() && c.tls == nil && n <= refeed && n <= holdMax && c.setLowat(fd, n+1) {
+		c.hold.n = n
+		return
+	}
+	tcpcount.Discard(fd, uint64(n))
+	c.setLowat(fd, 1)
 }
 
 // dropHold consumes the hold (its bytes are in carry) and lets fd's reads wake for any byte: the

@@ -55,6 +55,7 @@ func (s *Server) HandOver(peer *os.File, exited <-chan struct{}) (n int, err err
 		o.AddLedger(&st, s.cont.ledger.Fd())
 	}
 	s.cont.keptEnds = st.Ledger && o.Peer.KeptEnds
+	s.cont.socketHolds = o.Peer.SocketHolds
 	err = o.Send(st, func(i int) (upgrade.Conn, error) { return conns[i].frozenState() }, func() { s.thaw(conns) })
 	if err != nil {
 		s.m.handovers.WithLabelValues("failed").Inc()
@@ -123,6 +124,11 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 		client = c.tls.end.TLS
 	case c.merged() != nil:
 		client = c.tls.handover[1] // what the End was given to write and had not goes there (ToClient)
+	case client != nil && c.hold.n > 0 && c.hold.n == len(c.carry) && len(refeed) == len(c.carry) && c.s.cont.socketHolds:
+		// The start of the message in progress stays in the socket, and Refeed says so: the next
+		// process holds it as this one did, so that a crash of that process before the message
+		// completes leaves it for the keeper's restart (hold.go).
+		cs.InSocket = c.hold.n
 	case client != nil:
 		sockFd(client, c.dropHold) // its bytes go in Refeed, as the carry they are; reads wake for any byte
 	}
@@ -458,6 +464,9 @@ func (s *Server) startConn(ac *adoptedConn) {
 			c.s.buf.adopt(c.src.Addr(), held) // the message in progress keeps its budget, as before
 			c.carry, c.held = make([]byte, 0, held), held
 		}
+	}
+	if n := ac.st.InSocket; n > 0 {
+		c.takeHold(ac.st.ClientFd, n, len(ac.st.Refeed))
 	}
 	c.startAdopted(ac.st.ClientFd, ac.st.StoreFd, left)
 }

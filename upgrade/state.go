@@ -44,6 +44,9 @@ type Ready struct {
 	// KeptEnds: this process takes a kept TLS End from its slot in that ledger (TLSConn.Kept). A
 	// build from before it is handed each as a relay.
 	KeptEnds bool `json:",omitempty"`
+	// SocketHolds: this process takes the start of a message left in a client's socket as its
+	// own hold (Conn.InSocket). A build from before it gets those bytes consumed, in Refeed only.
+	SocketHolds bool `json:",omitempty"`
 }
 
 // ServerState is the S packet: what the whole server carries over, with the listening sockets
@@ -110,6 +113,10 @@ type Conn struct {
 	// Refeed is the message in progress and unjudged bytes: fed to the guard again. ToStore is
 	// judged, for the store; ToClient the store's replies the client has not taken.
 	Refeed, ToStore, ToClient []byte `json:"-"`
+	// InSocket: Refeed's first InSocket bytes (the start of the message in progress) are also
+	// still at the head of the client's socket, unconsumed (the sender's hold, for a keeper's
+	// restart: proxy/hold.go); the receiver takes them as its own hold. 0: none are.
+	InSocket int `json:",omitempty"`
 	// TLS: a mutual-TLS connection's relay; nil for plaintext.
 	TLS *TLSConn `json:",omitempty"`
 }

@@ -156,7 +156,7 @@ func Join(peer *os.File) (*Next, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := h.Send('R', Ready{PID: os.Getpid(), Version: version.String(), Ledger: true, KeptEnds: true}); err != nil {
+	if err := h.Send('R', Ready{PID: os.Getpid(), Version: version.String(), Ledger: true, KeptEnds: true, SocketHolds: true}); err != nil {
 		h.Close()
 		return nil, err
 	}

@@ -141,6 +141,66 @@ func upgradesAndCrashes(t *testing.T, bin string, extra ...string) {
 	}
 }
 
+// TestAHalfMessageOutlivesAnUpgradeAndACrash: a client sends the start of an ADD, the guard is
+// upgraded in place, its new forwarding process is killed (-9) before the rest comes, then the
+// rest comes: the keeper's restart must go on with the message, not close the connection as
+// restart_lost_request. Before the upgrade handed its hold on (upgrade.Conn.InSocket), the start
+// lived in the new process's memory only and died with it. On the event loops and on goroutines.
+func TestAHalfMessageOutlivesAnUpgradeAndACrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t, t.TempDir())
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{{"event loops", nil}, {"goroutines", []string{"--event-loops", "-1"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, addr, pidFile, logs := startKeeper(t, bin, t.TempDir(), tc.extra...)
+			c := dialEventually(t, addr)
+			defer c.Close()
+			add, err := protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reply := make([]byte, 8)
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			if _, err := c.Write(add); err != nil { // connects the store: the half below is not the first message
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, reply); err != nil {
+				t.Fatal(err)
+			}
+			waitPid := func(old int) int {
+				pid, err := killload.WaitPid(pidFile, old, 20*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return pid
+			}
+			pid := waitPid(0)
+			c.Write(add[:5])
+			time.Sleep(100 * time.Millisecond) // read, judged and held by the worker
+			if out, err := exec.Command(bin, "upgrade", "--pid-file", pidFile, "--timeout", "20s").CombinedOutput(); err != nil {
+				t.Fatalf("upgrade: %v\n%s", err, out)
+			}
+			pid = waitPid(pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+			waitPid(pid)
+			c.Write(add[5:])
+			if _, err := io.ReadFull(c, reply); err != nil {
+				t.Fatalf("the ADD begun before the upgrade and the crash: %v\n%s", err, logs.String())
+			}
+			if got := countOps(t, store.Received(0), protocol.OpAdd); got != 2 {
+				t.Fatalf("the store got %d ADDs, want 2", got)
+			}
+			if strings.Contains(logs.String(), "restart_lost_request") {
+				t.Fatalf("a restored connection was closed as restart_lost_request:\n%s", logs.String())
+			}
+		})
+	}
+}
+
 // TestKillsUnderLoadLoseNothing kills the forwarding process 6 times while 8 clients send ADDs as
 // fast as the store answers: most kills find the worker between reading a message and writing it
 // on, or between reading a reply and passing it back. Its keeper's new worker must go on from the

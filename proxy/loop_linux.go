@@ -588,6 +588,26 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		src = c.lt.cfd
 	}
 	kept := c.kept()
+	n, ok := l.readEvent(c, src, fromClient, kept)
+	switch {
+	case !ok:
+	case fromClient:
+		p := l.buf[c.hold.n:n]
+		c.readClient(p)
+		alive := c.process(p)
+		if kept {
+			c.settleHold(int(src), n, &c.lt.left) // before settle, which may hand the socket to goroutines
+		}
+		l.settle(c, alive)
+	default:
+		l.replyEvent(c, e, src, n, kept)
+	}
+}
+
+// readEvent reads (peeks, when c is kept) what src has into l.buf: n bytes and true, or false
+// when there is nothing to judge: nothing yet, nothing after the hold, or an end of stream or an
+// error, which it handles.
+func (l *loop) readEvent(c *conn, src int32, fromClient, kept bool) (int, bool) {
 	var n int
 	var errno unix.Errno
 	if kept {
@@ -600,44 +620,40 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		// Nothing after the hold (hold.go): the client's end or a reset follows it, or a spurious
 		// wake. Its bytes are in carry: consumed, the next event says what follows.
 		c.dropHold(int(src))
-		return
+		return 0, false
 	case n > 0:
+		return n, true
 	case errno == unix.EAGAIN:
-		return
+		return 0, false
 	case errno == 0 && fromClient:
 		c.ended(endedByClient)
 		l.clientDone(c)
-		return
-	default: // the store's end of stream, or an error on either side
-		if fromClient {
-			c.ended(endedByClient)
-		} else {
-			c.ended(endedByStore)
-		}
-		if errno != 0 || !c.lt.clientEnded {
-			side := "store"
-			if fromClient {
-				side = "client"
-			}
-			l.s.log.Debug("connection ended by an error or by the store", "conn", c.id, "side", side,
-				"errno", int(errno), "bytes_in", c.g.Bytes())
-		}
-		c.closeBoth()
-		l.release(c, handbackNone)
-		return
+		return 0, false
 	}
+	// the store's end of stream, or an error on either side
+	side := "store"
 	if fromClient {
-		p := l.buf[c.hold.n:n]
-		c.readClient(p)
-		alive := c.process(p)
-		if kept {
-			c.settleHold(int(src), n, &c.lt.left) // before settle, which may hand the socket to goroutines
-		}
-		l.settle(c, alive)
-		return
+		side = "client"
+		c.ended(endedByClient)
+	} else {
+		c.ended(endedByStore)
 	}
+	if errno != 0 || !c.lt.clientEnded {
+		l.s.log.Debug("connection ended by an error or by the store", "conn", c.id, "side", side,
+			"errno", int(errno), "bytes_in", c.g.Bytes())
+	}
+	c.closeBoth()
+	l.release(c, handbackNone)
+	return 0, false
+}
+
+// replyEvent passes the store's n bytes in l.buf on to the client (sealed by e, a TLS End, when
+// not nil): what the client cannot take yet waits in leftover, and the connection goes to its
+// goroutines (backpressure). A kept store socket's bytes are consumed once passed on or kept.
+func (l *loop) replyEvent(c *conn, e *tlsrelay.End, src int32, n int, kept bool) {
 	c.rep.follow(l.buf[:n])
 	var w int
+	var errno unix.Errno
 	if e != nil { // sealed into records: w counts those written whole, and the rest waits (leftover)
 		var err error
 		if w, err = e.TryWrite(l.buf[:n]); err != nil {

@@ -422,7 +422,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 		bp, n, err := readPooled(rc, kept, c.hold.n)
 		if n > 0 && n <= c.hold.n { // nothing after the hold, and the client's end or a reset follows it
 			readBufs.Put(bp)
-			rc.Control(func(fd uintptr) { c.dropHold(int(fd)) })
+			rc.Control(func(fd uintptr) { c.hold.drop(int(fd)) })
 			continue
 		}
 		if n > 0 {
@@ -430,7 +430,7 @@ func (c *conn) pipeClientToStore() (took bool) {
 			c.readClient(p)
 			ok := c.process(p)
 			if kept {
-				rc.Control(func(fd uintptr) { c.settleHold(int(fd), n, &c.gr.left) })
+				rc.Control(func(fd uintptr) { c.hold.settle(int(fd), n, len(c.carry), &c.gr.left) })
 			}
 			readBufs.Put(bp)
 			if !ok {
@@ -468,7 +468,7 @@ func (c *conn) adoptable() bool {
 // there: while the socket would block, the buffer goes back to the pool, so an idle connection
 // holds none. The caller returns the buffer when n > 0. It costs the same system calls as a
 // plain Read (a read that would block, then the read that succeeds). With peek, the bytes stay
-// in the socket until settleHold takes them, once they are passed on: a connection its keeper
+// in the socket until hold.settle takes them, once they are passed on: a connection its keeper
 // holds is read so, and a worker that dies in between loses none of them (keeper_linux.go). The
 // first held of them are a hold (hold.go): it waits for a byte after them, and returns n <= held
 // only when none will come (the peer's end of stream or a reset).

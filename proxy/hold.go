@@ -20,7 +20,7 @@ import (
 // dies meanwhile leaves the message whole in the socket, consumed up to its first byte: its
 // successor starts between messages and reads it again. An upgrade hands the hold on: its bytes go
 // to the next process in Refeed, as the carry they are, and stay in the socket (upgrade.Conn.
-// InSocket), which the next process holds as its own (takeHold), so that its crash before the
+// InSocket), which the next process holds as its own (hold.take), so that its crash before the
 // message completes loses nothing either; to a build from before that, the freeze consumes them.
 // A start larger than holdMax is consumed as before.
 
@@ -33,46 +33,46 @@ type hold struct {
 	lowat int // the socket's SO_RCVLOWAT as set (0: the system's default, 1)
 }
 
-// settleHold consumes, of the n bytes peeked from fd's head, those passed on, leaving in the
-// socket the start of a message in progress (carry) when it can be held there: all of it was
+// settle consumes, of the n bytes peeked from fd's head, those passed on, leaving in the socket
+// the start of a message in progress (carry bytes long) when it can be held there: all of it was
 // peeked this time or held before, it is small, and nothing judged waits to be written (left).
-func (c *conn) settleHold(fd, n int, left *leftover) {
-	keep := len(c.carry)
+func (h *hold) settle(fd, n, carry int, left *leftover) {
+	keep := carry
 	if keep > n || keep > holdMax || left.unfinished() {
 		keep = 0
 	}
-	if keep > 0 && !c.setLowat(fd, keep+1) {
+	if keep > 0 && !h.setLowat(fd, keep+1) {
 		keep = 0
 	}
 	tcpcount.Discard(fd, uint64(n-keep)) // one that fails leaves them for the next read to fail too
-	c.hold.n = keep
+	h.n = keep
 	if keep == 0 {
-		c.setLowat(fd, 1)
+		h.setLowat(fd, 1)
 	}
 }
 
-// takeHold takes the n bytes at the head of fd, the start of a message the previous process held
-// there and handed on in Refeed too (refeed bytes long; upgrade.Conn.InSocket), as this process's
-// hold: its reads skip them, and a crash before the message completes leaves them in the socket.
-// When it cannot hold them (a connection it does not read by peeking, or a hand-over that does not
-// add up) it consumes them, as a process that knows no socket hold would have had them consumed.
-func (c *conn) takeHold(fd, n, refeed int) {
-	if c.kept() && c.tls == nil && n <= refeed && n <= holdMax && c.setLowat(fd, n+1) {
-		c.hold.n = n
+// take takes the n bytes at the head of fd, the start of a message the previous process held there
+// and handed on in Refeed too (refeed bytes long; upgrade.Conn.InSocket), as this process's hold:
+// its reads skip them, and a crash before the message completes leaves them in the socket. When
+// it cannot hold them (peeked: false, a connection it does not read by peeking; or a hand-over that
+// does not add up) it consumes them, as a process that knows no socket hold would have had them.
+func (h *hold) take(fd, n, refeed int, peeked bool) {
+	if peeked && n <= refeed && n <= holdMax && h.setLowat(fd, n+1) {
+		h.n = n
 		return
 	}
 	tcpcount.Discard(fd, uint64(n))
-	c.setLowat(fd, 1)
+	h.setLowat(fd, 1)
 }
 
-// dropHold consumes the hold (its bytes are in carry) and lets fd's reads wake for any byte: the
-// peer's end of stream or a reset came after it, or a freeze hands the connection on.
-func (c *conn) dropHold(fd int) {
-	if c.hold.n > 0 {
-		tcpcount.Discard(fd, uint64(c.hold.n))
-		c.hold.n = 0
+// drop consumes the hold (its bytes are in carry) and lets fd's reads wake for any byte: the peer's
+// end of stream or a reset came after it, or a freeze hands the connection on.
+func (h *hold) drop(fd int) {
+	if h.n > 0 {
+		tcpcount.Discard(fd, uint64(h.n))
+		h.n = 0
 	}
-	c.setLowat(fd, 1)
+	h.setLowat(fd, 1)
 }
 
 // settleEnd tells a kept TLS End how much of the plaintext it opened is passed on (all but the
@@ -89,14 +89,14 @@ func (c *conn) settleEnd(e *tlsrelay.End, left *leftover) {
 }
 
 // setLowat sets fd's SO_RCVLOWAT to v unless it is so already, and reports whether it is.
-func (c *conn) setLowat(fd, v int) bool {
-	if c.hold.lowat == v || c.hold.lowat == 0 && v == 1 {
+func (h *hold) setLowat(fd, v int) bool {
+	if h.lowat == v || h.lowat == 0 && v == 1 {
 		return true
 	}
 	if setRcvLowat(fd, v) != nil {
 		return false
 	}
-	c.hold.lowat = v
+	h.lowat = v
 	return true
 }
 

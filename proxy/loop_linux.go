@@ -596,7 +596,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		c.readClient(p)
 		alive := c.process(p)
 		if kept {
-			c.settleHold(int(src), n, &c.lt.left) // before settle, which may hand the socket to goroutines
+			c.hold.settle(int(src), n, len(c.carry), &c.lt.left) // before settle, which may hand the socket to goroutines
 		}
 		l.settle(c, alive)
 	default:
@@ -619,7 +619,7 @@ func (l *loop) readEvent(c *conn, src int32, fromClient, kept bool) (int, bool) 
 	case fromClient && n > 0 && n <= c.hold.n:
 		// Nothing after the hold (hold.go): the client's end or a reset follows it, or a spurious
 		// wake. Its bytes are in carry: consumed, the next event says what follows.
-		c.dropHold(int(src))
+		c.hold.drop(int(src))
 		return 0, false
 	case n > 0:
 		return n, true

@@ -130,7 +130,7 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 		// completes leaves it for the keeper's restart (hold.go).
 		cs.InSocket = c.hold.n
 	case client != nil:
-		sockFd(client, c.dropHold) // its bytes go in Refeed, as the carry they are; reads wake for any byte
+		sockFd(client, c.hold.drop) // its bytes go in Refeed, as the carry they are; reads wake for any byte
 	}
 	for _, sock := range []struct {
 		tc sock
@@ -466,7 +466,7 @@ func (s *Server) startConn(ac *adoptedConn) {
 		}
 	}
 	if n := ac.st.InSocket; n > 0 {
-		c.takeHold(ac.st.ClientFd, n, len(ac.st.Refeed))
+		c.hold.take(ac.st.ClientFd, n, len(ac.st.Refeed), c.kept() && c.tls == nil)
 	}
 	c.startAdopted(ac.st.ClientFd, ac.st.StoreFd, left)
 }

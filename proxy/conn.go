@@ -188,8 +188,8 @@ func (s *Server) evictSilent() bool {
 		return false
 	}
 	s.m.silentEvictions.Inc()
-	v.decided(audit.VerdictRefused, reasonSilentEvicted)
-	v.ended(endedByGuard)
+	v.flow.decided(audit.VerdictRefused, reasonSilentEvicted, v.st.monitor)
+	v.flow.ended(endedByGuard)
 	v.closeBoth()
 	if s.every.evict.allow(s.now()) {
 		s.log.Warn("caps.max-connections reached: closed a silent connection of a source over caps.per-source-silent "+
@@ -242,7 +242,7 @@ func (c *conn) resetGuard(dc protocol.Config) {
 // message in progress (carry) and the replies awaited.
 func (c *conn) attachGuard() {
 	c.g.From(c.src.Addr())
-	c.g.As(c.identity())
+	c.g.As(c.tls.identity())
 	c.g.Hold(c)
 	c.g.Await(&c.rep)
 }
@@ -312,7 +312,7 @@ func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 	if d.Violation != nil {
 		c.s.ev.violation(c, d.Violation, d.First)
 		if !c.st.monitor {
-			c.ended(endedByGuard)
+			c.flow.ended(endedByGuard)
 			c.closeBoth()
 			return false
 		}
@@ -421,7 +421,7 @@ func (c *conn) end() {
 	if c.kept() {
 		c.s.cont.kp.Ended(c.id)
 	}
-	if e := c.merged(); e != nil {
+	if e := c.tls.merged(); e != nil {
 		e.Release()
 	}
 	c.s.m.active.Dec()

@@ -36,14 +36,14 @@ func (ev *evidence) violation(c *conn, v *protocol.Violation, first []byte) {
 // judging c's stream: known and seen are what the stream had shown (conn.seen).
 func (ev *evidence) violationSeen(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) {
 	o := ev.outcome(c, v, first, known, seen)
-	ev.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", string(c.mode()))
+	ev.log.Debug("violation", "conn", c.id, "src", c.src.String(), "err", v.Error(), "mode", string(c.st.mode()))
 	if !o.Bans() {
 		return
 	}
 	// A proven connection's violations ban its identity at its address; any other's, the address
 	// (or its IPv6 network): admission's proven.go says why.
 	var banned string
-	if id := c.identity(); id != "" {
+	if id := c.tls.identity(); id != "" {
 		if ev.gate.ProvenViolation(c.src.Addr(), id) {
 			banned = id + " at " + c.src.Addr().String()
 		}
@@ -53,7 +53,7 @@ func (ev *evidence) violationSeen(c *conn, v *protocol.Violation, first []byte, 
 	if banned != "" {
 		ev.m.bans.Inc()
 		b := ev.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
-		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tlsInfo()
+		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tls.record()
 		ev.write(b)
 		ev.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned,
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
@@ -64,9 +64,9 @@ func (ev *evidence) violationSeen(c *conn, v *protocol.Violation, first []byte, 
 // would_block event, never a step towards a ban.
 func (ev *evidence) warning(c *conn, v *protocol.Violation, first []byte) {
 	ev.m.violations.WithLabelValues(string(v.Rule), string(audit.ModeMonitor)).Inc()
-	c.decided(audit.VerdictWouldBlock, string(v.Rule))
+	c.flow.decided(audit.VerdictWouldBlock, string(v.Rule), c.st.monitor)
 	e := audit.ViolationEvent(v, true, c.src, c.dst, audit.ActionWouldBlock, audit.ModeMonitor, first, c.g.Bytes())
-	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.tlsInfo()
+	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.tls.record()
 	ev.write(e)
 	ev.log.Debug("violation let through (monitor)", "conn", c.id, "src", c.src.String(), "err", v.Error())
 }
@@ -104,10 +104,10 @@ func (ev *evidence) write(e audit.Event) {
 // verdict.Of says (violation, truncated).
 func (ev *evidence) outcome(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) verdict.Outcome {
 	o := verdict.Of(v, c.st.monitor)
-	ev.m.violations.WithLabelValues(string(v.Rule), string(c.mode())).Inc()
-	c.decided(o.Verdict, string(v.Rule))
-	e := audit.ViolationEvent(v, known, c.src, c.dst, o.Action, c.mode(), first, seen)
-	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.tlsInfo()
+	ev.m.violations.WithLabelValues(string(v.Rule), string(c.st.mode())).Inc()
+	c.flow.decided(o.Verdict, string(v.Rule), c.st.monitor)
+	e := audit.ViolationEvent(v, known, c.src, c.dst, o.Action, c.st.mode(), first, seen)
+	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.tls.record()
 	ev.write(e)
 	return o
 }

@@ -62,17 +62,18 @@ func (c *conn) wroteStore(n int) {
 }
 
 // ended records who ended the connection, unless someone did already.
-func (c *conn) ended(by uint32) { c.flow.endedBy.CompareAndSwap(endedByNone, by) }
+func (f *flowStats) ended(by uint32) { f.endedBy.CompareAndSwap(endedByNone, by) }
 
-// decided records the verdict of a violation (blocked, would_block) or a refusal; the first stays.
-func (c *conn) decided(v audit.Verdict, reason string) {
-	c.flow.mu.Lock()
+// decided records the verdict of a violation (blocked, would_block) or a refusal; the first stays
+// (monitor: the connection's mode is monitor).
+func (f *flowStats) decided(v audit.Verdict, reason string, monitor bool) {
+	f.mu.Lock()
 	// The first verdict stands, but a block after messages let through in monitor mode (a policy
 	// rule's) is what ended the connection.
-	if c.flow.verdict == "" || c.flow.verdict == audit.VerdictWouldBlock && v != audit.VerdictWouldBlock && !c.st.monitor {
-		c.flow.verdict, c.flow.reason = v, reason
+	if f.verdict == "" || f.verdict == audit.VerdictWouldBlock && v != audit.VerdictWouldBlock && !monitor {
+		f.verdict, f.reason = v, reason
 	}
-	c.flow.mu.Unlock()
+	f.mu.Unlock()
 }
 
 // flowCarry is the flow's account as an upgrade carries it to the new process.
@@ -99,8 +100,8 @@ func (c *conn) restoreFlow(fc *upgrade.Flow) {
 
 // flowRecord is c's flow as of now: final, or an interim record of a connection that lasts.
 func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
-	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now, TLS: c.tlsInfo(),
-		FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load(), Mode: c.mode()}
+	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now, TLS: c.tls.record(),
+		FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load(), Mode: c.st.mode()}
 	c.rep.mu.Lock()
 	f.FromStore, f.Replies = c.rep.fromStore, c.rep.replied
 	c.rep.mu.Unlock()
@@ -130,8 +131,8 @@ func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
 	return f
 }
 
-func (c *conn) mode() audit.Mode {
-	if c.st.monitor {
+func (st *settings) mode() audit.Mode {
+	if st.monitor {
 		return audit.ModeMonitor
 	}
 	return audit.ModeEnforce

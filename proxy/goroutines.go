@@ -365,7 +365,7 @@ func (c *conn) awaitUp() bool {
 // pipeClientToStore reads the client, decodes, and forwards complete valid messages, until the
 // connection ends or a loop takes it (took: the loop owns it now).
 func (c *conn) pipeClientToStore() (took bool) {
-	e := c.merged()
+	e := c.tls.merged()
 	var rc syscall.RawConn
 	if e == nil {
 		var err error
@@ -457,7 +457,7 @@ func (c *conn) takeKick() bool {
 // goroutine copies its replies yet, and the client is between messages, with no deadline to watch;
 // a TLS End's records all opened (the loop hears only of what comes to the socket).
 func (c *conn) adoptable() bool {
-	if e := c.merged(); e != nil && e.Buffered() > 0 {
+	if e := c.tls.merged(); e != nil && e.Buffered() > 0 {
 		return false
 	}
 	return c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
@@ -552,7 +552,7 @@ func (c *conn) endRead(err error) bool {
 		}
 		if c.g.Deadline().IsZero() {
 			c.s.log.Debug("idle timeout", "conn", c.id)
-			c.ended(endedByGuard)
+			c.flow.ended(endedByGuard)
 			c.closeBoth()
 			return false
 		}
@@ -560,7 +560,7 @@ func (c *conn) endRead(err error) bool {
 	case errors.Is(err, io.EOF):
 		// The client is done sending: pass the half-close on (a partial message is dropped,
 		// never forwarded) and let the store's last replies through for a while.
-		c.ended(endedByClient)
+		c.flow.ended(endedByClient)
 		if !c.dial.done || !c.awaitUp() {
 			c.closeBoth()
 			return false
@@ -572,7 +572,7 @@ func (c *conn) endRead(err error) bool {
 		c.mu.Unlock()
 		return false
 	default:
-		c.ended(endedByClient) // a reset, unless the guard closed it first
+		c.flow.ended(endedByClient) // a reset, unless the guard closed it first
 		c.closeBoth()
 		return false
 	}
@@ -630,7 +630,7 @@ func (c *conn) pipeStoreToClient() {
 					continue
 				}
 			}
-			c.ended(endedByStore)
+			c.flow.ended(endedByStore)
 			return
 		}
 	}

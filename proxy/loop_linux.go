@@ -578,7 +578,7 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		return
 	}
 	fromClient := ev.Fd == c.lt.cfd
-	e := c.merged()
+	e := c.tls.merged()
 	if fromClient && e != nil {
 		l.serveEnd(c, e)
 		return
@@ -626,7 +626,7 @@ func (l *loop) readEvent(c *conn, src int32, fromClient, kept bool) (int, bool) 
 	case errno == unix.EAGAIN:
 		return 0, false
 	case errno == 0 && fromClient:
-		c.ended(endedByClient)
+		c.flow.ended(endedByClient)
 		l.clientDone(c)
 		return 0, false
 	}
@@ -634,9 +634,9 @@ func (l *loop) readEvent(c *conn, src int32, fromClient, kept bool) (int, bool) 
 	side := "store"
 	if fromClient {
 		side = "client"
-		c.ended(endedByClient)
+		c.flow.ended(endedByClient)
 	} else {
-		c.ended(endedByStore)
+		c.flow.ended(endedByStore)
 	}
 	if errno != 0 || !c.lt.clientEnded {
 		l.s.log.Debug("connection ended by an error or by the store", "conn", c.id, "side", side,
@@ -696,11 +696,11 @@ func (l *loop) serveEnd(c *conn, e *tlsrelay.End) {
 		case errors.Is(err, tlsrelay.ErrWouldBlock):
 			return
 		case errors.Is(err, io.EOF):
-			c.ended(endedByClient)
+			c.flow.ended(endedByClient)
 			l.clientDone(c)
 			return
 		default:
-			c.ended(endedByClient)
+			c.flow.ended(endedByClient)
 			l.s.log.Debug("connection ended by an error", "conn", c.id, "side", "client", "err", err.Error(),
 				"bytes_in", c.g.Bytes())
 			c.closeBoth()

@@ -142,7 +142,7 @@ func (c *conn) toLoop() (took, live bool) {
 // which finish what was left first (resume).
 func (c *conn) startAdopted(cfd, ufd int, left leftover) {
 	c.lt.cfd, c.lt.ufd = int32(cfd), int32(ufd)
-	e := c.merged() // detached on cfd (tlsrelay.EndFrom); a loop takes it with no record read and not opened
+	e := c.tls.merged() // detached on cfd (tlsrelay.EndFrom); a loop takes it with no record read and not opened
 	if left.empty() && !c.gr.readEnded && ufd >= 0 && c.s.loops != nil && c.st.cfg.Timeouts.Idle == 0 &&
 		c.g.Deadline().IsZero() && !c.g.Passing() && (e == nil || e.Buffered() == 0) {
 		l := c.s.loops.pick()
@@ -210,7 +210,7 @@ func (c *conn) reattach() bool {
 		return false
 	}
 	client, err := attach(c.lt.cfd)
-	if e := c.merged(); err == nil && e != nil { // a TLS End goes on with its socket in Go's poller
+	if e := c.tls.merged(); err == nil && e != nil { // a TLS End goes on with its socket in Go's poller
 		e.Attach(client)
 		client = e
 	}
@@ -244,7 +244,7 @@ func (c *conn) reattach() bool {
 // loopFds takes the connection's sockets away from Go's poller for a loop: the client's, and the
 // store's once connected.
 func (c *conn) loopFds() (cfd, ufd int32, err error) {
-	if e := c.merged(); e != nil {
+	if e := c.tls.merged(); e != nil {
 		return detachEnd(e, c.gr.up)
 	}
 	if c.gr.up != nil {
@@ -260,7 +260,7 @@ func (c *conn) loopFds() (cfd, ufd int32, err error) {
 // closeDetached closes the descriptors a loop owned (a TLS End's after its close_notify); c.mu is
 // held.
 func (c *conn) closeDetached() {
-	if e := c.merged(); e != nil && c.lt.cfd >= 0 {
+	if e := c.tls.merged(); e != nil && c.lt.cfd >= 0 {
 		e.Close() // its close_notify, if the socket takes it now; the descriptor is closed here
 	}
 	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {

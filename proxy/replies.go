@@ -344,7 +344,7 @@ func (c *conn) dropReplies() {
 
 // tryWrite writes p to the client without waiting: what the socket takes now.
 func (c *conn) tryWrite(p []byte) (int, error) {
-	if e := c.merged(); e != nil {
+	if e := c.tls.merged(); e != nil {
 		return e.TryWrite(p)
 	}
 	rc, err := c.gr.client.SyscallConn()

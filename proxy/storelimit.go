@@ -80,10 +80,10 @@ func (c *conn) tookSlot(slot *admission.Slot) {
 // refuseStore counts and records a client closed for want of a store connection.
 func (s *Server) refuseStore(c *conn, reason admission.Reason) {
 	s.m.storeRefused.WithLabelValues(string(reason)).Inc()
-	c.decided(audit.VerdictRefused, string(reason))
-	c.ended(endedByGuard)
+	c.flow.decided(audit.VerdictRefused, string(reason), c.st.monitor)
+	c.flow.ended(endedByGuard)
 	e := s.ev.event(c.src, c.dst, audit.ActionDenied, string(reason))
-	e.ConnID, e.TLS = c.id, c.tlsInfo()
+	e.ConnID, e.TLS = c.id, c.tls.record()
 	s.ev.write(e)
 	s.storeCaps.Refused(s.now(), reason, c.st.cfg, c.id, c.src.String())
 }

@@ -52,26 +52,26 @@ type tlsConn struct {
 
 // merged is the connection's TLS End: its goroutines, or the event loop that takes it, open and
 // seal its records themselves. Nil for plaintext and relayed connections.
-func (c *conn) merged() *tlsrelay.End {
-	if c.tls == nil {
+func (t *tlsConn) merged() *tlsrelay.End {
+	if t == nil {
 		return nil
 	}
-	return c.tls.end
+	return t.end
 }
 
-// tlsInfo is the connection's TLS record for its events, nil without TLS.
-func (c *conn) tlsInfo() *audit.TLS {
-	if c.tls == nil {
+// record is the connection's TLS record for its events, nil without TLS.
+func (t *tlsConn) record() *audit.TLS {
+	if t == nil {
 		return nil
 	}
-	return c.tls.info
+	return t.info
 }
 
 // setTLS makes c a mutual-TLS connection (t nil: plaintext): its guard's policy sees the
 // peer's identity.
 func (c *conn) setTLS(t *tlsConn) {
 	c.tls = t
-	c.g.As(c.identity())
+	c.g.As(c.tls.identity())
 }
 
 // kept reports whether a keeper holds the connection's sockets: a TLS connection's too when its
@@ -93,11 +93,11 @@ func (c *conn) kept() bool {
 }
 
 // identity is the peer's proved identity, "" without TLS.
-func (c *conn) identity() string {
-	if c.tls == nil {
+func (t *tlsConn) identity() string {
+	if t == nil {
 		return ""
 	}
-	return c.tls.id
+	return t.id
 }
 
 // serverTLS is the handshake's configuration for settings tc: nil with TLS off.
@@ -336,10 +336,10 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 	for _, c := range revoked {
 		s.m.refused.WithLabelValues(ReasonRevoked).Inc()
 		e := s.ev.event(c.src, c.dst, audit.ActionDenied, ReasonRevoked)
-		e.ConnID, e.TLS = c.id, c.tlsInfo()
+		e.ConnID, e.TLS = c.id, c.tls.record()
 		s.ev.write(e)
-		c.decided(audit.VerdictRefused, ReasonRevoked)
-		c.ended(endedByGuard)
+		c.flow.decided(audit.VerdictRefused, ReasonRevoked, c.st.monitor)
+		c.flow.ended(endedByGuard)
 		c.closeBoth()
 		if a := c.src.Addr(); !kept[a] {
 			kept[a] = true // listed once

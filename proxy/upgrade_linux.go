@@ -122,7 +122,7 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	switch {
 	case cs.TLS != nil && cs.TLS.Kept: // its TLS socket is the client's
 		client = c.tls.end.TLS
-	case c.merged() != nil:
+	case c.tls.merged() != nil:
 		client = c.tls.handover[1] // what the End was given to write and had not goes there (ToClient)
 	case client != nil && c.hold.n > 0 && c.hold.n == len(c.carry) && len(refeed) == len(c.carry) && c.s.cont.socketHolds:
 		// The start of the message in progress stays in the socket, and Refeed says so: the next
@@ -376,7 +376,7 @@ func (s *Server) startAdopted() {
 			continue
 		}
 		s.startConn(ac)
-		if e := ac.c.merged(); e != nil && e.Slot() >= 0 {
+		if e := ac.c.tls.merged(); e != nil && e.Slot() >= 0 {
 			keptEnds++
 		}
 	}

@@ -72,17 +72,13 @@ type conn struct {
 	src, dst netip.AddrPort
 	start    time.Time
 
-	g     guard.Stream
-	out   transport // the transport forwarding the connection now: &gr or &lt; only it changes out
-	carry []byte    // the bytes of the message in progress the guard holds (g.Held())
-	held  int64     // budget held for carry's capacity
-	hold  hold      // carry's bytes left in a kept client's socket (hold.go)
-	// awaitStore: auto mode, and the store's generation was not known at accept; serve waits for
-	// it before a byte moves (awaitGeneration).
-	awaitStore bool
-	untalk     func()
-	release    func()     // gives back the admission (admission.Gate.Admit)
-	silent     silentLink // its place among its source's silent connections (silent.go); under s.reg.mu
+	g      guard.Stream
+	out    transport  // the transport forwarding the connection now: &gr or &lt; only it changes out
+	carry  []byte     // the bytes of the message in progress the guard holds (g.Held())
+	held   int64      // budget held for carry's capacity
+	hold   hold       // carry's bytes left in a kept client's socket (hold.go)
+	gives  gives      // what the connection gives back as it ends
+	silent silentLink // its place among its source's silent connections (silent.go); under s.reg.mu
 	// storeSlot is the store connection's slot (storelimit.go), taken before the store is dialled
 	// by whoever owns the connection then; end gives it back.
 	storeSlot *admission.Slot
@@ -133,6 +129,16 @@ func (l *leftover) empty() bool {
 type dialState struct {
 	done  bool          // the store was dialled (storeUp, connectStore); only the connection's owner sets it
 	ready chan struct{} // closed once the dial is done; gr.up or lt.ufd is then set, or the dial failed
+	// awaitStore: auto mode, and the store's generation was not known at accept; serve waits for
+	// it before a byte moves (awaitGeneration).
+	awaitStore bool
+}
+
+// gives is what a connection gives back as it ends: its admission (admission.Gate.Admit), and
+// its place among the sources serving a job once it completed a message (markTalker; nil before).
+type gives struct {
+	admission func()
+	talker    func()
 }
 
 // seenState is what the stream has shown, for the reply half's goroutines: bytes judged, and 1 +
@@ -221,13 +227,13 @@ func (s *Server) accepted(client sock, src, dst netip.AddrPort, release func()) 
 // acceptedAs is accepted with the connection id given.
 func (s *Server) acceptedAs(id uint64, client sock, src, dst netip.AddrPort, release func()) *conn {
 	c := s.newConn(id, src, dst, s.now())
-	c.release, c.gr.client = release, client
+	c.gives.admission, c.gr.client = release, client
 	if !c.st.dec.Gen.Auto {
 		c.resetGuard(c.st.dec)
 	} else if info, known := s.store.Get(); known {
 		c.resetGuard(c.st.decoderFor(info))
 	} else {
-		c.awaitStore = true
+		c.dial.awaitStore = true
 	}
 	return c
 }
@@ -299,7 +305,7 @@ func (c *conn) act(d guard.Decision, p []byte, now time.Time) bool {
 		c.s.ev.warning(c, w.Violation, w.First)
 	}
 	if d.Talked {
-		c.untalk = c.s.markTalker(c.src.Addr())
+		c.gives.talker = c.s.markTalker(c.src.Addr())
 	}
 	if d.Send {
 		if !c.sendHeld(p[:d.Forward]) {
@@ -425,7 +431,7 @@ func (c *conn) end() {
 		e.Release()
 	}
 	c.s.m.active.Dec()
-	c.release()
+	c.gives.admission()
 	c.s.handlers.Done()
 }
 
@@ -437,8 +443,8 @@ func (c *conn) finish() {
 	c.releaseCarry()
 	c.s.buf.release(c.src.Addr(), c.gr.left.upHeld) // a loop's is handed to the goroutines first (leaveLoop)
 	c.gr.left.upHeld = 0
-	if c.untalk != nil {
-		c.untalk()
+	if c.gives.talker != nil {
+		c.gives.talker()
 	}
 }
 
@@ -519,4 +525,60 @@ func addrPort(a net.Addr) netip.AddrPort {
 		return t.AddrPort()
 	}
 	return netip.AddrPort{}
+}
+
+// takeStoreSlot takes the connection's store slot if one is free at once and a dial token is
+// there for it (event loops never wait).
+func (c *conn) takeStoreSlot() bool {
+	if c.storeSlot != nil {
+		return true
+	}
+	slot, reason := c.s.slots.TryTake(c.src.Addr())
+	if reason != "" {
+		c.s.storeCaps.HeldBack(reason)
+		return false
+	}
+	c.tookSlot(slot)
+	return true
+}
+
+// awaitStoreSlot takes the connection's store slot, waiting up to timeouts.upstream-dial (or until
+// drain ends) in StoreSlots' queue for a slot to free and a dial token to come due; the queue
+// serves sources that serve a job first. It reports false, having counted and recorded the
+// refusal, when none came: the client is then closed, which is not its violation (a job larger
+// than the caps, or another source's flood, may be why). deferred: a freeze began first, and the
+// connection asks again after it (or in the next process).
+func (c *conn) awaitStoreSlot() (ok, deferred bool) {
+	if c.storeSlot != nil {
+		return true, false
+	}
+	src := c.src.Addr()
+	slot, reason := c.s.slots.TryTake(src)
+	if reason == "" {
+		c.tookSlot(slot)
+		return true, false
+	}
+	c.s.storeCaps.HeldBack(reason)
+	c.s.m.storeQueued.WithLabelValues(string(reason)).Inc()
+	ctx, cancel := c.s.waitFor(c.st.cfg.Timeouts.UpstreamDial)
+	defer cancel()
+	slot, reason = c.s.slots.Take(ctx, src, c.s.servingJob(src, c))
+	switch {
+	case reason == "":
+		c.tookSlot(slot)
+		return true, false
+	case c.isClosed():
+		return false, false // drain closed it
+	case frozeFirst(ctx):
+		return false, true
+	}
+	c.s.refuseStore(c, reason)
+	return false, false
+}
+
+// tookSlot keeps the store slot the connection was granted, and has it paced by the store's
+// answers to the connection.
+func (c *conn) tookSlot(slot *admission.Slot) {
+	c.storeSlot = slot
+	c.rep.paceWith(slot)
 }

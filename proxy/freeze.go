@@ -62,23 +62,6 @@ func (f *freezer) thawedCh() <-chan struct{} {
 	return f.thawed
 }
 
-// park holds the calling goroutine, one of c's (*at marks it parked), until the freeze ends. It
-// returns at once if none is on.
-func (c *conn) park(at *bool) {
-	f := &c.s.cont.frz
-	if !f.on.Load() {
-		return
-	}
-	thawed := f.thawedCh()
-	c.mu.Lock()
-	*at = true
-	c.mu.Unlock()
-	<-thawed
-	c.mu.Lock()
-	*at = false
-	c.mu.Unlock()
-}
-
 // frozen reports whether a freeze is on.
 func (s *Server) frozen() bool { return s.cont.frz.on.Load() }
 
@@ -87,40 +70,6 @@ var past = time.Unix(1, 0)
 
 // unsetDeadline makes setDeadline arm the read deadline again (another goroutine changed it).
 var unsetDeadline = time.Unix(2, 0)
-
-// quiet reports whether c is parked: its reader parked (or done: the client ended its stream), its
-// reply reader parked or not started, no reply being written. It wakes what still runs.
-func (c *conn) quiet() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.own != ownGoroutines {
-		return false
-	}
-	c2s := c.gr.parkC2S || c.gr.readEnded
-	s2c := !c.gr.s2cStarted || c.gr.parkS2C
-	c.rep.mu.Lock()
-	writing := c.rep.writing
-	c.rep.mu.Unlock()
-	if !c2s && c.gr.client != nil {
-		c.gr.client.SetReadDeadline(past)
-	}
-	if !c2s && c.gr.up != nil {
-		c.gr.up.SetWriteDeadline(past) // a write to a store that does not read: its rest waits (send)
-	}
-	if !s2c && c.gr.up != nil {
-		c.gr.up.SetReadDeadline(past)
-	}
-	if writing && c.gr.client != nil {
-		c.gr.client.SetWriteDeadline(past)
-	}
-	return c2s && s2c && !writing
-}
-
-// spuriousTimeout reports whether a read deadline that passed was not the connection's own, set to
-// deadline (zero: none), but a freeze's, which ended: the caller re-arms its own and reads on.
-func (c *conn) spuriousTimeout(deadline time.Time) bool {
-	return deadline.IsZero() || c.s.now().Before(deadline)
-}
 
 // errFreezeTimeout: a connection did not park in time.
 var errFreezeTimeout = errors.New("connections did not reach a safe point in time")

@@ -217,7 +217,7 @@ func (c *conn) awaitGeneration() bool {
 		return false
 	}
 	c.s.m.storeWaits.WithLabelValues("learned").Inc()
-	c.awaitStore = false
+	c.dial.awaitStore = false
 	c.resetGuard(c.st.decoderFor(info))
 	return true
 }
@@ -233,7 +233,7 @@ func (c *conn) serve(from *leftover) {
 		}
 	}()
 	defer c.s.recoverConn(c) // first: a panic closes the sockets, so finish does not wait forever
-	if c.awaitStore && !c.awaitGeneration() {
+	if c.dial.awaitStore && !c.awaitGeneration() {
 		close(c.dial.ready) // no store connection: there is nothing to wait for
 		c.closeBoth()
 		return
@@ -634,4 +634,55 @@ func (c *conn) pipeStoreToClient() {
 			return
 		}
 	}
+}
+
+// park holds the calling goroutine, one of c's (*at marks it parked), until the freeze ends. It
+// returns at once if none is on.
+func (c *conn) park(at *bool) {
+	f := &c.s.cont.frz
+	if !f.on.Load() {
+		return
+	}
+	thawed := f.thawedCh()
+	c.mu.Lock()
+	*at = true
+	c.mu.Unlock()
+	<-thawed
+	c.mu.Lock()
+	*at = false
+	c.mu.Unlock()
+}
+
+// quiet reports whether c is parked: its reader parked (or done: the client ended its stream), its
+// reply reader parked or not started, no reply being written. It wakes what still runs.
+func (c *conn) quiet() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.own != ownGoroutines {
+		return false
+	}
+	c2s := c.gr.parkC2S || c.gr.readEnded
+	s2c := !c.gr.s2cStarted || c.gr.parkS2C
+	c.rep.mu.Lock()
+	writing := c.rep.writing
+	c.rep.mu.Unlock()
+	if !c2s && c.gr.client != nil {
+		c.gr.client.SetReadDeadline(past)
+	}
+	if !c2s && c.gr.up != nil {
+		c.gr.up.SetWriteDeadline(past) // a write to a store that does not read: its rest waits (send)
+	}
+	if !s2c && c.gr.up != nil {
+		c.gr.up.SetReadDeadline(past)
+	}
+	if writing && c.gr.client != nil {
+		c.gr.client.SetWriteDeadline(past)
+	}
+	return c2s && s2c && !writing
+}
+
+// spuriousTimeout reports whether a read deadline that passed was not the connection's own, set to
+// deadline (zero: none), but a freeze's, which ended: the caller re-arms its own and reads on.
+func (c *conn) spuriousTimeout(deadline time.Time) bool {
+	return deadline.IsZero() || c.s.now().Before(deadline)
 }

@@ -6,7 +6,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/storeguard/storeguard/internal/tcpcount"
-	"github.com/storeguard/storeguard/tlsrelay"
 )
 
 // A connection its keeper holds is read with MSG_PEEK, and its bytes are consumed only once passed
@@ -73,19 +72,6 @@ func (h *hold) drop(fd int) {
 		h.n = 0
 	}
 	h.setLowat(fd, 1)
-}
-
-// settleEnd tells a kept TLS End how much of the plaintext it opened is passed on (all but the
-// message in progress in carry), so that it keeps only the records from that message's start
-// (tlsrelay.End.Settle): the End's ring is its hold. What is left to finish (left) is in this
-// process's memory only, so nothing settles then; the next read settles it. Goroutines call it
-// before each read, so that what a previous process handed on (Refeed, ToStore) is settled once
-// judged and written, before the End reads on.
-func (c *conn) settleEnd(e *tlsrelay.End, left *leftover) {
-	if left.unfinished() {
-		return
-	}
-	e.Settle(len(c.carry))
 }
 
 // setLowat sets fd's SO_RCVLOWAT to v unless it is so already, and reports whether it is.

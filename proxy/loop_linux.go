@@ -476,7 +476,7 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 	tc, err := attach(int32(fd))
 	if err != nil {
 		s.log.Warn("could not give an accepted connection to Go's poller; closing it", "err", err)
-		c.release()
+		c.gives.admission()
 		s.cont.kp.Ended(c.id)
 		s.m.active.Dec()
 		s.handlers.Done()

@@ -29,7 +29,7 @@ import (
 // the store is on this host (a loop connects to it without waiting, at the first valid message),
 // and there is no deadline to watch. (A TLS End goes too: the loop opens and seals its records.)
 func (c *conn) loopable() bool {
-	return c.s.loops != nil && !c.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
+	return c.s.loops != nil && !c.dial.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
 		c.g.Deadline().IsZero()
 }
 

@@ -676,7 +676,7 @@ func (s *Server) markTalker(src netip.Addr) (done func()) {
 // servingJob reports whether src has a live connection other than c that completed a valid
 // message: evidence of a job's rank there, whose new connections go first to the store.
 func (s *Server) servingJob(src netip.Addr, c *conn) bool {
-	return s.sources.ServingBesides(src, c.untalk != nil)
+	return s.sources.ServingBesides(src, c.gives.talker != nil)
 }
 
 // sameAddr reports whether a reloaded listen address names the socket already open: the same

@@ -351,3 +351,16 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 	}
 	s.peers.gone(gone)
 }
+
+// settleEnd tells a kept TLS End how much of the plaintext it opened is passed on (all but the
+// message in progress in carry), so that it keeps only the records from that message's start
+// (tlsrelay.End.Settle): the End's ring is its hold. What is left to finish (left) is in this
+// process's memory only, so nothing settles then; the next read settles it. Goroutines call it
+// before each read, so that what a previous process handed on (Refeed, ToStore) is settled once
+// judged and written, before the End reads on.
+func (c *conn) settleEnd(e *tlsrelay.End, left *leftover) {
+	if left.unfinished() {
+		return
+	}
+	e.Settle(len(c.carry))
+}

@@ -411,7 +411,7 @@ func (s *Server) startAdopted() {
 // bytes that were not judged through.
 func (s *Server) startConn(ac *adoptedConn) {
 	c := ac.c
-	c.release = s.gate.Adopt(c.src.Addr())
+	c.gives.admission = s.gate.Adopt(c.src.Addr())
 	if t := ac.st.TLS; t != nil {
 		ended, err := c.endFrom(ac)
 		if err == nil && !ended {
@@ -419,7 +419,7 @@ func (s *Server) startConn(ac *adoptedConn) {
 		}
 		if err != nil {
 			s.log.Warn("upgrade: a TLS connection's relay could not go on; closing it", "conn", c.id, "err", err)
-			c.release()
+			c.gives.admission()
 			unix.Close(ac.st.ClientFd)
 			if ac.st.StoreFd >= 0 {
 				unix.Close(ac.st.StoreFd)
@@ -440,11 +440,11 @@ func (s *Server) startConn(ac *adoptedConn) {
 		}
 	}
 	if c.tls != nil {
-		addr, id := c.release, s.gate.AdoptIdentity(c.tls.id)
-		c.release = func() { id(); addr() }
+		addr, id := c.gives.admission, s.gate.AdoptIdentity(c.tls.id)
+		c.gives.admission = func() { id(); addr() }
 	}
 	if c.g.Talked() {
-		c.untalk = s.markTalker(c.src.Addr())
+		c.gives.talker = s.markTalker(c.src.Addr())
 	}
 	if ac.st.StoreFd >= 0 {
 		c.storeSlot = s.slots.Adopt(c.src.Addr())

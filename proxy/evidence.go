@@ -27,12 +27,14 @@ type evidence struct {
 	every   everySecond // the lost event's log line
 }
 
+// violation records v, a violation of c's stream that the judging goroutine found: its event, its
+// flow's verdict and, when it earns one, the ban of its source (or of its identity at its address).
 func (ev *evidence) violation(c *conn, v *protocol.Violation, first []byte) {
 	_, known := c.g.Generation()
 	ev.violationSeen(c, v, first, known, c.g.Bytes())
 }
 
-// recordViolationSeen records v as violation does, for a goroutine other than the one
+// violationSeen records v as violation does, for a goroutine other than the one
 // judging c's stream: known and seen are what the stream had shown (conn.seen).
 func (ev *evidence) violationSeen(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) {
 	o := ev.outcome(c, v, first, known, seen)
@@ -60,7 +62,7 @@ func (ev *evidence) violationSeen(c *conn, v *protocol.Violation, first []byte, 
 	}
 }
 
-// recordWarning records v, a rule broken in monitor mode by a message that was forwarded: a
+// warning records v, a rule broken in monitor mode by a message that was forwarded: a
 // would_block event, never a step towards a ban.
 func (ev *evidence) warning(c *conn, v *protocol.Violation, first []byte) {
 	ev.m.violations.WithLabelValues(string(v.Rule), string(audit.ModeMonitor)).Inc()
@@ -71,25 +73,29 @@ func (ev *evidence) warning(c *conn, v *protocol.Violation, first []byte) {
 	ev.log.Debug("violation let through (monitor)", "conn", c.id, "src", c.src.String(), "err", v.Error())
 }
 
-// recordTruncated records v, a message that the stream's end cut short (first: its bytes): blocked
+// truncated records v, a message that the stream's end cut short (first: its bytes): blocked
 // in either mode, since none of it was forwarded, and never a step towards a ban (verdict.Of).
 func (ev *evidence) truncated(c *conn, v *protocol.Violation, first []byte) {
 	_, known := c.g.Generation()
 	ev.outcome(c, v, first, known, c.g.Bytes())
 }
 
+// refused records a connection refused at admission, for reason.
 func (ev *evidence) refused(src, dst netip.AddrPort, reason admission.Reason) {
 	ev.m.refused.WithLabelValues(string(reason)).Inc()
 	e := ev.event(src, dst, audit.ActionDenied, string(reason))
 	ev.write(e)
 }
 
+// event is an admission event of src's connection to dst, stamped now.
 func (ev *evidence) event(src, dst netip.AddrPort, action audit.Action, reason string) audit.Event {
 	e := audit.AdmissionEvent(src, dst, action, reason)
 	e.Timestamp = ev.now()
 	return e
 }
 
+// write writes e to the audit log; one that is lost is counted by the writer and logged at most
+// once a second.
 func (ev *evidence) write(e audit.Event) {
 	if ev.audit == nil {
 		return
@@ -100,7 +106,7 @@ func (ev *evidence) write(e audit.Event) {
 	}
 }
 
-// recordOutcome counts v, a violation of c's stream, decides c's flow and writes v's event, as
+// outcome counts v, a violation of c's stream, decides c's flow and writes v's event, as
 // verdict.Of says (violation, truncated).
 func (ev *evidence) outcome(c *conn, v *protocol.Violation, first []byte, known bool, seen uint64) verdict.Outcome {
 	o := verdict.Of(v, c.st.monitor)
@@ -112,7 +118,7 @@ func (ev *evidence) outcome(c *conn, v *protocol.Violation, first []byte, known 
 	return o
 }
 
-// writeFlow writes f as configured (flows) and feeds the scan detector, writing its notice.
+// flow writes f as configured (flows) and feeds the scan detector, writing its notice.
 func (ev *evidence) flow(f *audit.Flow) {
 	if notice, ok := ev.flows.Write(f, &ev.set.Load().cfg, ev.sources); ok {
 		ev.m.scans.Inc()

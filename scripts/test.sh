@@ -30,7 +30,15 @@ for pkg in $(go list ./...); do
     echo "-- $target ($pkg)"
     log="${TMPDIR:-/tmp}/storeguard-fuzz-$target.log"
     if ! go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 2s "$pkg" >"$log" 2>&1; then
-      tail -60 "$log"; exit 1 # the failure itself, not only its exit status
+      # Go 1.26's fuzz coordinator can fail a target with a bare "context deadline exceeded" at the
+      # end of -fuzztime, with no input at fault (golang/go#75804, fixed in Go 1.27). A real failure
+      # writes its input ("Failing input written to testdata/fuzz/..."): only that, or any other
+      # failure, fails the suite.
+      if grep -q '^    context deadline exceeded$' "$log" && ! grep -q 'Failing input written' "$log"; then
+        echo "   $target: the fuzz coordinator's end-of-fuzztime race (golang/go#75804), no failing input: not a failure"
+      else
+        tail -60 "$log"; exit 1 # the failure itself, not only its exit status
+      fi
     fi
     tail -2 "$log"
   done

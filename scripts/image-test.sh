@@ -143,22 +143,10 @@ uid=$(awk '/^Uid:/ {print $2 "/" $3}' "/proc/$pid/status" 2>/dev/null || echo "?
 caps=$(awk '/^CapEff:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo "?")
 [ "$uid" = "65532/65532" ] && [ "$caps" = 0000000000000000 ] && pass "I5 the guard in the image runs as uid 65532 with no capabilities (pid $pid)" \
 	|| fail "I5 the guard runs as uid '$uid' with capabilities '$caps' (want 65532/65532 and none)"
-cat >"$WORK/rank.py" <<'PY'
-import datetime, sys
-import torch, torch.distributed as dist
-rank, init = int(sys.argv[1]), sys.argv[2]
-dist.init_process_group("gloo", init_method=init, world_size=2, rank=rank, timeout=datetime.timedelta(seconds=60))
-t = torch.tensor([float(rank + 1)])
-dist.all_reduce(t)
-assert t.item() == 3.0, t
-dist.barrier()
-print("rank %d all_reduce ok: %s" % (rank, t.item()), flush=True)
-dist.destroy_process_group()
-PY
 INIT="tcp://10.79.0.1:$STORE_PORT"
-ip netns exec "$NS_M" env GLOO_SOCKET_IFNAME="sgim$TAG" timeout 120 "$TORCH_PY" "$WORK/rank.py" 0 "$INIT" >"$WORK/rank0.log" 2>&1 &
+ip netns exec "$NS_M" env GLOO_SOCKET_IFNAME="sgim$TAG" timeout 120 "$TORCH_PY" "$ROOT/scripts/gloo-rank.py" 0 "$INIT" >"$WORK/rank0.log" 2>&1 &
 R0=$!; PIDS+=("$R0")
-ip netns exec "$NS_W" env GLOO_SOCKET_IFNAME="sgiw$TAG" timeout 120 "$TORCH_PY" "$WORK/rank.py" 1 "$INIT" >"$WORK/rank1.log" 2>&1 &
+ip netns exec "$NS_W" env GLOO_SOCKET_IFNAME="sgiw$TAG" timeout 120 "$TORCH_PY" "$ROOT/scripts/gloo-rank.py" 1 "$INIT" >"$WORK/rank1.log" 2>&1 &
 R1=$!; PIDS+=("$R1")
 rc0=0 rc1=0; wait "$R0" || rc0=$?; wait "$R1" || rc1=$?
 ACC=$(metric storeguard_connections_accepted_total || echo -1)

@@ -215,20 +215,6 @@ except Exception as e:
     print("error:%s" % str(e).splitlines()[0] if str(e) else "error:%r" % e)
 EOF
 
-cat >"$WORK/rank.py" <<'EOF'
-# rank.py RANK INIT_METHOD: one rank of a 2-process gloo job: init, all_reduce, barrier.
-import datetime, sys
-import torch, torch.distributed as dist
-rank, init = int(sys.argv[1]), sys.argv[2]
-dist.init_process_group("gloo", init_method=init, world_size=2, rank=rank, timeout=datetime.timedelta(seconds=60))
-t = torch.tensor([float(rank + 1)])
-dist.all_reduce(t)
-assert t.item() == 3.0, t
-dist.barrier()
-print("rank %d all_reduce ok: %s" % (rank, t.item()), flush=True)
-dist.destroy_process_group()
-EOF
-
 cat >"$WORK/audit_check.py" <<'EOF'
 # audit_check.py AUDIT_LOG SOURCE_PREFIX RULES EXPECT_GEN: find a blocked event from the source; prints it or "missing".
 import json, sys, time
@@ -379,13 +365,13 @@ pass "firewall rules ($E2E_FW) installed in the master namespace"
 start_storeguard
 R0=$(fw_count redirect)
 INIT="tcp://$M_ADDR:$STORE_PORT"
-ip netns exec "$NS_M" env GLOO_SOCKET_IFNAME="$VM" timeout 120 "$TORCH_PY" "$WORK/rank.py" 0 "$INIT" >"$WORK/rank0.log" 2>&1 &
+ip netns exec "$NS_M" env GLOO_SOCKET_IFNAME="$VM" timeout 120 "$TORCH_PY" "$ROOT/scripts/gloo-rank.py" 0 "$INIT" >"$WORK/rank0.log" 2>&1 &
 RANK0=$!
 PIDS+=("$RANK0")
 # Start rank 1 only once the store listens: a client that reaches storeguard before the store exists gets a
 # closed connection (storeguard cannot dial upstream), not the "connection refused" torch retries on.
 wait_listen "$NS_M" "$STORE_PORT" 60 || die "rank 0's TCPStore never listened on :$STORE_PORT"
-ip netns exec "$NS_W" env GLOO_SOCKET_IFNAME="$VW" timeout 120 "$TORCH_PY" "$WORK/rank.py" 1 "$INIT" >"$WORK/rank1.log" 2>&1 &
+ip netns exec "$NS_W" env GLOO_SOCKET_IFNAME="$VW" timeout 120 "$TORCH_PY" "$ROOT/scripts/gloo-rank.py" 1 "$INIT" >"$WORK/rank1.log" 2>&1 &
 RANK1=$!
 PIDS+=("$RANK1")
 rc0=0; rc1=0

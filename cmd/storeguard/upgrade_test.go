@@ -45,11 +45,17 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildBinary(t, t.TempDir())
+	onBothTransports(t, func(t *testing.T, extra []string) { upgradesAndCrashes(t, bin, extra...) })
+}
+
+// onBothTransports runs f as subtests: on the event loops, and on goroutines alone (extra: the
+// serve flags that say which).
+func onBothTransports(t *testing.T, f func(t *testing.T, extra []string)) {
 	for _, tc := range []struct {
 		name  string
 		extra []string
 	}{{"event loops", nil}, {"goroutines", []string{"--event-loops", "-1"}}} {
-		t.Run(tc.name, func(t *testing.T) { upgradesAndCrashes(t, bin, tc.extra...) })
+		t.Run(tc.name, func(t *testing.T) { f(t, tc.extra) })
 	}
 }
 
@@ -151,54 +157,49 @@ func TestAHalfMessageOutlivesAnUpgradeAndACrash(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildBinary(t, t.TempDir())
-	for _, tc := range []struct {
-		name  string
-		extra []string
-	}{{"event loops", nil}, {"goroutines", []string{"--event-loops", "-1"}}} {
-		t.Run(tc.name, func(t *testing.T) {
-			store, addr, pidFile, logs := startKeeper(t, bin, t.TempDir(), tc.extra...)
-			c := dialEventually(t, addr)
-			defer c.Close()
-			add, err := protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
+	onBothTransports(t, func(t *testing.T, extra []string) {
+		store, addr, pidFile, logs := startKeeper(t, bin, t.TempDir(), extra...)
+		c := dialEventually(t, addr)
+		defer c.Close()
+		add, err := protocol.Append(nil, protocol.G0, protocol.Request{Op: protocol.OpAdd, Key: []byte("/ctr"), Int: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply := make([]byte, 8)
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := c.Write(add); err != nil { // connects the store: the half below is not the first message
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, reply); err != nil {
+			t.Fatal(err)
+		}
+		waitPid := func(old int) int {
+			pid, err := killload.WaitPid(pidFile, old, 20*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
-			reply := make([]byte, 8)
-			c.SetDeadline(time.Now().Add(30 * time.Second))
-			if _, err := c.Write(add); err != nil { // connects the store: the half below is not the first message
-				t.Fatal(err)
-			}
-			if _, err := io.ReadFull(c, reply); err != nil {
-				t.Fatal(err)
-			}
-			waitPid := func(old int) int {
-				pid, err := killload.WaitPid(pidFile, old, 20*time.Second)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return pid
-			}
-			pid := waitPid(0)
-			c.Write(add[:5])
-			time.Sleep(100 * time.Millisecond) // read, judged and held by the worker
-			if out, err := exec.Command(bin, "upgrade", "--pid-file", pidFile, "--timeout", "20s").CombinedOutput(); err != nil {
-				t.Fatalf("upgrade: %v\n%s", err, out)
-			}
-			pid = waitPid(pid)
-			syscall.Kill(pid, syscall.SIGKILL)
-			waitPid(pid)
-			c.Write(add[5:])
-			if _, err := io.ReadFull(c, reply); err != nil {
-				t.Fatalf("the ADD begun before the upgrade and the crash: %v\n%s", err, logs.String())
-			}
-			if got := countOps(t, store.Received(0), protocol.OpAdd); got != 2 {
-				t.Fatalf("the store got %d ADDs, want 2", got)
-			}
-			if strings.Contains(logs.String(), "restart_lost_request") {
-				t.Fatalf("a restored connection was closed as restart_lost_request:\n%s", logs.String())
-			}
-		})
-	}
+			return pid
+		}
+		pid := waitPid(0)
+		c.Write(add[:5])
+		time.Sleep(100 * time.Millisecond) // read, judged and held by the worker
+		if out, err := exec.Command(bin, "upgrade", "--pid-file", pidFile, "--timeout", "20s").CombinedOutput(); err != nil {
+			t.Fatalf("upgrade: %v\n%s", err, out)
+		}
+		pid = waitPid(pid)
+		syscall.Kill(pid, syscall.SIGKILL)
+		waitPid(pid)
+		c.Write(add[5:])
+		if _, err := io.ReadFull(c, reply); err != nil {
+			t.Fatalf("the ADD begun before the upgrade and the crash: %v\n%s", err, logs.String())
+		}
+		if got := countOps(t, store.Received(0), protocol.OpAdd); got != 2 {
+			t.Fatalf("the store got %d ADDs, want 2", got)
+		}
+		if strings.Contains(logs.String(), "restart_lost_request") {
+			t.Fatalf("a restored connection was closed as restart_lost_request:\n%s", logs.String())
+		}
+	})
 }
 
 // TestKillsUnderLoadLoseNothing kills the forwarding process 6 times while 8 clients send ADDs as

@@ -48,6 +48,16 @@ func TestUpgradesAndCrashesLoseNothing(t *testing.T) {
 	onBothTransports(t, func(t *testing.T, extra []string) { upgradesAndCrashes(t, bin, extra...) })
 }
 
+// waitWorker waits up to 20 s for the pid file to name a forwarding process other than old.
+func waitWorker(t *testing.T, pidFile string, old int) int {
+	t.Helper()
+	pid, err := killload.WaitPid(pidFile, old, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
 // onBothTransports runs f as subtests: on the event loops, and on goroutines alone (extra: the
 // serve flags that say which).
 func onBothTransports(t *testing.T, f func(t *testing.T, extra []string)) {
@@ -98,13 +108,7 @@ func upgradesAndCrashes(t *testing.T, bin string, extra ...string) {
 			adds.Add(1)
 		}
 	}()
-	waitPid := func(old int) int {
-		pid, err := killload.WaitPid(pidFile, old, 20*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pid
-	}
+	waitPid := func(old int) int { return waitWorker(t, pidFile, old) }
 	pid := waitPid(0)
 	for i := range 8 {
 		time.Sleep(300 * time.Millisecond)
@@ -173,13 +177,7 @@ func TestAHalfMessageOutlivesAnUpgradeAndACrash(t *testing.T) {
 		if _, err := io.ReadFull(c, reply); err != nil {
 			t.Fatal(err)
 		}
-		waitPid := func(old int) int {
-			pid, err := killload.WaitPid(pidFile, old, 20*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return pid
-		}
+		waitPid := func(old int) int { return waitWorker(t, pidFile, old) }
 		pid := waitPid(0)
 		c.Write(add[:5])
 		time.Sleep(100 * time.Millisecond) // read, judged and held by the worker

@@ -12,22 +12,14 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
+
+	"github.com/storeguard/storeguard/nftset"
 )
 
 // Target is the network namespace to work in: the process's own when NetNS is nil.
 type Target struct{ NetNS *os.File }
 
-func (t Target) conn() (*nftables.Conn, error) {
-	var opts []nftables.ConnOption
-	if t.NetNS != nil {
-		opts = append(opts, nftables.WithNetNSFd(int(t.NetNS.Fd())))
-	}
-	c, err := nftables.New(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("netlink: %w (storeguard firewall needs CAP_NET_ADMIN)", err)
-	}
-	return c, nil
-}
+func (t Target) conn() (*nftables.Conn, error) { return nftset.Open(t.NetNS) }
 
 // loIndex is loopback's interface index, 1 in every network namespace (the kernel registers it
 // first); nft resolves iif "lo" to it as it loads a file, as this does.
@@ -82,7 +74,7 @@ func build(name string, v Values) (*ruleset, error) {
 		out := &nftables.Chain{Table: t, Name: "output", Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest, Policy: &accept}
 		redir := rule{comment: "storeguard-connect: rank -> client guard"}
-		ports := tcpDport(v.MasterPorts...)
+		ports := tcpDport(v.MasterPorts[0])
 		if len(v.MasterPorts) > 1 {
 			redir.anon = &nftables.Set{Table: t, Anonymous: true, Constant: true, KeyType: nftables.TypeInetService}
 			for _, p := range v.MasterPorts {
@@ -337,9 +329,9 @@ func dport() []expr.Any {
 	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}}
 }
 
-// tcpDport: tcp dport p (one port; several are looked up in an anonymous set by the caller).
-func tcpDport(p ...uint16) []expr.Any {
-	return cat(tcpProto(), dport(), []expr.Any{&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(p[0])}})
+// tcpDport: tcp dport p (several ports are looked up in an anonymous set by the caller).
+func tcpDport(p uint16) []expr.Any {
+	return cat(tcpProto(), dport(), []expr.Any{&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(p)}})
 }
 
 // ctNew: ct state new.

@@ -17,14 +17,24 @@ var tableFamilies = map[string]nftables.TableFamily{
 	"bridge": nftables.TableFamilyBridge, "netdev": nftables.TableFamilyNetdev,
 }
 
-func (n Netlink) open(sp Spec) (*nftables.Conn, *nftables.Table, error) {
+// Open opens a netlink connection to nf_tables in the network namespace ns (nil: the process's
+// own); it needs CAP_NET_ADMIN there. Package firewall opens its connections with it too.
+func Open(ns *os.File) (*nftables.Conn, error) {
 	var opts []nftables.ConnOption
-	if n.NetNS != nil {
-		opts = append(opts, nftables.WithNetNSFd(int(n.NetNS.Fd())))
+	if ns != nil {
+		opts = append(opts, nftables.WithNetNSFd(int(ns.Fd())))
 	}
 	c, err := nftables.New(opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("netlink: %w", err)
+		return nil, fmt.Errorf("netlink: %w (nftables needs CAP_NET_ADMIN)", err)
+	}
+	return c, nil
+}
+
+func (n Netlink) open(sp Spec) (*nftables.Conn, *nftables.Table, error) {
+	c, err := Open(n.NetNS)
+	if err != nil {
+		return nil, nil, err
 	}
 	return c, &nftables.Table{Family: tableFamilies[sp.Family], Name: sp.Table}, nil
 }

@@ -1,4 +1,4 @@
-package nftset
+package nftset_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/storeguard/storeguard/firewall"
+	"github.com/storeguard/storeguard/nftset"
 )
 
 // TestNetlinkKeepsTheSets runs the transactions by netlink in a network namespace of its own,
@@ -35,9 +36,9 @@ func TestNetlinkKeepsTheSets(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	nl := Netlink{NetNS: f}
+	nl := nftset.Netlink{NetNS: f}
 	ctx := context.Background()
-	sp, _ := Parse("inet storeguard_peers peers")
+	sp, _ := nftset.Parse("inet storeguard_peers peers")
 	if err := sp.Check(ctx, nl); err == nil {
 		t.Fatal("the check passed with no sets")
 	}
@@ -49,7 +50,7 @@ func TestNetlinkKeepsTheSets(t *testing.T) {
 	}
 	must(firewall.Install(firewall.Target{NetNS: f}, "peers", firewall.Defaults()))
 	must(sp.Check(ctx, nl))
-	other, _ := Parse("inet storeguard_peers static_peers") // an interval set, with no timeouts
+	other, _ := nftset.Parse("inet storeguard_peers static_peers") // an interval set, with no timeouts
 	if err := other.Check(ctx, nl); err == nil {
 		t.Fatal("the check took sets without timeouts")
 	}
@@ -75,14 +76,14 @@ func TestNetlinkKeepsTheSets(t *testing.T) {
 }
 
 // elements reads both sets by netlink: each address and the time it has left.
-func elements(t *testing.T, ns *os.File, sp Spec) map[netip.Addr]time.Duration {
+func elements(t *testing.T, ns *os.File, sp nftset.Spec) map[netip.Addr]time.Duration {
 	t.Helper()
 	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Fd())))
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[netip.Addr]time.Duration{}
-	for _, name := range sp.sets() {
+	for _, name := range []string{sp.Set, sp.Set + "6"} {
 		s, err := c.GetSetByName(&nftables.Table{Family: nftables.TableFamilyINet, Name: sp.Table}, name)
 		if err != nil {
 			t.Fatal(err)

@@ -125,7 +125,10 @@ func (p *peerSet) loop(ctx context.Context) {
 			}
 		}
 	}
-	refresh(p.live(), true)
+	on := func() bool { return p.conf().PeerSet != "" } // else the registry is not walked
+	if on() {
+		refresh(p.live(), true)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -135,7 +138,9 @@ func (p *peerSet) loop(ctx context.Context) {
 				period = q
 				tick.Reset(q)
 			}
-			refresh(p.live(), true)
+			if on() {
+				refresh(p.live(), true)
+			}
 		case a := <-p.proved:
 			fresh := []netip.Addr{}
 			now := p.now()

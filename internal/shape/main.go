@@ -1,8 +1,7 @@
 // Command shape counts how a package reads to a newcomer (issue #44): methods and fields of its
 // types, the longest and most branching functions, and the file-level "uses a name defined in"
-// graph: the references that run back up (a file using a name of a file that uses one of its
-// own, directly or through others: edges inside a cycle of files) and the pairs of files that
-// use each other. Linux build, test files left out.
+// graph: its references, and the pairs of files that use each other (a reference running back
+// up, in whichever order a reader takes the files). Linux build, test files left out.
 //
 //	go run ./internal/shape [-types conn,Server] [-funcs serveEvent] ./proxy
 package main
@@ -16,7 +15,6 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 )
 
@@ -135,26 +133,13 @@ func run(dir string, types, funcs []string) error {
 			return true
 		})
 	}
-	comp := sccs(files, edges)
-	back, mutual := 0, 0
+	mutual := 0
 	for e := range edges {
-		if comp[e[0]] == comp[e[1]] {
-			back++
-		}
 		if edges[[2]string{e[1], e[0]}] && e[0] < e[1] {
 			mutual++
 		}
 	}
-	size := map[int]int{}
-	for _, c := range comp {
-		size[c]++
-	}
-	largest := 0
-	for _, n := range size {
-		largest = max(largest, n)
-	}
-	fmt.Printf("files: %d, file-to-file references: %d, inside a cycle of files (running back up): %d, pairs using each other: %d, largest cycle of files: %d\n",
-		len(files), len(edges), back, mutual, largest)
+	fmt.Printf("files: %d, file-to-file references: %d, pairs of files using each other: %d\n", len(files), len(edges), mutual)
 	return nil
 }
 
@@ -193,54 +178,4 @@ func complexity(fd *ast.FuncDecl) int {
 		return true
 	})
 	return n
-}
-
-// sccs numbers the strongly connected components of the file graph (Tarjan).
-func sccs(files map[string]*ast.File, edges map[[2]string]bool) map[string]int {
-	out := map[string][]string{}
-	for e := range edges {
-		out[e[0]] = append(out[e[0]], e[1])
-	}
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	index, low, comp := map[string]int{}, map[string]int{}, map[string]int{}
-	on := map[string]bool{}
-	var stack []string
-	next, c := 0, 0
-	var visit func(string)
-	visit = func(v string) {
-		index[v], low[v] = next, next
-		next++
-		stack = append(stack, v)
-		on[v] = true
-		for _, w := range out[v] {
-			if _, seen := index[w]; !seen {
-				visit(w)
-				low[v] = min(low[v], low[w])
-			} else if on[w] {
-				low[v] = min(low[v], index[w])
-			}
-		}
-		if low[v] == index[v] {
-			for {
-				w := stack[len(stack)-1]
-				stack = stack[:len(stack)-1]
-				on[w] = false
-				comp[w] = c
-				if w == v {
-					break
-				}
-			}
-			c++
-		}
-	}
-	for _, n := range names {
-		if _, seen := index[n]; !seen {
-			visit(n)
-		}
-	}
-	return comp
 }

@@ -49,12 +49,6 @@ const (
 	ownDetached
 )
 
-// readSize is the size of the pooled read buffers. Buffers are taken only once a socket is
-// readable and given back after each read, so an idle connection holds none.
-const readSize = 16 << 10
-
-var readBufs = sync.Pool{New: func() any { b := make([]byte, readSize); return &b }}
-
 // replyGrace is how long the store's last replies may take after the client's end of stream.
 const replyGrace = 30 * time.Second
 
@@ -76,7 +70,7 @@ type conn struct {
 	out    transport  // the transport forwarding the connection now: &gr or &lt; only it changes out
 	carry  []byte     // the bytes of the message in progress the guard holds (g.Held())
 	held   int64      // budget held for carry's capacity
-	hold   hold       // carry's bytes left in a kept client's socket (hold.go)
+	cl     client     // the client side, whichever kind it is (client.go)
 	gives  gives      // what the connection gives back as it ends
 	silent silentLink // its place among its source's silent connections (silent.go); under s.reg.mu
 	// storeSlot is the store connection's slot (storelimit.go), taken before the store is dialled
@@ -87,8 +81,6 @@ type conn struct {
 	own    owner
 	closed bool // the connection is to end: its owner closes the sockets
 	dial   dialState
-
-	tls *tlsConn // mutual TLS's relay and the peer's identity (tls.go); nil for plaintext
 
 	gr goroutines    // the goroutine transport's state (goroutines.go)
 	lt loopTransport // the event loop's (loop_linux.go)
@@ -213,6 +205,7 @@ func (s *Server) newConn(id uint64, src, dst netip.AddrPort, start time.Time) *c
 	c.gr.s2cDone = make(chan struct{})
 	c.lt.cfd, c.lt.ufd = -1, -1
 	c.out = &c.gr
+	c.cl.keeper = s.cont.kp != nil
 	c.rep.init()
 	return c
 }
@@ -248,7 +241,7 @@ func (c *conn) resetGuard(dc protocol.Config) {
 // message in progress (carry) and the replies awaited.
 func (c *conn) attachGuard() {
 	c.g.From(c.src.Addr())
-	c.g.As(c.tls.identity())
+	c.g.As(c.cl.identity())
 	c.g.Hold(c)
 	c.g.Await(&c.rep)
 }
@@ -424,12 +417,10 @@ func (c *conn) end() {
 		c.storeSlot.Release()
 	}
 	c.s.track(c, false)
-	if c.kept() {
+	if c.cl.kept() {
 		c.s.cont.kp.Ended(c.id)
 	}
-	if e := c.tls.merged(); e != nil {
-		e.Release()
-	}
+	c.cl.release()
 	c.s.m.active.Dec()
 	c.gives.admission()
 	c.s.handlers.Done()

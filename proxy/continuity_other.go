@@ -4,7 +4,10 @@ package proxy
 
 import (
 	"net"
+	"net/netip"
 	"os"
+
+	"github.com/storeguard/storeguard/keeper"
 
 	"github.com/storeguard/storeguard/upgrade"
 )
@@ -27,6 +30,6 @@ func (s *Server) keepListenerFds() error { return nil }
 
 func (s *Server) closeKeptFds() {}
 
-func (c *conn) keepTLS(int) {}
+func (cl *client) keepIn(*keeper.Link, uint64, netip.AddrPort, netip.AddrPort, int) {}
 
 func listenerFromFd(int) (*net.TCPListener, error) { return nil, upgrade.ErrNeedsLinux }

@@ -45,7 +45,7 @@ func (ev *evidence) violationSeen(c *conn, v *protocol.Violation, first []byte, 
 	// A proven connection's violations ban its identity at its address; any other's, the address
 	// (or its IPv6 network): admission's proven.go says why.
 	var banned string
-	if id := c.tls.identity(); id != "" {
+	if id := c.cl.identity(); id != "" {
 		if ev.gate.ProvenViolation(c.src.Addr(), id) {
 			banned = id + " at " + c.src.Addr().String()
 		}
@@ -55,7 +55,7 @@ func (ev *evidence) violationSeen(c *conn, v *protocol.Violation, first []byte, 
 	if banned != "" {
 		ev.m.bans.Inc()
 		b := ev.event(c.src, c.dst, audit.ActionBanned, string(v.Rule))
-		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.tls.record()
+		b.ConnID, b.Mode, b.TLS = c.id, audit.ModeEnforce, c.cl.record()
 		ev.write(b)
 		ev.log.Warn("source banned after repeated violations", "src", c.src.Addr().String(), "banned", banned,
 			"duration", c.st.cfg.Ban.Duration.String(), "last_rule", string(v.Rule))
@@ -68,7 +68,7 @@ func (ev *evidence) warning(c *conn, v *protocol.Violation, first []byte) {
 	ev.m.violations.WithLabelValues(string(v.Rule), string(audit.ModeMonitor)).Inc()
 	c.flow.decided(audit.VerdictWouldBlock, string(v.Rule), c.st.monitor)
 	e := audit.ViolationEvent(v, true, c.src, c.dst, audit.ActionWouldBlock, audit.ModeMonitor, first, c.g.Bytes())
-	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.tls.record()
+	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.cl.record()
 	ev.write(e)
 	ev.log.Debug("violation let through (monitor)", "conn", c.id, "src", c.src.String(), "err", v.Error())
 }
@@ -113,7 +113,7 @@ func (ev *evidence) outcome(c *conn, v *protocol.Violation, first []byte, known 
 	ev.m.violations.WithLabelValues(string(v.Rule), string(c.st.mode())).Inc()
 	c.flow.decided(o.Verdict, string(v.Rule), c.st.monitor)
 	e := audit.ViolationEvent(v, known, c.src, c.dst, o.Action, c.st.mode(), first, seen)
-	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.tls.record()
+	e.Timestamp, e.ConnID, e.TLS = ev.now(), c.id, c.cl.record()
 	ev.write(e)
 	return o
 }

@@ -76,31 +76,33 @@ func (f *flowStats) decided(v audit.Verdict, reason string, monitor bool) {
 	f.mu.Unlock()
 }
 
-// flowCarry is the flow's account as an upgrade carries it to the new process.
-func (c *conn) flowCarry() upgrade.Flow {
-	fc := upgrade.Flow{FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load()}
-	c.rep.mu.Lock()
-	fc.FromStore, fc.Replied = c.rep.fromStore, c.rep.replied
-	c.rep.mu.Unlock()
-	c.flow.mu.Lock()
-	fc.First = append([]byte(nil), c.flow.first[:c.flow.firstN]...)
-	fc.Verdict, fc.Reason, fc.Interim = c.flow.verdict, c.flow.reason, c.flow.interim
-	c.flow.mu.Unlock()
+// carry is the flow's account, with the reply half's (r), as an upgrade carries it to the new
+// process.
+func (f *flowStats) carry(r *replies) upgrade.Flow {
+	fc := upgrade.Flow{FromClient: f.fromClient.Load(), ToStore: f.toStore.Load()}
+	r.mu.Lock()
+	fc.FromStore, fc.Replied = r.fromStore, r.replied
+	r.mu.Unlock()
+	f.mu.Lock()
+	fc.First = append([]byte(nil), f.first[:f.firstN]...)
+	fc.Verdict, fc.Reason, fc.Interim = f.verdict, f.reason, f.interim
+	f.mu.Unlock()
 	return fc
 }
 
-// restoreFlow takes up the account a previous process kept (upgrade_linux.go).
-func (c *conn) restoreFlow(fc *upgrade.Flow) {
-	c.flow.fromClient.Store(fc.FromClient)
-	c.flow.toStore.Store(fc.ToStore)
-	c.rep.fromStore, c.rep.replied = fc.FromStore, fc.Replied
-	c.flow.firstN = copy(c.flow.first[:], fc.First)
-	c.flow.verdict, c.flow.reason, c.flow.interim = fc.Verdict, fc.Reason, fc.Interim
+// restore takes up the account a previous process kept (upgrade_linux.go), with the reply half's
+// (r), before the connection starts.
+func (f *flowStats) restore(fc *upgrade.Flow, r *replies) {
+	f.fromClient.Store(fc.FromClient)
+	f.toStore.Store(fc.ToStore)
+	r.fromStore, r.replied = fc.FromStore, fc.Replied
+	f.firstN = copy(f.first[:], fc.First)
+	f.verdict, f.reason, f.interim = fc.Verdict, fc.Reason, fc.Interim
 }
 
 // flowRecord is c's flow as of now: final, or an interim record of a connection that lasts.
 func (c *conn) flowRecord(now time.Time, interim bool) audit.Flow {
-	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now, TLS: c.tls.record(),
+	f := audit.Flow{ConnID: c.id, Src: c.src, Dst: c.dst, Start: c.start, End: now, TLS: c.cl.record(),
 		FromClient: c.flow.fromClient.Load(), ToStore: c.flow.toStore.Load(), Mode: c.st.mode()}
 	c.rep.mu.Lock()
 	f.FromStore, f.Replies = c.rep.fromStore, c.rep.replied

@@ -142,14 +142,7 @@ func (s *Server) thaw(conns []*conn) {
 	s.reg.mu.Unlock()
 	s.cont.frz.end()
 	for _, c := range conns {
-		switch {
-		case c.tls == nil:
-		case c.tls.relay != nil:
-			c.tls.relay.Thaw()
-		default: // an End goes on as it was; the pair it was to be handed over with goes
-			c.tls.end.Thaw()
-			c.tls.dropHandover()
-		}
+		c.cl.thaw()
 	}
 	for _, c := range conns {
 		c.rep.mu.Lock()

@@ -191,11 +191,8 @@ func (s *Server) handle(tc *net.TCPConn) {
 	}
 	c := s.acceptedAs(id, client, src, dst, release)
 	c.setTLS(t)
-	switch {
-	case c.kept() && t != nil: // a kept End: its TLS socket is the client's
-		sockFd(tc, c.keepTLS)
-	case c.kept():
-		sockFd(tc, func(fd int) { s.cont.kp.Opened(c.id, c.src, c.dst, fd) })
+	if c.cl.kept() { // a kept End's TLS socket is the client's
+		sockFd(tc, func(fd int) { c.cl.keepIn(s.cont.kp, c.id, c.src, c.dst, fd) })
 	}
 	s.track(c, true)
 	s.cont.accepting.Add(-1)
@@ -326,7 +323,7 @@ func (c *conn) dialStore() (deferred bool) {
 		return false
 	}
 	c.gr.up = up.(*net.TCPConn)
-	if c.kept() {
+	if c.cl.kept() {
 		sockFd(c.gr.up, func(fd int) { s.cont.kp.Connected(c.id, fd) })
 	}
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
@@ -365,15 +362,6 @@ func (c *conn) awaitUp() bool {
 // pipeClientToStore reads the client, decodes, and forwards complete valid messages, until the
 // connection ends or a loop takes it (took: the loop owns it now).
 func (c *conn) pipeClientToStore() (took bool) {
-	e := c.tls.merged()
-	var rc syscall.RawConn
-	if e == nil {
-		var err error
-		if rc, err = c.gr.client.SyscallConn(); err != nil {
-			c.closeBoth()
-			return false
-		}
-	}
 	for {
 		if c.s.frozen() {
 			c.park(&c.gr.parkC2S)
@@ -392,55 +380,22 @@ func (c *conn) pipeClientToStore() (took bool) {
 				if took || !live {
 					return took
 				}
-				if e == nil {
-					var err error
-					if rc, err = c.gr.client.SyscallConn(); err != nil {
-						c.closeBoth()
-						return false
-					}
-				}
 			} else {
 				c.startReplies()
 			}
 		}
 		c.setDeadline()
-		if e != nil { // a TLS End: a record's plaintext, opened in its own buffer
-			c.settleEnd(e, &c.gr.left) // what the last read or a previous process left is judged by now
-			p, err := e.Next()
-			if len(p) > 0 {
-				c.readClient(p)
-				if !c.process(p) {
-					return false
-				}
-			}
-			if err != nil && !c.endRead(err) {
-				return false
-			}
-			continue
-		}
-		kept := c.kept()
-		bp, n, err := readPooled(rc, kept, c.hold.n)
-		if n > 0 && n <= c.hold.n { // nothing after the hold, and the client's end or a reset follows it
-			readBufs.Put(bp)
-			rc.Control(func(fd uintptr) { c.hold.drop(int(fd)) })
-			continue
-		}
-		if n > 0 {
-			p := (*bp)[c.hold.n:n]
+		p, r, err := c.cl.next(c.gr.client, len(c.carry), c.gr.left.unfinished())
+		if len(p) > 0 {
 			c.readClient(p)
 			ok := c.process(p)
-			if kept {
-				rc.Control(func(fd uintptr) { c.hold.settle(int(fd), n, len(c.carry), &c.gr.left) })
-			}
-			readBufs.Put(bp)
+			c.cl.passed(r, len(c.carry), c.gr.left.unfinished())
 			if !ok {
 				return false
 			}
 		}
-		if err != nil {
-			if !c.endRead(err) {
-				return false
-			}
+		if err != nil && !c.endRead(err) {
+			return false
 		}
 	}
 }
@@ -457,64 +412,11 @@ func (c *conn) takeKick() bool {
 // goroutine copies its replies yet, and the client is between messages, with no deadline to watch;
 // a TLS End's records all opened (the loop hears only of what comes to the socket).
 func (c *conn) adoptable() bool {
-	if e := c.tls.merged(); e != nil && e.Buffered() > 0 {
+	if c.cl.unopened() {
 		return false
 	}
 	return c.gr.up != nil && !c.g.Passing() && !c.g.InMessage() && len(c.carry) == 0 && c.g.Deadline().IsZero() &&
 		!c.g.Stalled() && !c.isClosed() && !c.replying()
-}
-
-// readPooled reads what the socket has into a pooled buffer, taking the buffer only once data is
-// there: while the socket would block, the buffer goes back to the pool, so an idle connection
-// holds none. The caller returns the buffer when n > 0. It costs the same system calls as a
-// plain Read (a read that would block, then the read that succeeds). With peek, the bytes stay
-// in the socket until hold.settle takes them, once they are passed on: a connection its keeper
-// holds is read so, and a worker that dies in between loses none of them (keeper_linux.go). The
-// first held of them are a hold (hold.go): it waits for a byte after them, and returns n <= held
-// only when none will come (the peer's end of stream or a reset).
-func readPooled(rc syscall.RawConn, peek bool, held int) (bp *[]byte, n int, err error) {
-	var rerr error
-	err = rc.Read(func(fd uintptr) bool {
-		if bp == nil {
-			bp = readBufs.Get().(*[]byte)
-		}
-		for {
-			if peek {
-				n, _, rerr = syscall.Recvfrom(int(fd), *bp, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-			} else {
-				n, rerr = syscall.Read(int(fd), *bp)
-			}
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-		if rerr == syscall.EAGAIN || rerr == nil && n > 0 && n <= held && tcpcount.PeerOpen(int(fd)) {
-			readBufs.Put(bp)
-			bp = nil
-			return false
-		}
-		return true
-	})
-	if bp == nil {
-		// The last try found nothing past the hold (or nothing at all), and the wait ended (a
-		// freeze's deadline): nothing was read. Its n must not pass for a read of the hold
-		// alone, which the caller takes for the client's end and consumes.
-		n = 0
-	}
-	switch {
-	case err != nil:
-	case rerr != nil:
-		err = os.NewSyscallError("read", rerr)
-	case n == 0:
-		err = io.EOF
-	}
-	if n <= 0 {
-		if bp != nil {
-			readBufs.Put(bp)
-		}
-		return nil, 0, err
-	}
-	return bp, n, err
 }
 
 // consumePeeked takes n bytes, which readPooled peeked, out of the socket (tcpcount.Discard).
@@ -608,7 +510,7 @@ func (c *conn) pipeStoreToClient() {
 			c.mu.Unlock()
 			continue
 		}
-		kept := c.kept()
+		kept := c.cl.kept()
 		bp, n, err := readPooled(rc, kept, 0)
 		if n > 0 {
 			c.rep.follow((*bp)[:n])

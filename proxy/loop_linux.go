@@ -14,7 +14,6 @@ import (
 
 	"github.com/storeguard/storeguard/internal/origdst"
 	"github.com/storeguard/storeguard/internal/tcpcount"
-	"github.com/storeguard/storeguard/tlsrelay"
 )
 
 // Event loops accept connections and forward them. When the store is on this host, the accepting
@@ -577,69 +576,69 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		l.release(c, handbackNone)
 		return
 	}
-	fromClient := ev.Fd == c.lt.cfd
-	e := c.tls.merged()
-	if fromClient && e != nil {
-		l.serveEnd(c, e)
+	if ev.Fd == c.lt.cfd {
+		l.serveClient(c)
 		return
 	}
-	src := c.lt.ufd
-	if fromClient {
-		src = c.lt.cfd
-	}
-	kept := c.kept()
-	n, ok := l.readEvent(c, src, fromClient, kept)
-	switch {
-	case !ok:
-	case fromClient:
-		p := l.buf[c.hold.n:n]
-		c.readClient(p)
-		alive := c.process(p)
-		if kept {
-			c.hold.settle(int(src), n, len(c.carry), &c.lt.left) // before settle, which may hand the socket to goroutines
-		}
-		l.settle(c, alive)
-	default:
-		l.replyEvent(c, e, src, n, kept)
+	kept := c.cl.kept()
+	if n, ok := l.readStore(c, kept); ok {
+		l.replyEvent(c, n, kept)
 	}
 }
 
-// readEvent reads (peeks, when c is kept) what src has into l.buf: n bytes and true, or false
-// when there is nothing to judge: nothing yet, nothing after the hold, or an end of stream or an
-// error, which it handles.
-func (l *loop) readEvent(c *conn, src int32, fromClient, kept bool) (int, bool) {
+// serveClient judges what the client has, one read of it (all of an End's records already
+// read, which epoll will not announce again), as serveEvent does for the store's side; it stops
+// when the client would block, or c leaves the loop.
+func (l *loop) serveClient(c *conn) {
+	for c.lt.registered {
+		p, n, more, err := c.cl.loopRead(c.lt.cfd, l.buf)
+		switch {
+		case err == nil:
+		case errors.Is(err, errWouldBlock):
+			return
+		case errors.Is(err, io.EOF):
+			c.flow.ended(endedByClient)
+			l.clientDone(c)
+			return
+		default:
+			c.flow.ended(endedByClient)
+			l.s.log.Debug("connection ended by an error", "conn", c.id, "side", "client", "err", err.Error(),
+				"bytes_in", c.g.Bytes())
+			c.closeBoth()
+			l.release(c, handbackNone)
+			return
+		}
+		if len(p) > 0 || more { // an End's record may open to nothing
+			c.readClient(p)
+			alive := c.process(p)
+			c.cl.loopPassed(c.lt.cfd, n, len(c.carry), c.lt.left.unfinished()) // before settle, which may hand c to goroutines
+			l.settle(c, alive)
+		}
+		if !more {
+			return
+		}
+	}
+}
+
+// readStore reads (peeks, when c is kept) what the store's socket has into l.buf: n bytes and
+// true, or false when there is nothing yet, or an end of stream or an error, which it handles.
+func (l *loop) readStore(c *conn, kept bool) (int, bool) {
 	var n int
 	var errno unix.Errno
 	if kept {
-		n, errno = peekFd(src, l.buf)
+		n, errno = peekFd(c.lt.ufd, l.buf)
 	} else {
-		n, errno = readFd(src, l.buf)
+		n, errno = readFd(c.lt.ufd, l.buf)
 	}
 	switch {
-	case fromClient && n > 0 && n <= c.hold.n:
-		// Nothing after the hold (hold.go): the client's end or a reset follows it, or a spurious
-		// wake. Its bytes are in carry: consumed, the next event says what follows.
-		c.hold.drop(int(src))
-		return 0, false
 	case n > 0:
 		return n, true
 	case errno == unix.EAGAIN:
 		return 0, false
-	case errno == 0 && fromClient:
-		c.flow.ended(endedByClient)
-		l.clientDone(c)
-		return 0, false
 	}
-	// the store's end of stream, or an error on either side
-	side := "store"
-	if fromClient {
-		side = "client"
-		c.flow.ended(endedByClient)
-	} else {
-		c.flow.ended(endedByStore)
-	}
+	c.flow.ended(endedByStore)
 	if errno != 0 || !c.lt.clientEnded {
-		l.s.log.Debug("connection ended by an error or by the store", "conn", c.id, "side", side,
+		l.s.log.Debug("connection ended by an error or by the store", "conn", c.id, "side", "store",
 			"errno", int(errno), "bytes_in", c.g.Bytes())
 	}
 	c.closeBoth()
@@ -647,21 +646,14 @@ func (l *loop) readEvent(c *conn, src int32, fromClient, kept bool) (int, bool) 
 	return 0, false
 }
 
-// replyEvent passes the store's n bytes in l.buf on to the client (sealed by e, a TLS End, when
-// not nil): what the client cannot take yet waits in leftover, and the connection goes to its
-// goroutines (backpressure). A kept store socket's bytes are consumed once passed on or kept.
-func (l *loop) replyEvent(c *conn, e *tlsrelay.End, src int32, n int, kept bool) {
+// replyEvent passes the store's n bytes in l.buf on to the client: what the client cannot take
+// yet (a TLS End's, what it could not seal into records written whole) waits in leftover, and the
+// connection goes to its goroutines (backpressure). A kept store socket's bytes are consumed once
+// passed on or kept.
+func (l *loop) replyEvent(c *conn, n int, kept bool) {
+	src := c.lt.ufd
 	c.rep.follow(l.buf[:n])
-	var w int
-	var errno unix.Errno
-	if e != nil { // sealed into records: w counts those written whole, and the rest waits (leftover)
-		var err error
-		if w, err = e.TryWrite(l.buf[:n]); err != nil {
-			errno = unix.EIO
-		}
-	} else {
-		w, errno = writeFd(c.lt.cfd, l.buf[:n], nil)
-	}
+	w, errno := c.cl.loopWrite(c.lt.cfd, l.buf[:n])
 	c.s.m.bytesS2C.Add(float64(w))
 	if kept {
 		if w < n && (errno == 0 || errno == unix.EAGAIN) {
@@ -682,35 +674,6 @@ func (l *loop) replyEvent(c *conn, e *tlsrelay.End, src int32, n int, kept bool)
 	default:
 		c.closeBoth()
 		l.release(c, handbackNone)
-	}
-}
-
-// serveEnd opens what a TLS End's socket has and judges every whole record's plaintext, as
-// serveEvent does a plaintext client's read: records already read count too, since epoll will
-// not say so again. It stops when the End would block, or c leaves the loop.
-func (l *loop) serveEnd(c *conn, e *tlsrelay.End) {
-	for c.lt.registered {
-		p, err := e.Next()
-		switch {
-		case err == nil:
-		case errors.Is(err, tlsrelay.ErrWouldBlock):
-			return
-		case errors.Is(err, io.EOF):
-			c.flow.ended(endedByClient)
-			l.clientDone(c)
-			return
-		default:
-			c.flow.ended(endedByClient)
-			l.s.log.Debug("connection ended by an error", "conn", c.id, "side", "client", "err", err.Error(),
-				"bytes_in", c.g.Bytes())
-			c.closeBoth()
-			l.release(c, handbackNone)
-			return
-		}
-		c.readClient(p)
-		alive := c.process(p)
-		c.settleEnd(e, &c.lt.left) // before settle, which may hand c to goroutines
-		l.settle(c, alive)
 	}
 }
 

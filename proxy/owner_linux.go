@@ -5,9 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"syscall"
 
-	"github.com/storeguard/storeguard/tlsrelay"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,7 +47,7 @@ func (c *conn) connectStore(l *loop) bool {
 		unix.Close(int(fd))
 		return false
 	}
-	if c.kept() {
+	if c.cl.kept() {
 		c.s.cont.kp.Connected(c.id, int(fd))
 	}
 	c.mu.Lock()
@@ -110,7 +108,7 @@ func (c *conn) retarget(l *loop) bool {
 // not touch it again (the loop ends it, or hands it back to a new serve goroutine). Otherwise live
 // reports whether it goes on with goroutines.
 func (c *conn) toLoop() (took, live bool) {
-	cfd, ufd, err := c.loopFds()
+	cfd, ufd, err := c.cl.detach(c.gr.client, c.gr.up)
 	if err != nil {
 		// Out of descriptors, most likely: the connection stays on its goroutines, unharmed.
 		c.s.log.Debug("could not hand a connection to an event loop", "conn", c.id, "err", err)
@@ -142,9 +140,9 @@ func (c *conn) toLoop() (took, live bool) {
 // which finish what was left first (resume).
 func (c *conn) startAdopted(cfd, ufd int, left leftover) {
 	c.lt.cfd, c.lt.ufd = int32(cfd), int32(ufd)
-	e := c.tls.merged() // detached on cfd (tlsrelay.EndFrom); a loop takes it with no record read and not opened
+	// An End is detached on cfd (tlsrelay.EndFrom): a loop takes it with no record read and not opened.
 	if left.empty() && !c.gr.readEnded && ufd >= 0 && c.s.loops != nil && c.st.cfg.Timeouts.Idle == 0 &&
-		c.g.Deadline().IsZero() && !c.g.Passing() && (e == nil || e.Buffered() == 0) {
+		c.g.Deadline().IsZero() && !c.g.Passing() && !c.cl.unopened() {
 		l := c.s.loops.pick()
 		c.mu.Lock()
 		c.own, c.lt.lp, c.out = ownLoop, l, &c.lt
@@ -209,11 +207,7 @@ func (c *conn) reattach() bool {
 		c.closeDetached()
 		return false
 	}
-	client, err := attach(c.lt.cfd)
-	if e := c.tls.merged(); err == nil && e != nil { // a TLS End goes on with its socket in Go's poller
-		e.Attach(client)
-		client = e
-	}
+	client, err := c.cl.attach(c.lt.cfd)
 	if err == nil {
 		c.lt.cfd = -1
 		if c.lt.ufd < 0 { // not connected yet: storeUp dials
@@ -241,28 +235,10 @@ func (c *conn) reattach() bool {
 	return false
 }
 
-// loopFds takes the connection's sockets away from Go's poller for a loop: the client's, and the
-// store's once connected.
-func (c *conn) loopFds() (cfd, ufd int32, err error) {
-	if e := c.tls.merged(); e != nil {
-		return detachEnd(e, c.gr.up)
-	}
-	if c.gr.up != nil {
-		return detach(c.gr.client, c.gr.up)
-	}
-	if cfd, err = dupFd(c.gr.client); err != nil {
-		return -1, -1, err
-	}
-	c.gr.client.Close()
-	return cfd, -1, nil
-}
-
 // closeDetached closes the descriptors a loop owned (a TLS End's after its close_notify); c.mu is
 // held.
 func (c *conn) closeDetached() {
-	if e := c.tls.merged(); e != nil && c.lt.cfd >= 0 {
-		e.Close() // its close_notify, if the socket takes it now; the descriptor is closed here
-	}
+	c.cl.closing(c.lt.cfd)
 	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
 		if fd >= 0 {
 			unix.Close(int(fd))
@@ -270,58 +246,3 @@ func (c *conn) closeDetached() {
 	}
 	c.lt.cfd, c.lt.ufd = -1, -1
 }
-
-// detach takes the client and store sockets away from Go's poller: it duplicates their
-// descriptors, for the caller to own, and closes the net.Conns (the sockets live on through the
-// duplicates). On an error both net.Conns are left as they were.
-func detach(client sock, up *net.TCPConn) (cfd, ufd int32, err error) {
-	if cfd, err = dupFd(client); err != nil {
-		return -1, -1, err
-	}
-	if ufd, err = dupFd(up); err != nil {
-		unix.Close(int(cfd))
-		return -1, -1, err
-	}
-	client.Close()
-	up.Close()
-	return cfd, ufd, nil
-}
-
-// detachEnd is detach for a TLS End: its socket's descriptor goes to the caller, and the End
-// reads and writes it without waiting (tlsrelay.End.Detach); up may be nil (not connected yet).
-func detachEnd(e *tlsrelay.End, up *net.TCPConn) (cfd, ufd int32, err error) {
-	if cfd, err = dupFd(e.TLS); err != nil {
-		return -1, -1, err
-	}
-	ufd = -1
-	if up != nil {
-		if ufd, err = dupFd(up); err != nil {
-			unix.Close(int(cfd))
-			return -1, -1, err
-		}
-		up.Close()
-	}
-	e.Detach(int(cfd))
-	return cfd, ufd, nil
-}
-
-// dupFd duplicates sc's descriptor, close-on-exec, for the caller to own.
-func dupFd(sc syscall.Conn) (int32, error) {
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	nfd, derr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) {
-		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
-		if derr != nil {
-			derr = os.NewSyscallError("fcntl", derr)
-		}
-	}); err != nil {
-		return -1, err
-	}
-	return int32(nfd), derr
-}
-
-// attach gives a descriptor from detach back to Go's poller; the descriptor is closed either way.
-func attach(fd int32) (sock, error) { return tlsrelay.FromFd(int(fd)) }

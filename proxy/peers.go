@@ -186,7 +186,7 @@ func (r *registry) tlsAddrs() []netip.Addr {
 	seen := map[netip.Addr]struct{}{}
 	r.mu.Lock()
 	for c := range r.conns {
-		if c.tls != nil {
+		if c.cl.proved() {
 			seen[c.src.Addr()] = struct{}{}
 		}
 	}

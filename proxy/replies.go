@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/storeguard/storeguard/admission"
@@ -163,7 +162,7 @@ func (c *conn) toClient(bp *[]byte, n int) bool {
 		return false
 	case len(r.queue) == 0 && !r.writing:
 		r.mu.Unlock()
-		w, err := c.tryWrite((*bp)[:n])
+		w, err := c.cl.tryWrite(c.gr.client, (*bp)[:n])
 		c.s.m.bytesS2C.Add(float64(w))
 		if err != nil || w == n {
 			readBufs.Put(bp)
@@ -340,38 +339,6 @@ func (c *conn) dropReplies() {
 	r.queue, r.queued = nil, 0
 	c.s.buf.release(c.src.Addr(), r.held)
 	r.held = 0
-}
-
-// tryWrite writes p to the client without waiting: what the socket takes now.
-func (c *conn) tryWrite(p []byte) (int, error) {
-	if e := c.tls.merged(); e != nil {
-		return e.TryWrite(p)
-	}
-	rc, err := c.gr.client.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	var werr error
-	err = rc.Write(func(fd uintptr) bool {
-		for {
-			n, werr = syscall.Write(int(fd), p)
-			if werr != syscall.EINTR {
-				break
-			}
-		}
-		return true
-	})
-	if werr == syscall.EAGAIN {
-		return 0, nil
-	}
-	if n < 0 {
-		n = 0
-	}
-	if err == nil && werr != nil {
-		err = os.NewSyscallError("write", werr)
-	}
-	return n, err
 }
 
 // repliesUnread closes a client that takes none of the replies held for it.

@@ -27,7 +27,7 @@ func (s *Server) refuseStore(c *conn, reason admission.Reason) {
 	c.flow.decided(audit.VerdictRefused, string(reason), c.st.monitor)
 	c.flow.ended(endedByGuard)
 	e := s.ev.event(c.src, c.dst, audit.ActionDenied, string(reason))
-	e.ConnID, e.TLS = c.id, c.tls.record()
+	e.ConnID, e.TLS = c.id, c.cl.record()
 	s.ev.write(e)
 	s.storeCaps.Refused(s.now(), reason, c.st.cfg, c.id, c.src.String())
 }

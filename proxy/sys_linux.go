@@ -3,9 +3,12 @@ package proxy
 import (
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
+	"syscall"
 	"unsafe"
 
+	"github.com/storeguard/storeguard/tlsrelay"
 	"golang.org/x/sys/unix"
 )
 
@@ -138,3 +141,24 @@ func rawIO(trap uintptr, fd int32, p unsafe.Pointer, n int, flags uintptr) (int,
 		}
 	}
 }
+
+// dupFd duplicates sc's descriptor, close-on-exec, for the caller to own.
+func dupFd(sc syscall.Conn) (int32, error) {
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+		if derr != nil {
+			derr = os.NewSyscallError("fcntl", derr)
+		}
+	}); err != nil {
+		return -1, err
+	}
+	return int32(nfd), derr
+}
+
+// attach gives a descriptor from detach back to Go's poller; the descriptor is closed either way.
+func attach(fd int32) (sock, error) { return tlsrelay.FromFd(int(fd)) }

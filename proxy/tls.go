@@ -30,74 +30,11 @@ import (
 // (Handover). A relay (tlsrelay.Relay: its records opened into one end of a loopback TCP pair, the
 // connection's client socket the other) is what a connection handed over as one goes on as.
 
-// sock is a client socket: the accepted TCP connection, a TLS End, or the guard's end of a TLS
-// relay's loopback pair.
-type sock = tlsrelay.Sock
-
-// tlsConn is what mutual TLS adds to a connection: its End or its relay, and who the peer
-// proved to be.
-type tlsConn struct {
-	end   *tlsrelay.End   // the connection reads and writes the plaintext itself
-	relay *tlsrelay.Relay // handed over as a relay: through a loopback pair
-	info  *audit.TLS      // on every event and flow record of the connection
-	id    string          // the peer's identity (identity.Peer.ID)
-	peer  identity.Peer   // its certificate's names, judged again when a reload changes the rules (revoke); zero when handed over
-	// chain: the certificates it presented, verified again when the trust bundle changes
-	// (revokeUntrusted); nil when handed over
-	chain []*x509.Certificate
-	// handover: the loopback pair an End is being handed over with (frozenState), closed by a
-	// thaw.
-	handover [2]*net.TCPConn
-}
-
-// merged is the connection's TLS End: its goroutines, or the event loop that takes it, open and
-// seal its records themselves. Nil for plaintext and relayed connections.
-func (t *tlsConn) merged() *tlsrelay.End {
-	if t == nil {
-		return nil
-	}
-	return t.end
-}
-
-// record is the connection's TLS record for its events, nil without TLS.
-func (t *tlsConn) record() *audit.TLS {
-	if t == nil {
-		return nil
-	}
-	return t.info
-}
-
 // setTLS makes c a mutual-TLS connection (t nil: plaintext): its guard's policy sees the
 // peer's identity.
 func (c *conn) setTLS(t *tlsConn) {
-	c.tls = t
-	c.g.As(c.tls.identity())
-}
-
-// kept reports whether a keeper holds the connection's sockets: a TLS connection's too when its
-// End's or relay's state is in the ledger shared with the keeper (docs/design.md, "What a crash costs a
-// TLS connection").
-func (c *conn) kept() bool {
-	if c.s.cont.kp == nil {
-		return false
-	}
-	switch t := c.tls; {
-	case t == nil:
-		return true
-	case t.end != nil:
-		return t.end.Slot() >= 0
-	case t.relay != nil:
-		return t.relay.Slot() >= 0
-	}
-	return false
-}
-
-// identity is the peer's proved identity, "" without TLS.
-func (t *tlsConn) identity() string {
-	if t == nil {
-		return ""
-	}
-	return t.id
+	c.cl.tls = t
+	c.g.As(c.cl.identity())
 }
 
 // serverTLS is the handshake's configuration for settings tc: nil with TLS off.
@@ -217,21 +154,11 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 // stopped with its connection (its deadlines are the client socket's).
 func freezeRelays(conns []*conn, timeout time.Duration) error {
 	for _, c := range conns {
-		if c.tls != nil && c.tls.relay != nil && !c.tls.relay.Freeze(max(timeout, 100*time.Millisecond)) {
+		if !c.cl.freeze(timeout) {
 			return fmt.Errorf("%w: the TLS relay of connection %d did not stop", errFreezeTimeout, c.id)
 		}
 	}
 	return nil
-}
-
-// dropHandover closes the loopback pair an End was to be handed over with.
-func (t *tlsConn) dropHandover() {
-	for i, s := range t.handover {
-		if s != nil {
-			s.Close()
-			t.handover[i] = nil
-		}
-	}
 }
 
 // errHandshakeFrozen: a handshake that finished after a freeze began; the connection is closed as
@@ -253,7 +180,7 @@ func (s *Server) revoke(cfg config.Config) {
 	}
 	adm := cfg.Admission()
 	s.revokeWhere("reload: closed connections whose identity the rules no longer admit", func(c *conn) bool {
-		t := c.tls
+		t := c.cl.tls
 		if t.peer.ID == "" { // handed over by an upgrade or a keeper: only its identity came along
 			return adm.DeniesIdentity(t.id, nil)
 		}
@@ -268,7 +195,7 @@ func (s *Server) revoke(cfg config.Config) {
 func (s *Server) revokeUntrusted(roots *x509.CertPool) {
 	verdicts := map[string]bool{} // by leaf signature: a host's connections share a certificate
 	s.revokeWhere("trust bundle changed: closed connections whose certificate no longer chains to it", func(c *conn) bool {
-		chain := c.tls.chain
+		chain := c.cl.tls.chain
 		if len(chain) == 0 {
 			return false // handed over: its chain did not come along
 		}
@@ -318,7 +245,7 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 	var live []*conn
 	s.reg.mu.Lock()
 	for c := range s.reg.conns {
-		if c.tls != nil {
+		if c.cl.proved() {
 			live = append(live, c)
 		}
 	}
@@ -336,7 +263,7 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 	for _, c := range revoked {
 		s.m.refused.WithLabelValues(ReasonRevoked).Inc()
 		e := s.ev.event(c.src, c.dst, audit.ActionDenied, ReasonRevoked)
-		e.ConnID, e.TLS = c.id, c.tls.record()
+		e.ConnID, e.TLS = c.id, c.cl.record()
 		s.ev.write(e)
 		c.flow.decided(audit.VerdictRefused, ReasonRevoked, c.st.monitor)
 		c.flow.ended(endedByGuard)
@@ -350,17 +277,4 @@ func (s *Server) revokeWhere(why string, refused func(c *conn) bool) {
 		s.log.Warn(why, "connections", len(revoked))
 	}
 	s.peers.gone(gone)
-}
-
-// settleEnd tells a kept TLS End how much of the plaintext it opened is passed on (all but the
-// message in progress in carry), so that it keeps only the records from that message's start
-// (tlsrelay.End.Settle): the End's ring is its hold. What is left to finish (left) is in this
-// process's memory only, so nothing settles then; the next read settles it. Goroutines call it
-// before each read, so that what a previous process handed on (Refeed, ToStore) is settled once
-// judged and written, before the End reads on.
-func (c *conn) settleEnd(e *tlsrelay.End, left *leftover) {
-	if left.unfinished() {
-		return
-	}
-	e.Settle(len(c.carry))
 }

@@ -68,10 +68,10 @@ func (h *harness) tlsPaths() (ends, relays int) {
 	defer h.srv.reg.mu.Unlock()
 	for c := range h.srv.reg.conns {
 		switch {
-		case c.tls == nil:
-		case c.tls.end != nil:
+		case c.cl.tls == nil:
+		case c.cl.tls.end != nil:
 			ends++
-		case c.tls.relay != nil:
+		case c.cl.tls.relay != nil:
 			relays++
 		}
 	}
@@ -83,10 +83,10 @@ func (h *harness) relayPairHolds() (n int) {
 	h.srv.reg.mu.Lock()
 	defer h.srv.reg.mu.Unlock()
 	for c := range h.srv.reg.conns {
-		if c.tls == nil || c.tls.relay == nil {
+		if c.cl.tls == nil || c.cl.tls.relay == nil {
 			continue
 		}
-		if _, plain, err := c.tls.relay.Fds(); err == nil {
+		if _, plain, err := c.cl.tls.relay.Fds(); err == nil {
 			q, _ := unix.IoctlGetInt(plain, unix.SIOCINQ)
 			n += q
 		}
@@ -171,7 +171,7 @@ func TestMutualTLSEndInALoop(t *testing.T) {
 			cc.mu.Lock()
 			own := cc.own
 			cc.mu.Unlock()
-			if cc.tls != nil && cc.tls.end != nil && own == ownLoop {
+			if cc.cl.tls != nil && cc.cl.tls.end != nil && own == ownLoop {
 				return true
 			}
 		}

@@ -109,29 +109,17 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	toStore := append(append([]byte(nil), c.gr.left.up...), c.gr.left.upTail...)
 	c.mu.Lock()
 	cs := upgrade.Conn{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs,
-		ReadEnded: c.gr.readEnded, UpDeadline: c.gr.upDeadline, Held: c.held, Flow: c.flowCarry(),
+		ReadEnded: c.gr.readEnded, UpDeadline: c.gr.upDeadline, Held: c.held, Flow: c.flow.carry(&c.rep),
 		ClientFd: -1, StoreFd: -1, Refeed: refeed, ToStore: toStore, ToClient: toClient}
 	var client, up sock = c.gr.client, nil
 	if c.gr.up != nil {
 		up = c.gr.up
 	}
 	c.mu.Unlock()
-	if cs.TLS, err = c.tlsState(); err != nil {
+	if cs.TLS, err = c.cl.state(c.id, c.s.cont.keptEnds); err != nil {
 		return cs, err
 	}
-	switch {
-	case cs.TLS != nil && cs.TLS.Kept: // its TLS socket is the client's
-		client = c.tls.end.TLS
-	case c.tls.merged() != nil:
-		client = c.tls.handover[1] // what the End was given to write and had not goes there (ToClient)
-	case client != nil && c.hold.n > 0 && c.hold.n == len(c.carry) && len(refeed) == len(c.carry) && c.s.cont.socketHolds:
-		// The start of the message in progress stays in the socket, and Refeed says so: the next
-		// process holds it as this one did, so that a crash of that process before the message
-		// completes leaves it for the keeper's restart (hold.go).
-		cs.InSocket = c.hold.n
-	case client != nil:
-		sockFd(client, c.hold.drop) // its bytes go in Refeed, as the carry they are; reads wake for any byte
-	}
+	client = c.cl.handoverSock(&cs, client, len(c.carry), c.s.cont.socketHolds)
 	for _, sock := range []struct {
 		tc sock
 		fd *int
@@ -310,7 +298,7 @@ func (s *Server) takeConn(cs upgrade.Conn) adoptedConn {
 	}
 	c.g.Restore(cs.Guard, &st.pol)
 	c.attachGuard()
-	c.restoreFlow(&cs.Flow)
+	c.flow.restore(&cs.Flow, &c.rep)
 	return adoptedConn{c: c, st: cs}
 }
 
@@ -330,12 +318,7 @@ func (ac *adoptedConn) closeFds() {
 		unix.Close(t.Fd)
 		unix.Close(t.PlainFd)
 	}
-	if ac.tls != nil && ac.tls.relay != nil {
-		ac.tls.relay.Close()
-	}
-	if ac.tls != nil && ac.tls.end != nil {
-		ac.tls.end.Release()
-	}
+	ac.tls.discard()
 }
 
 // startAdopted starts the connections a previous process handed over (TakeOver), each where it
@@ -376,7 +359,7 @@ func (s *Server) startAdopted() {
 			continue
 		}
 		s.startConn(ac)
-		if e := ac.c.tls.merged(); e != nil && e.Slot() >= 0 {
+		if ac.c.cl.keptEnd() {
 			keptEnds++
 		}
 	}
@@ -413,9 +396,13 @@ func (s *Server) startConn(ac *adoptedConn) {
 	c := ac.c
 	c.gives.admission = s.gate.Adopt(c.src.Addr())
 	if t := ac.st.TLS; t != nil {
-		ended, err := c.endFrom(ac)
-		if err == nil && !ended {
-			err = c.resumeTLS(t)
+		tc, err := endFrom(ac, s.cont.kp != nil, s.log)
+		if err == nil && tc == nil {
+			tc, err = resumeTLS(t, s.cont.ledger)
+		}
+		if err == nil {
+			c.setTLS(tc)
+			c.cl.runRelay()
 		}
 		if err != nil {
 			s.log.Warn("upgrade: a TLS connection's relay could not go on; closing it", "conn", c.id, "err", err)
@@ -426,8 +413,8 @@ func (s *Server) startConn(ac *adoptedConn) {
 			}
 			return
 		}
-		if c.kept() { // its state is in this process's ledger now: the keeper learns the new slot
-			c.keepTLS(ac.st.ClientFd)
+		if c.cl.kept() { // its state is in this process's ledger now: the keeper learns the new slot
+			c.cl.keepIn(s.cont.kp, c.id, c.src, c.dst, ac.st.ClientFd)
 			if ac.st.StoreFd >= 0 {
 				s.cont.kp.Connected(c.id, ac.st.StoreFd)
 			}
@@ -435,12 +422,10 @@ func (s *Server) startConn(ac *adoptedConn) {
 	}
 	if t := ac.tls; t != nil { // it goes on from its slot (a crash, or an upgrade that handed the ledger over)
 		c.setTLS(t)
-		if t.relay != nil {
-			t.relay.Run()
-		}
+		c.cl.runRelay()
 	}
-	if c.tls != nil {
-		addr, id := c.gives.admission, s.gate.AdoptIdentity(c.tls.id)
+	if c.cl.proved() {
+		addr, id := c.gives.admission, s.gate.AdoptIdentity(c.cl.identity())
 		c.gives.admission = func() { id(); addr() }
 	}
 	if c.g.Talked() {
@@ -466,7 +451,7 @@ func (s *Server) startConn(ac *adoptedConn) {
 		}
 	}
 	if n := ac.st.InSocket; n > 0 {
-		c.hold.take(ac.st.ClientFd, n, len(ac.st.Refeed), c.kept() && c.tls == nil)
+		c.cl.takeHold(ac.st.ClientFd, n, len(ac.st.Refeed))
 	}
 	c.startAdopted(ac.st.ClientFd, ac.st.StoreFd, left)
 }

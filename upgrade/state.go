@@ -115,7 +115,7 @@ type Conn struct {
 	Refeed, ToStore, ToClient []byte `json:"-"`
 	// InSocket: Refeed's first InSocket bytes (the start of the message in progress) are also
 	// still at the head of the client's socket, unconsumed (the sender's hold, for a keeper's
-	// restart: proxy/hold.go); the receiver takes them as its own hold. 0: none are.
+	// restart: proxy/client.go: hold); the receiver takes them as its own hold. 0: none are.
 	InSocket int `json:",omitempty"`
 	// TLS: a mutual-TLS connection's relay; nil for plaintext.
 	TLS *TLSConn `json:",omitempty"`

@@ -3,7 +3,7 @@
 // graph: its references, and the pairs of files that use each other (a reference running back
 // up, in whichever order a reader takes the files). Linux build, test files left out.
 //
-//	go run ./internal/shape [-types conn,Server] [-funcs serveEvent] ./proxy
+//	go run ./internal/shape [-types conn,Server] [-funcs serveEvent] [-pairs] ./proxy
 package main
 
 import (
@@ -15,24 +15,26 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 )
 
 func main() {
 	types := flag.String("types", "conn,Server", "types whose methods and fields to count")
 	funcs := flag.String("funcs", "serveEvent", "functions (or methods) whose length and complexity to give")
+	pairs := flag.Bool("pairs", false, "list the pairs of files that use each other")
 	flag.Parse()
 	dir := "."
 	if flag.NArg() > 0 {
 		dir = flag.Arg(0)
 	}
-	if err := run(dir, strings.Split(*types, ","), strings.Split(*funcs, ",")); err != nil {
+	if err := run(dir, strings.Split(*types, ","), strings.Split(*funcs, ","), *pairs); err != nil {
 		fmt.Fprintln(os.Stderr, "shape:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir string, types, funcs []string) error {
+func run(dir string, types, funcs []string, pairs bool) error {
 	ctx := build.Default
 	ctx.GOOS = "linux"
 	pkg, err := ctx.ImportDir(dir, 0)
@@ -133,13 +135,19 @@ func run(dir string, types, funcs []string) error {
 			return true
 		})
 	}
-	mutual := 0
+	var mutual []string
 	for e := range edges {
 		if edges[[2]string{e[1], e[0]}] && e[0] < e[1] {
-			mutual++
+			mutual = append(mutual, e[0]+" <-> "+e[1])
 		}
 	}
-	fmt.Printf("files: %d, file-to-file references: %d, pairs of files using each other: %d\n", len(files), len(edges), mutual)
+	if pairs {
+		sort.Strings(mutual)
+		for _, m := range mutual {
+			fmt.Println(m)
+		}
+	}
+	fmt.Printf("files: %d, file-to-file references: %d, pairs of files using each other: %d\n", len(files), len(edges), len(mutual))
 	return nil
 }
 

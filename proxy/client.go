@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"crypto/x509"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -36,7 +37,7 @@ type client struct {
 	// rc is the raw connection of rcOf, the socket the goroutines read last: taken once a socket,
 	// not once a read.
 	rc   syscall.RawConn
-	rcOf sock
+	rcOf clientConn
 }
 
 // kept reports whether a keeper holds the connection's sockets: a TLS connection's too when its
@@ -92,14 +93,14 @@ type clientRead struct {
 // client's end or a reset follows it, and the hold is dropped), or an End's record without
 // plaintext. An End first settles what was judged before (what a previous process handed on, or
 // the last read), then opens a record.
-func (cl *client) next(sk sock, carry int, unfinished bool) (p []byte, r clientRead, err error) {
+func (cl *client) next(sk clientConn, carry int, unfinished bool) (p []byte, r clientRead, err error) {
 	if e := cl.tls.merged(); e != nil {
 		settleEnd(e, carry, unfinished)
 		p, err = e.Next()
 		return p, r, err
 	}
 	if sk != cl.rcOf {
-		if cl.rc, err = sk.SyscallConn(); err != nil {
+		if cl.rc, err = rawOf(sk); err != nil {
 			return nil, r, err
 		}
 		cl.rcOf = sk
@@ -143,11 +144,11 @@ func settleEnd(e *tlsrelay.End, carry int, unfinished bool) {
 
 // tryWrite writes p to the client without waiting (sk: the client socket the goroutines hold):
 // what it takes now.
-func (cl *client) tryWrite(sk sock, p []byte) (int, error) {
+func (cl *client) tryWrite(sk clientConn, p []byte) (int, error) {
 	if e := cl.tls.merged(); e != nil {
 		return e.TryWrite(p)
 	}
-	rc, err := sk.SyscallConn()
+	rc, err := rawOf(sk)
 	if err != nil {
 		return 0, err
 	}
@@ -204,9 +205,23 @@ func (cl *client) thaw() {
 	}
 }
 
-// sock is a client socket: the accepted TCP connection, a TLS End, or the guard's end of a TLS
-// relay's loopback pair.
+// sock is a socket: the accepted TCP connection, the guard's end of a TLS relay's loopback pair,
+// the store's.
 type sock = tlsrelay.Sock
+
+// clientConn is the client side as the goroutines hold it (goroutines.client): a socket, or a TLS
+// End on its socket; its deadlines, its writes that wait, its close. Reads and writes that do not
+// wait go through client (next, tryWrite), which knows which it is: an End is no socket.
+type clientConn = net.Conn
+
+// rawOf is the raw connection of a socket kind's sk: an End has none.
+func rawOf(sk clientConn) (syscall.RawConn, error) {
+	sc, ok := sk.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("the client is not a socket")
+	}
+	return sc.SyscallConn()
+}
 
 // tlsConn is what mutual TLS adds to a connection: its End or its relay, and who the peer
 // proved to be.

@@ -6,12 +6,12 @@ import (
 	"io"
 	"net"
 	"net/netip"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
+	"golang.org/x/sys/unix"
 )
 
 // The client side in an event loop, in a hand-over and in a keeper (client.go).
@@ -82,29 +82,36 @@ func (cl *client) loopWrite(cfd int32, p []byte) (int, unix.Errno) {
 // detach takes the client's socket (sk, the goroutines') and the store's (up; nil when not
 // connected yet) away from Go's poller for a loop: their descriptors, for the caller to own. An
 // End goes on reading and writing its socket's descriptor without waiting.
-func (cl *client) detach(sk sock, up *net.TCPConn) (cfd, ufd int32, err error) {
+func (cl *client) detach(sk clientConn, up *net.TCPConn) (cfd, ufd int32, err error) {
 	if e := cl.tls.merged(); e != nil {
 		return detachEnd(e, up)
 	}
-	if up != nil {
-		return detach(sk, up)
+	s, ok := sk.(sock)
+	if !ok {
+		return -1, -1, errors.New("the client is not a socket")
 	}
-	if cfd, err = dupFd(sk); err != nil {
+	if up != nil {
+		return detach(s, up)
+	}
+	if cfd, err = dupFd(s); err != nil {
 		return -1, -1, err
 	}
-	sk.Close()
+	s.Close()
 	return cfd, -1, nil
 }
 
 // attach gives the client's descriptor (a loop's, or a previous process's) to Go's poller: the
 // client socket the goroutines read and write (an End, on that socket).
-func (cl *client) attach(cfd int32) (sock, error) {
+func (cl *client) attach(cfd int32) (clientConn, error) {
 	sk, err := attach(cfd)
-	if e := cl.tls.merged(); err == nil && e != nil {
+	if err != nil {
+		return nil, err
+	}
+	if e := cl.tls.merged(); e != nil {
 		e.Attach(sk)
 		return e, nil
 	}
-	return sk, err
+	return sk, nil
 }
 
 // closing is called before a loop's client descriptor (cfd; -1: none) is closed: an End sends its
@@ -122,18 +129,23 @@ func (cl *client) closing(cfd int32) {
 // did (socketHolds: cs.InSocket says so), so that a crash of that process before the message
 // completes leaves it for the keeper's restart (client.go: hold); else it is consumed, its bytes being in
 // Refeed as the carry they are, and reads wake for any byte.
-func (cl *client) handoverSock(cs *upgrade.Conn, sk sock, carry int, socketHolds bool) sock {
+func (cl *client) handoverSock(cs *upgrade.Conn, sk clientConn, carry int, socketHolds bool) syscall.Conn {
 	switch {
 	case cs.TLS != nil && cs.TLS.Kept:
 		return cl.tls.end.TLS
 	case cl.tls.merged() != nil:
 		return cl.tls.handover[1]
-	case sk != nil && cl.hold.n > 0 && cl.hold.n == carry && len(cs.Refeed) == carry && socketHolds:
-		cs.InSocket = cl.hold.n
-	case sk != nil:
-		sockFd(sk, cl.hold.drop)
 	}
-	return sk
+	s, ok := sk.(sock)
+	switch {
+	case !ok:
+		return nil
+	case cl.hold.n > 0 && cl.hold.n == carry && len(cs.Refeed) == carry && socketHolds:
+		cs.InSocket = cl.hold.n
+	default:
+		sockFd(s, cl.hold.drop)
+	}
+	return s
 }
 
 // state is a frozen connection's (id) TLS as data, with its descriptors (valid while the

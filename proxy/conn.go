@@ -213,12 +213,12 @@ func (s *Server) newConn(id uint64, src, dst netip.AddrPort, start time.Time) *c
 // accepted is a connection admitted now (release gives the admission back), not tracked yet;
 // client is nil for one a loop accepted. Its guard starts, unless auto mode waits for the
 // store's generation (awaitStore).
-func (s *Server) accepted(client sock, src, dst netip.AddrPort, release func()) *conn {
+func (s *Server) accepted(client clientConn, src, dst netip.AddrPort, release func()) *conn {
 	return s.acceptedAs(s.nextID.Add(1), client, src, dst, release)
 }
 
 // acceptedAs is accepted with the connection id given.
-func (s *Server) acceptedAs(id uint64, client sock, src, dst netip.AddrPort, release func()) *conn {
+func (s *Server) acceptedAs(id uint64, client clientConn, src, dst netip.AddrPort, release func()) *conn {
 	c := s.newConn(id, src, dst, s.now())
 	c.gives.admission, c.gr.client = release, client
 	if !c.st.dec.Gen.Auto {

@@ -23,7 +23,7 @@ import (
 // goroutines is the state of a connection its goroutines forward: it writes to the store with
 // blocking writes and waits for budget.
 type goroutines struct {
-	client     sock // the accepted socket, or the guard's end of a TLS relay's pair (tls.go)
+	client     clientConn // the client side (client.go): a socket, or a TLS End on its socket
 	up         *net.TCPConn
 	s2cStarted bool // the reply direction's goroutine runs (or ran)
 	s2cDone    chan struct{}
@@ -173,7 +173,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 		s.handlers.Done()
 		return
 	}
-	var client sock = tc
+	var client clientConn = tc
 	var t *tlsConn
 	id := s.nextID.Add(1)
 	if !st.cfg.TLS.Plaintext(src.Addr()) {

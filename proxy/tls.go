@@ -65,7 +65,7 @@ func (s *Server) serverTLS(tc config.TLS) (*tls.Config, error) {
 // adds; release gives back the identity's admission. Else the client was refused:
 // audited with why, counted, a step towards its source's ban, and closed; nothing of it reached
 // the store.
-func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, st *settings) (client sock, t *tlsConn, release func(), ok bool) {
+func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, st *settings) (client clientConn, t *tlsConn, release func(), ok bool) {
 	start := s.now()
 	// A freeze (an upgrade) does not wait for a handshake, which a client may drag out to
 	// tls.handshake-timeout: one under way is cut short (storeguard connect tries again).

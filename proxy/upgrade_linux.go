@@ -6,15 +6,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
+	"golang.org/x/sys/unix"
 )
 
 // Upgrade in place: package upgrade carries everything to the process taking over; this file
@@ -111,7 +111,8 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	cs := upgrade.Conn{ID: c.id, Src: c.src, Dst: c.dst, Start: c.start, Guard: gs, Replies: rs,
 		ReadEnded: c.gr.readEnded, UpDeadline: c.gr.upDeadline, Held: c.held, Flow: c.flow.carry(&c.rep),
 		ClientFd: -1, StoreFd: -1, Refeed: refeed, ToStore: toStore, ToClient: toClient}
-	var client, up sock = c.gr.client, nil
+	sk := c.gr.client
+	var up syscall.Conn
 	if c.gr.up != nil {
 		up = c.gr.up
 	}
@@ -119,9 +120,9 @@ func (c *conn) frozenState() (upgrade.Conn, error) {
 	if cs.TLS, err = c.cl.state(c.id, c.s.cont.keptEnds); err != nil {
 		return cs, err
 	}
-	client = c.cl.handoverSock(&cs, client, len(c.carry), c.s.cont.socketHolds)
+	client := c.cl.handoverSock(&cs, sk, len(c.carry), c.s.cont.socketHolds)
 	for _, sock := range []struct {
-		tc sock
+		tc syscall.Conn
 		fd *int
 	}{{client, &cs.ClientFd}, {up, &cs.StoreFd}} {
 		if sock.tc == nil {

@@ -523,12 +523,6 @@ func (e *End) Read(p []byte) (int, error) {
 // errHanded: the End was handed over (Handover), and not thawed.
 var errHanded = errors.New("tlsrelay: the End was handed over")
 
-// errNoRaw: an End's plaintext is in no socket.
-var errNoRaw = errors.New("tlsrelay: an End has no plaintext socket")
-
-// SyscallConn fails: an End's plaintext is read with Next and written with Write.
-func (e *End) SyscallConn() (syscall.RawConn, error) { return nil, errNoRaw }
-
 // Handover turns a frozen End (no Next, Write or TryWrite under way, nor after) into what
 // another process takes as a Relay: its State, and a new loopback pair of which relay is the
 // relay's plaintext socket and guard the guard's client socket. The End's socket and the pair

@@ -31,7 +31,7 @@ import (
 // it back, hand it over and release it through client's methods, and never ask which kind it is:
 // this file and client_linux.go do.
 type client struct {
-	tls    *tlsConn // what mutual TLS adds (tls.go): nil for plaintext
+	tls    *tlsConn // what mutual TLS adds (below; the handshake: tls.go): nil for plaintext
 	hold   hold     // a kept socket's start of the message in progress (below)
 	keeper bool     // the server has a keeper (Server.UseKeeper, before it serves)
 	// rc is the raw connection of rcOf, the socket the goroutines read last: taken once a socket,
@@ -131,8 +131,9 @@ func (cl *client) passed(r clientRead, carry int, unfinished bool) {
 
 // settleEnd tells a kept TLS End how much of the plaintext it opened is passed on (all but the
 // message in progress, carry bytes), so that it keeps only the records from that message's start
-// (tlsrelay.End.Settle): the End's ring is its hold. What is left to finish (left) is in this
-// process's memory only, so nothing settles then; the next read settles it. Goroutines settle
+// (tlsrelay.End.Settle): the End's ring is its hold. What is left to finish (unfinished: judged
+// bytes not written yet) is in this process's memory only, so nothing settles then; the next read
+// settles it. Goroutines settle
 // before each read, so that what a previous process handed on (Refeed, ToStore) is settled once
 // judged and written, before the End reads on.
 func settleEnd(e *tlsrelay.End, carry int, unfinished bool) {
@@ -359,7 +360,7 @@ type hold struct {
 
 // settle consumes, of the n bytes peeked from fd's head, those passed on, leaving in the socket
 // the start of a message in progress (carry bytes long) when it can be held there: all of it was
-// peeked this time or held before, it is small, and nothing judged waits to be written (left).
+// peeked this time or held before, it is small, and nothing judged waits to be written (unfinished).
 func (h *hold) settle(fd, n, carry int, unfinished bool) {
 	keep := carry
 	if keep > n || keep > holdMax || unfinished {

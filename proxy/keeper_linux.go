@@ -194,8 +194,8 @@ const (
 
 // reconcile brings a connection restored after a crash to where its streams stand: it consumes
 // what the dead worker passed on without consuming, and reports "" or why the connection must
-// close. The start of a message the dead worker held in the client's socket (client.go: hold) is there,
-// unconsumed, and is read again; the socket's low-water mark it set goes back to one byte.
+// close. The start of a message the dead worker held in the client's socket (client.go: hold) is
+// there, unconsumed, and is read again; the socket's low-water mark it set goes back to one byte.
 func reconcile(cfd, ufd int) (lost string, err error) {
 	if err := setRcvLowat(cfd, 1); err != nil {
 		return lostCounts, err

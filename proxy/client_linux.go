@@ -16,21 +16,16 @@ import (
 
 // The client side in an event loop, in a hand-over and in a keeper (client.go).
 
-// errWouldBlock: the client has nothing to read now.
-var errWouldBlock = errors.New("the client has nothing to read now")
-
 // loopRead reads what the client has for a loop into buf, without waiting (cfd: the client's
 // descriptor, which the loop holds): p to judge, n the bytes a socket's read (peek) put in buf,
 // and more when the client may have more without another event (an End's records already read,
 // which epoll will not announce again). p is empty when there is nothing to judge: a kept socket's
 // hold alone, its client's end or a reset following it (the hold is dropped; the next event says
-// which). err: errWouldBlock, io.EOF at the client's end, or what failed.
+// which). err: tlsrelay.ErrWouldBlock when nothing is there, io.EOF at the client's end, or what
+// failed.
 func (cl *client) loopRead(cfd int32, buf []byte) (p []byte, n int, more bool, err error) {
 	if e := cl.tls.merged(); e != nil {
 		p, err = e.Next()
-		if errors.Is(err, tlsrelay.ErrWouldBlock) {
-			err = errWouldBlock
-		}
 		return p, 0, err == nil, err
 	}
 	var errno unix.Errno
@@ -46,7 +41,7 @@ func (cl *client) loopRead(cfd int32, buf []byte) (p []byte, n int, more bool, e
 	case n > 0:
 		return buf[cl.hold.n:n], n, false, nil
 	case errno == unix.EAGAIN:
-		return nil, 0, false, errWouldBlock
+		return nil, 0, false, tlsrelay.ErrWouldBlock
 	case errno == 0:
 		return nil, 0, false, io.EOF
 	}
@@ -81,23 +76,33 @@ func (cl *client) loopWrite(cfd int32, p []byte) (int, unix.Errno) {
 
 // detach takes the client's socket (sk, the goroutines') and the store's (up; nil when not
 // connected yet) away from Go's poller for a loop: their descriptors, for the caller to own. An
-// End goes on reading and writing its socket's descriptor without waiting.
+// End goes on reading and writing its socket's descriptor without waiting. On an error the
+// sockets are left as they were.
 func (cl *client) detach(sk clientConn, up *net.TCPConn) (cfd, ufd int32, err error) {
-	if e := cl.tls.merged(); e != nil {
-		return detachEnd(e, up)
-	}
-	s, ok := sk.(sock)
-	if !ok {
+	e := cl.tls.merged()
+	var s syscall.Conn
+	if e != nil {
+		s = e.TLS
+	} else if s, _ = sk.(sock); s == nil {
 		return -1, -1, errors.New("the client is not a socket")
-	}
-	if up != nil {
-		return detach(s, up)
 	}
 	if cfd, err = dupFd(s); err != nil {
 		return -1, -1, err
 	}
-	s.Close()
-	return cfd, -1, nil
+	ufd = -1
+	if up != nil {
+		if ufd, err = dupFd(up); err != nil {
+			unix.Close(int(cfd))
+			return -1, -1, err
+		}
+		up.Close() // it lives on through the duplicate
+	}
+	if e != nil {
+		e.Detach(int(cfd))
+	} else {
+		sk.Close()
+	}
+	return cfd, ufd, nil
 }
 
 // attach gives the client's descriptor (a loop's, or a previous process's) to Go's poller: the
@@ -244,38 +249,4 @@ func (t *tlsConn) discard() {
 	if t.end != nil {
 		t.end.Release()
 	}
-}
-
-// detach takes the client and store sockets away from Go's poller: it duplicates their
-// descriptors, for the caller to own, and closes the net.Conns (the sockets live on through the
-// duplicates). On an error both net.Conns are left as they were.
-func detach(client sock, up *net.TCPConn) (cfd, ufd int32, err error) {
-	if cfd, err = dupFd(client); err != nil {
-		return -1, -1, err
-	}
-	if ufd, err = dupFd(up); err != nil {
-		unix.Close(int(cfd))
-		return -1, -1, err
-	}
-	client.Close()
-	up.Close()
-	return cfd, ufd, nil
-}
-
-// detachEnd is detach for a TLS End: its socket's descriptor goes to the caller, and the End
-// reads and writes it without waiting (tlsrelay.End.Detach); up may be nil (not connected yet).
-func detachEnd(e *tlsrelay.End, up *net.TCPConn) (cfd, ufd int32, err error) {
-	if cfd, err = dupFd(e.TLS); err != nil {
-		return -1, -1, err
-	}
-	ufd = -1
-	if up != nil {
-		if ufd, err = dupFd(up); err != nil {
-			unix.Close(int(cfd))
-			return -1, -1, err
-		}
-		up.Close()
-	}
-	e.Detach(int(cfd))
-	return cfd, ufd, nil
 }

@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/storeguard/storeguard/internal/origdst"
 	"github.com/storeguard/storeguard/internal/tcpcount"
+	"github.com/storeguard/storeguard/tlsrelay"
+	"golang.org/x/sys/unix"
 )
 
 // Event loops accept connections and forward them. When the store is on this host, the accepting
@@ -594,7 +594,7 @@ func (l *loop) serveClient(c *conn) {
 		p, n, more, err := c.cl.loopRead(c.lt.cfd, l.buf)
 		switch {
 		case err == nil:
-		case errors.Is(err, errWouldBlock):
+		case errors.Is(err, tlsrelay.ErrWouldBlock):
 			return
 		case errors.Is(err, io.EOF):
 			c.flow.ended(endedByClient)

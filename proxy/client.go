@@ -13,6 +13,7 @@ import (
 	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/tcpcount"
+	"github.com/storeguard/storeguard/keeper"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"golang.org/x/sys/unix"
 )
@@ -31,9 +32,9 @@ import (
 // it back, hand it over and release it through client's methods, and never ask which kind it is:
 // this file and client_linux.go do.
 type client struct {
-	tls    *tlsConn // what mutual TLS adds (below; the handshake: tls.go): nil for plaintext
-	hold   hold     // a kept socket's start of the message in progress (below)
-	keeper bool     // the server has a keeper (Server.UseKeeper, before it serves)
+	tls  *tlsConn     // what mutual TLS adds (below; the handshake: tls.go): nil for plaintext
+	hold hold         // a kept socket's start of the message in progress (below)
+	kp   *keeper.Link // the server's keeper (Server.UseKeeper, before it serves): nil without one
 	// rc is the raw connection of rcOf, the socket the goroutines read last: taken once a socket,
 	// not once a read.
 	rc   syscall.RawConn
@@ -44,7 +45,7 @@ type client struct {
 // End's or relay's state is in the ledger shared with the keeper (docs/design.md, "What a crash
 // costs a TLS connection").
 func (cl *client) kept() bool {
-	if !cl.keeper {
+	if cl.kp == nil {
 		return false
 	}
 	switch t := cl.tls; {
@@ -67,6 +68,23 @@ func (cl *client) identity() string { return cl.tls.identity() }
 // record is the client's TLS record for the connection's events, nil without TLS.
 func (cl *client) record() *audit.TLS { return cl.tls.record() }
 
+// peer is the identity the client proved, and its certificate's names (cert): zero when it was
+// handed over by an upgrade or a keeper (only its identity came along); "" without TLS.
+func (cl *client) peer() (id string, cert identity.Peer) {
+	if t := cl.tls; t != nil {
+		return t.id, t.peer
+	}
+	return "", identity.Peer{}
+}
+
+// chain is the certificate chain the client presented: nil without TLS, or when handed over.
+func (cl *client) chain() []*x509.Certificate {
+	if t := cl.tls; t != nil {
+		return t.chain
+	}
+	return nil
+}
+
 // keptEnd reports whether the client is a TLS End in the keeper's ledger.
 func (cl *client) keptEnd() bool {
 	e := cl.tls.merged()
@@ -78,6 +96,40 @@ func (cl *client) keptEnd() bool {
 func (cl *client) unopened() bool {
 	e := cl.tls.merged()
 	return e != nil && e.Buffered() > 0
+}
+
+// A kept connection's keeper holds both its sockets; the client tells it of the store's and of
+// the end, and the store's socket is peeked (readReply), its bytes left there until the client
+// has them: what a crash would otherwise lose. Without a keeper these do nothing.
+
+// storeConnected tells the keeper that connection id's store socket is fd.
+func (cl *client) storeConnected(id uint64, fd int) {
+	if cl.kept() {
+		cl.kp.Connected(id, fd)
+	}
+}
+
+// storeConnectedSock is storeConnected with the store's socket up.
+func (cl *client) storeConnectedSock(id uint64, up syscall.Conn) {
+	if cl.kept() {
+		sockFd(up, func(fd int) { cl.kp.Connected(id, fd) })
+	}
+}
+
+// ended tells the keeper that connection id ended.
+func (cl *client) ended(id uint64) {
+	if cl.kept() {
+		cl.kp.Ended(id)
+	}
+}
+
+// readReply reads the store's next bytes for the goroutines from rc, the store's socket, into a
+// pooled buffer, waiting for them: peeked when the keeper holds the connection, and then
+// consumed (consumePeeked) only once the client has them.
+func (cl *client) readReply(rc syscall.RawConn) (bp *[]byte, n int, peeked bool, err error) {
+	peeked = cl.kept()
+	bp, n, err = readPooled(rc, peeked, 0)
+	return bp, n, peeked, err
 }
 
 // clientRead is what one read of the goroutines' took: a socket's pooled buffer and the bytes

@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"syscall"
 
-	"github.com/storeguard/storeguard/keeper"
+	"github.com/storeguard/storeguard/audit"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
 	"golang.org/x/sys/unix"
@@ -46,6 +46,18 @@ func (cl *client) loopRead(cfd int32, buf []byte) (p []byte, n int, more bool, e
 		return nil, 0, false, io.EOF
 	}
 	return nil, 0, false, errno
+}
+
+// loopReadReply reads what the store's socket ufd has into buf for a loop, without waiting:
+// peeked when the keeper holds the connection (client.readReply), and then consumed only once the
+// client has it.
+func (cl *client) loopReadReply(ufd int32, buf []byte) (n int, peeked bool, errno unix.Errno) {
+	if cl.kept() {
+		n, errno = peekFd(ufd, buf)
+		return n, true, errno
+	}
+	n, errno = readFd(ufd, buf)
+	return n, false, errno
 }
 
 // loopPassed is passed (client.go) for a loop: of the n bytes of cfd's read, those passed on are
@@ -198,11 +210,21 @@ func (cl *client) state(id uint64, keptEnds bool) (*upgrade.TLSConn, error) {
 	return ts, nil
 }
 
-// keepIn gives the keeper (kp) the kept connection id's client socket, cfd: a plaintext one as it
-// is; a kept End's TLS socket, with its slot in the shared ledger; a relay's guard end of its pair,
-// with the relay's two sockets and its slot.
-func (cl *client) keepIn(kp *keeper.Link, id uint64, src, dst netip.AddrPort, cfd int) {
-	t := cl.tls
+// keepSock is keepIn with the client's socket tc.
+func (cl *client) keepSock(id uint64, src, dst netip.AddrPort, tc syscall.Conn) {
+	if cl.kept() {
+		sockFd(tc, func(fd int) { cl.keepIn(id, src, dst, fd) })
+	}
+}
+
+// keepIn gives the keeper the client socket, cfd, of connection id when it holds it: a plaintext
+// one as it is; a kept End's TLS socket, with its slot in the shared ledger; a relay's guard end
+// of its pair, with the relay's two sockets and its slot.
+func (cl *client) keepIn(id uint64, src, dst netip.AddrPort, cfd int) {
+	if !cl.kept() {
+		return
+	}
+	kp, t := cl.kp, cl.tls
 	switch {
 	case t == nil:
 		kp.Opened(id, src, dst, cfd)
@@ -249,4 +271,14 @@ func (t *tlsConn) discard() {
 	if t.end != nil {
 		t.end.Release()
 	}
+}
+
+// keptTLS is what a keeper keeps of a mutual-TLS connection besides its sockets (keeper.Conn.Data),
+// for the process it starts after a crash: where the relay's state is, and who the peer proved to
+// be.
+type keptTLS struct {
+	Slot     int
+	End      bool `json:",omitempty"` // a kept End (tlsrelay.End.Keep), not a relay
+	Identity string
+	Info     *audit.TLS
 }

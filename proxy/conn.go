@@ -205,7 +205,7 @@ func (s *Server) newConn(id uint64, src, dst netip.AddrPort, start time.Time) *c
 	c.gr.s2cDone = make(chan struct{})
 	c.lt.cfd, c.lt.ufd = -1, -1
 	c.out = &c.gr
-	c.cl.keeper = s.cont.kp != nil
+	c.cl.kp = s.cont.kp
 	c.rep.init()
 	return c
 }
@@ -417,9 +417,7 @@ func (c *conn) end() {
 		c.storeSlot.Release()
 	}
 	c.s.track(c, false)
-	if c.cl.kept() {
-		c.s.cont.kp.Ended(c.id)
-	}
+	c.cl.ended(c.id)
 	c.cl.release()
 	c.s.m.active.Dec()
 	c.gives.admission()

@@ -6,8 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
-
-	"github.com/storeguard/storeguard/keeper"
+	"syscall"
 
 	"github.com/storeguard/storeguard/upgrade"
 )
@@ -30,6 +29,6 @@ func (s *Server) keepListenerFds() error { return nil }
 
 func (s *Server) closeKeptFds() {}
 
-func (cl *client) keepIn(*keeper.Link, uint64, netip.AddrPort, netip.AddrPort, int) {}
+func (cl *client) keepSock(uint64, netip.AddrPort, netip.AddrPort, syscall.Conn) {}
 
 func listenerFromFd(int) (*net.TCPListener, error) { return nil, upgrade.ErrNeedsLinux }

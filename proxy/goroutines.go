@@ -191,9 +191,7 @@ func (s *Server) handle(tc *net.TCPConn) {
 	}
 	c := s.acceptedAs(id, client, src, dst, release)
 	c.setTLS(t)
-	if c.cl.kept() { // a kept End's TLS socket is the client's
-		sockFd(tc, func(fd int) { c.cl.keepIn(s.cont.kp, c.id, c.src, c.dst, fd) })
-	}
+	c.cl.keepSock(c.id, c.src, c.dst, tc) // an End's TLS socket is the client's
 	s.track(c, true)
 	s.cont.accepting.Add(-1)
 	c.serve(nil)
@@ -323,9 +321,7 @@ func (c *conn) dialStore() (deferred bool) {
 		return false
 	}
 	c.gr.up = up.(*net.TCPConn)
-	if c.cl.kept() {
-		sockFd(c.gr.up, func(fd int) { s.cont.kp.Connected(c.id, fd) })
-	}
+	c.cl.storeConnectedSock(c.id, c.gr.up)
 	if s.loops != nil && st.cfg.Timeouts.Idle == 0 {
 		c.gr.kick = true // the reading goroutine offers the connection to a loop before its next read
 		c.mu.Unlock()
@@ -510,12 +506,11 @@ func (c *conn) pipeStoreToClient() {
 			c.mu.Unlock()
 			continue
 		}
-		kept := c.cl.kept()
-		bp, n, err := readPooled(rc, kept, 0)
+		bp, n, peeked, err := c.cl.readReply(rc)
 		if n > 0 {
 			c.rep.follow((*bp)[:n])
 			ok := c.toClient(bp, n) // which takes bp
-			if kept {
+			if peeked {
 				consumePeeked(rc, n)
 			}
 			if !ok {

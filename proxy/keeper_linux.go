@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -113,30 +112,11 @@ func (s *Server) RestoreFromKeeper() error {
 	}, func(kc keeper.Conn, cfd, ufd int, extra []int) {
 		ac := adoptedConn{rebuild: true, c: s.newConn(kc.ID, kc.Src, kc.Dst, s.now()),
 			st: upgrade.Conn{ClientFd: cfd, StoreFd: ufd}}
-		var k keptTLS
-		if len(extra) == 0 && kc.Data != nil && json.Unmarshal(kc.Data, &k) == nil && k.End {
-			ac.kend = &k // a kept End: made from its slot once the worker reconciles it
-			if s.cont.ledger == nil {
-				s.log.Warn("restart: a TLS connection's state is in no ledger; closing it", "conn", kc.ID)
-				s.cont.kp.Ended(kc.ID)
-				ac.closeFds()
-				return
-			}
-		}
-		if len(extra) > 0 { // a TLS connection: its relay's two sockets
-			var err error
-			if len(extra) != 2 || s.cont.ledger == nil {
-				err = fmt.Errorf("%d sockets of its own, ledger %t", len(extra), s.cont.ledger != nil)
-				fdpass.CloseFds(extra)
-			} else {
-				ac.tls, err = s.restoreTLS(kc.ID, kc.Data, extra[0], extra[1])
-			}
-			if err != nil {
-				s.log.Warn("restart: a TLS connection's relay cannot go on; closing it", "conn", kc.ID, "err", err)
-				s.cont.kp.Ended(kc.ID)
-				ac.closeFds()
-				return
-			}
+		if err := s.restoreTLS(&ac, kc.Data, extra); err != nil {
+			s.log.Warn("restart: a TLS connection cannot go on; closing it", "conn", kc.ID, "err", err)
+			s.cont.kp.Ended(kc.ID)
+			ac.closeFds()
+			return
 		}
 		a.conns = append(a.conns, ac)
 	})

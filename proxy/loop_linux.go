@@ -580,9 +580,8 @@ func (l *loop) serveEvent(c *conn, ev unix.EpollEvent) {
 		l.serveClient(c)
 		return
 	}
-	kept := c.cl.kept()
-	if n, ok := l.readStore(c, kept); ok {
-		l.replyEvent(c, n, kept)
+	if n, peeked, ok := l.readStore(c); ok {
+		l.replyEvent(c, n, peeked)
 	}
 }
 
@@ -620,21 +619,16 @@ func (l *loop) serveClient(c *conn) {
 	}
 }
 
-// readStore reads (peeks, when c is kept) what the store's socket has into l.buf: n bytes and
-// true, or false when there is nothing yet, or an end of stream or an error, which it handles.
-func (l *loop) readStore(c *conn, kept bool) (int, bool) {
-	var n int
-	var errno unix.Errno
-	if kept {
-		n, errno = peekFd(c.lt.ufd, l.buf)
-	} else {
-		n, errno = readFd(c.lt.ufd, l.buf)
-	}
+// readStore reads what the store's socket has into l.buf (client.loopReadReply): n bytes, peeked
+// or not, and true; or false when there is nothing yet, or an end of stream or an error, which it
+// handles.
+func (l *loop) readStore(c *conn) (n int, peeked, ok bool) {
+	n, peeked, errno := c.cl.loopReadReply(c.lt.ufd, l.buf)
 	switch {
 	case n > 0:
-		return n, true
+		return n, peeked, true
 	case errno == unix.EAGAIN:
-		return 0, false
+		return 0, false, false
 	}
 	c.flow.ended(endedByStore)
 	if errno != 0 || !c.lt.clientEnded {
@@ -643,19 +637,19 @@ func (l *loop) readStore(c *conn, kept bool) (int, bool) {
 	}
 	c.closeBoth()
 	l.release(c, handbackNone)
-	return 0, false
+	return 0, false, false
 }
 
 // replyEvent passes the store's n bytes in l.buf on to the client: what the client cannot take
 // yet (a TLS End's, what it could not seal into records written whole) waits in leftover, and the
-// connection goes to its goroutines (backpressure). A kept store socket's bytes are consumed once
-// passed on or kept.
-func (l *loop) replyEvent(c *conn, n int, kept bool) {
+// connection goes to its goroutines (backpressure). Bytes peeked from the store's socket are
+// consumed once passed on or kept.
+func (l *loop) replyEvent(c *conn, n int, peeked bool) {
 	src := c.lt.ufd
 	c.rep.follow(l.buf[:n])
 	w, errno := c.cl.loopWrite(c.lt.cfd, l.buf[:n])
 	c.s.m.bytesS2C.Add(float64(w))
-	if kept {
+	if peeked {
 		if w < n && (errno == 0 || errno == unix.EAGAIN) {
 			bp := readBufs.Get().(*[]byte)
 			c.lt.left.client = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}

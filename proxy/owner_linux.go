@@ -47,9 +47,7 @@ func (c *conn) connectStore(l *loop) bool {
 		unix.Close(int(fd))
 		return false
 	}
-	if c.cl.kept() {
-		c.s.cont.kp.Connected(c.id, int(fd))
-	}
+	c.cl.storeConnected(c.id, int(fd))
 	c.mu.Lock()
 	c.lt.ufd, c.dial.done = fd, true
 	c.mu.Unlock()

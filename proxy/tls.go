@@ -180,11 +180,11 @@ func (s *Server) revoke(cfg config.Config) {
 	}
 	adm := cfg.Admission()
 	s.revokeWhere("reload: closed connections whose identity the rules no longer admit", func(c *conn) bool {
-		t := c.cl.tls
-		if t.peer.ID == "" { // handed over by an upgrade or a keeper: only its identity came along
-			return adm.DeniesIdentity(t.id, nil)
+		id, peer := c.cl.peer()
+		if peer.ID == "" { // handed over by an upgrade or a keeper: only its identity came along
+			return adm.DeniesIdentity(id, nil)
 		}
-		return !allow.Permits(t.peer) || adm.DeniesIdentity(t.peer.ID, t.peer.Names())
+		return !allow.Permits(peer) || adm.DeniesIdentity(peer.ID, peer.Names())
 	})
 }
 
@@ -195,7 +195,7 @@ func (s *Server) revoke(cfg config.Config) {
 func (s *Server) revokeUntrusted(roots *x509.CertPool) {
 	verdicts := map[string]bool{} // by leaf signature: a host's connections share a certificate
 	s.revokeWhere("trust bundle changed: closed connections whose certificate no longer chains to it", func(c *conn) bool {
-		chain := c.cl.tls.chain
+		chain := c.cl.chain()
 		if len(chain) == 0 {
 			return false // handed over: its chain did not come along
 		}

@@ -3,10 +3,11 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 
-	"github.com/storeguard/storeguard/audit"
+	"github.com/storeguard/storeguard/internal/fdpass"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"github.com/storeguard/storeguard/upgrade"
 	"golang.org/x/sys/unix"
@@ -46,6 +47,35 @@ func endFrom(ac *adoptedConn, keeper bool, log *slog.Logger) (*tlsConn, error) {
 	return &tlsConn{end: e, info: t.Info, id: t.Identity}, nil
 }
 
+// adopt makes the client of a connection adopted from an upgrade or a keeper (ac), and reports
+// whether it is a kept End: a plaintext one is its socket; a TLS one goes on from its slot in the
+// ledger (ac.tls: a crash, or an upgrade that handed the ledger over), or as the End or relay the
+// previous process handed over (endFrom, resumeTLS), and then the keeper, if it holds the
+// connection, learns its new state. On an error the connection cannot go on.
+func (cl *client) adopt(ac *adoptedConn, ledger *tlsrelay.Ledger, log *slog.Logger) (keptEnd bool, err error) {
+	c := ac.c
+	if t := ac.st.TLS; t != nil {
+		tc, err := endFrom(ac, cl.kp != nil, log)
+		if err == nil && tc == nil {
+			tc, err = resumeTLS(t, ledger)
+		}
+		if err != nil {
+			return false, err
+		}
+		cl.tls = tc
+		cl.runRelay()
+		cl.keepIn(c.id, c.src, c.dst, ac.st.ClientFd) // its state is in this process's ledger now
+		if ac.st.StoreFd >= 0 {
+			cl.storeConnected(c.id, ac.st.StoreFd)
+		}
+	}
+	if ac.tls != nil {
+		cl.tls = ac.tls
+		cl.runRelay()
+	}
+	return cl.keptEnd(), nil
+}
+
 // relaysStay keeps adopted relays relays, as builds before EndFrom did (tests).
 var relaysStay atomic.Bool
 
@@ -63,26 +93,63 @@ func resumeTLS(t *upgrade.TLSConn, ledger *tlsrelay.Ledger) (*tlsConn, error) {
 	return &tlsConn{relay: r, info: t.Info, id: t.Identity}, nil
 }
 
-// keptTLS is what a keeper keeps of a mutual-TLS connection besides its sockets (keeper.Conn.Data),
-// for the process it starts after a crash: where the relay's state is, and who the peer proved to
-// be.
-type keptTLS struct {
-	Slot     int
-	End      bool `json:",omitempty"` // a kept End (tlsrelay.End.Keep), not a relay
-	Identity string
-	Info     *audit.TLS
+// restoreTLS readies the client of a TLS connection a keeper gave back after a crash (ac), from
+// what it kept (data: a keptTLS; nil for plaintext) and the sockets of its own (extra): a kept
+// End is made from its slot once the worker reconciles it (ac.kend, restoreEnd); a relay now, from
+// its two sockets (its end of the pair) and its slot in the shared ledger (ac.tls). On an error
+// the connection cannot go on; extra is closed.
+func (s *Server) restoreTLS(ac *adoptedConn, data []byte, extra []int) error {
+	var k keptTLS
+	if len(extra) == 0 {
+		if data == nil || json.Unmarshal(data, &k) != nil || !k.End {
+			return nil // plaintext
+		}
+		if s.cont.ledger == nil {
+			return errors.New("a kept End's state is in no ledger")
+		}
+		ac.kend = &k
+		return nil
+	}
+	if len(extra) != 2 || s.cont.ledger == nil {
+		fdpass.CloseFds(extra)
+		return fmt.Errorf("a relay with %d sockets of its own, ledger %t", len(extra), s.cont.ledger != nil)
+	}
+	if err := json.Unmarshal(data, &k); err != nil {
+		fdpass.CloseFds(extra)
+		return err
+	}
+	var err error
+	ac.tls, err = s.slotRelay(ac.c.id, k, extra[0], extra[1])
+	return err
 }
 
-// restoreTLS makes the relay of a TLS connection a keeper gave back after a crash, from its
-// sockets (tlsFd, plainFd: the relay's end of the pair) and its slot in the shared ledger.
-func (s *Server) restoreTLS(id uint64, data []byte, tlsFd, plainFd int) (*tlsConn, error) {
-	var k keptTLS
-	if err := json.Unmarshal(data, &k); err != nil {
-		unix.Close(tlsFd)
-		unix.Close(plainFd)
-		return nil, err
+// takeSlots makes the relays and Ends of the TLS connections handed over from their slots in the
+// keeper's ledger (takeLedger), before any relay takes a new slot there (one the old process ran
+// in a ledger of its own, its shared one full). Nothing is written to a slot before a relay runs.
+func (s *Server) takeSlots(a *adoption) {
+	for i := range a.conns {
+		ac := &a.conns[i]
+		t := ac.st.TLS
+		if t == nil || t.Slot < 0 {
+			continue
+		}
+		ac.st.TLS = nil // the relay's sockets are its own from here
+		if t.Kept {
+			ac.tls, ac.lost = s.slotEnd(ac, t)
+			continue
+		}
+		ac.tls, ac.lost = s.slotRelay(ac.c.id, keptTLS{Slot: t.Slot, Identity: t.Identity, Info: t.Info}, t.Fd, t.PlainFd)
 	}
-	return s.slotRelay(id, k, tlsFd, plainFd)
+}
+
+// closeTLS closes what an adopted connection that cannot go on (ac) has of TLS: the sockets of a
+// relay handed over, or its relay or End from a slot.
+func (ac *adoptedConn) closeTLS() {
+	if t := ac.st.TLS; t != nil && t.Fd >= 0 {
+		unix.Close(t.Fd)
+		unix.Close(t.PlainFd)
+	}
+	ac.tls.discard()
 }
 
 // slotEnd makes the kept End an upgrade handed off (t) from its slot in the shared ledger, on the

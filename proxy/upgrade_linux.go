@@ -208,25 +208,6 @@ func (s *Server) takeLedger(fd int) bool {
 	return true
 }
 
-// takeSlots makes the relays of the TLS connections handed over from their slots in the keeper's
-// ledger (takeLedger), before any relay takes a new slot there (one the old process ran in a
-// ledger of its own, its shared one full). Nothing is written to a slot before a relay runs.
-func (s *Server) takeSlots(a *adoption) {
-	for i := range a.conns {
-		ac := &a.conns[i]
-		t := ac.st.TLS
-		if t == nil || t.Slot < 0 {
-			continue
-		}
-		ac.st.TLS = nil // the relay's sockets are its own from here
-		if t.Kept {
-			ac.tls, ac.lost = s.slotEnd(ac, t)
-			continue
-		}
-		ac.tls, ac.lost = s.slotRelay(ac.c.id, keptTLS{Slot: t.Slot, Identity: t.Identity, Info: t.Info}, t.Fd, t.PlainFd)
-	}
-}
-
 // takeListeners adopts the listening sockets, or listens anew where the configuration says
 // otherwise (a restart for a new listen address): the old socket then keeps accepting until its
 // backlog is empty (startAdopted) and closes.
@@ -315,11 +296,7 @@ func (ac *adoptedConn) closeFds() {
 	if ac.st.StoreFd >= 0 {
 		unix.Close(ac.st.StoreFd)
 	}
-	if t := ac.st.TLS; t != nil && t.Fd >= 0 {
-		unix.Close(t.Fd)
-		unix.Close(t.PlainFd)
-	}
-	ac.tls.discard()
+	ac.closeTLS()
 }
 
 // startAdopted starts the connections a previous process handed over (TakeOver), each where it
@@ -359,8 +336,7 @@ func (s *Server) startAdopted() {
 			ac.closeFds()
 			continue
 		}
-		s.startConn(ac)
-		if ac.c.cl.keptEnd() {
+		if s.startConn(ac) {
 			keptEnds++
 		}
 	}
@@ -393,38 +369,20 @@ func (s *Server) startAdopted() {
 // startConn starts one adopted connection: on an event loop when it stood between messages with
 // nothing left to write, else on goroutines, which first write what was left and judge again the
 // bytes that were not judged through.
-func (s *Server) startConn(ac *adoptedConn) {
+func (s *Server) startConn(ac *adoptedConn) (keptEnd bool) {
 	c := ac.c
 	c.gives.admission = s.gate.Adopt(c.src.Addr())
-	if t := ac.st.TLS; t != nil {
-		tc, err := endFrom(ac, s.cont.kp != nil, s.log)
-		if err == nil && tc == nil {
-			tc, err = resumeTLS(t, s.cont.ledger)
+	keptEnd, err := c.cl.adopt(ac, s.cont.ledger, s.log)
+	if err != nil {
+		s.log.Warn("upgrade: a TLS connection's relay could not go on; closing it", "conn", c.id, "err", err)
+		c.gives.admission()
+		unix.Close(ac.st.ClientFd)
+		if ac.st.StoreFd >= 0 {
+			unix.Close(ac.st.StoreFd)
 		}
-		if err == nil {
-			c.setTLS(tc)
-			c.cl.runRelay()
-		}
-		if err != nil {
-			s.log.Warn("upgrade: a TLS connection's relay could not go on; closing it", "conn", c.id, "err", err)
-			c.gives.admission()
-			unix.Close(ac.st.ClientFd)
-			if ac.st.StoreFd >= 0 {
-				unix.Close(ac.st.StoreFd)
-			}
-			return
-		}
-		if c.cl.kept() { // its state is in this process's ledger now: the keeper learns the new slot
-			c.cl.keepIn(s.cont.kp, c.id, c.src, c.dst, ac.st.ClientFd)
-			if ac.st.StoreFd >= 0 {
-				s.cont.kp.Connected(c.id, ac.st.StoreFd)
-			}
-		}
+		return false
 	}
-	if t := ac.tls; t != nil { // it goes on from its slot (a crash, or an upgrade that handed the ledger over)
-		c.setTLS(t)
-		c.cl.runRelay()
-	}
+	c.g.As(c.cl.identity()) // its guard's policy sees the peer's identity (setTLS)
 	if c.cl.proved() {
 		addr, id := c.gives.admission, s.gate.AdoptIdentity(c.cl.identity())
 		c.gives.admission = func() { id(); addr() }
@@ -455,6 +413,7 @@ func (s *Server) startConn(ac *adoptedConn) {
 		c.cl.takeHold(ac.st.ClientFd, n, len(ac.st.Refeed))
 	}
 	c.startAdopted(ac.st.ClientFd, ac.st.StoreFd, left)
+	return keptEnd
 }
 
 // acceptBacklog accepts what waits on the old listening socket after a restart for a new listen

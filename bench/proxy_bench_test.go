@@ -30,7 +30,7 @@ func startProxy(b *testing.B, upstream string, gen string) string {
 	c.Generation = gen
 	c.Caps.PerSourceConnections, c.Caps.PerSourceRate, c.Caps.MaxConnections = 0, 0, config.AutoCount{N: 1 << 20}
 	c.Caps.StoreDialRate, c.Caps.PerSourceStoreDialRate = config.AutoRate{}, 0 // each run dials its clients anew, from one source
-	srv, err := proxy.New(c, proxy.Options{})
+	srv, err := proxy.New(config.MustParse(c), proxy.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

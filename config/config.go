@@ -426,6 +426,11 @@ func (c Config) Deadlines() protocol.Deadlines {
 // parse would have been an error there.
 func (c Config) Admission() admission.Config {
 	denyIDs, _ := idpattern.ParseSet(c.Access.DenyIdentities)
+	return c.admission(denyIDs)
+}
+
+// admission is Admission with access.deny-identities parsed (denyIDs).
+func (c Config) admission(denyIDs idpattern.Set) admission.Config {
 	maxConns, perPrefix := c.Caps.Connections()
 	return admission.Config{
 		DenyIdentities: denyIDs, PerIdentityConnections: c.Caps.PerIdentityConnections,

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storeguard/storeguard/identity"
+	"github.com/storeguard/storeguard/nftset"
 	"github.com/storeguard/storeguard/protocol"
 )
 
@@ -766,5 +768,58 @@ func TestConnectionCapsAuto(t *testing.T) {
 	c.Caps.PerPrefixConnections = AutoCount{N: 0}
 	if a := c.Admission(); a.MaxConnections != 3000 || a.PerPrefixConnections != 0 {
 		t.Errorf("Admission: max %d, per-prefix %d; want 3000, 0", a.MaxConnections, a.PerPrefixConnections)
+	}
+}
+
+// TestParsedIsWhatWasValidated: LoadParsed hands over what validating the configuration parsed,
+// the policy file's rules included, so serve reads and parses nothing again: a policy file broken
+// after the load changes nothing in what was handed over (and Parse, reading it again, refuses it).
+func TestParsedIsWhatWasValidated(t *testing.T) {
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte("rules:\n  - name: no-listing\n    ops: [get_num_keys]\n    action: deny\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	yaml := "policy:\n  file: " + pol + "\n" +
+		"access:\n  deny-identities: [\"dns:*.lab.example\"]\n" +
+		"tls:\n  mode: \"on\"\n  cert-file: c.pem\n  key-file: k.pem\n  ca-file: ca.pem\n" +
+		"  allow: [\"spiffe://job.example/**\"]\n  key-exchange: [x25519]\n  peer-set: inet sg peers\n  peer-set-timeout: 1m\n"
+	path := writeFile(t, yaml)
+	p, err := LoadParsed(Options{File: path, Env: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(Options{File: path, Env: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(p.Config(), c) {
+		t.Fatal("LoadParsed's configuration differs from Load's")
+	}
+	if err := os.WriteFile(pol, []byte("rules: [not a rule\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Parse(c); err == nil || !strings.Contains(err.Error(), "policy.file") {
+		t.Fatalf("Parse of the broken policy file: %v", err)
+	}
+	if p.Rules() == nil {
+		t.Fatal("no policy handed over")
+	}
+	dec, err := c.Decoder()
+	if err != nil || !reflect.DeepEqual(p.Decoder(), dec) {
+		t.Errorf("decoder %+v, want %+v (%v)", p.Decoder(), dec, err)
+	}
+	if got, want := p.Admission(), c.Admission(); !reflect.DeepEqual(got, want) || len(got.DenyIdentities) != 1 {
+		t.Errorf("admission %+v, want %+v", got, want)
+	}
+	if groups, err := identity.ParseGroups(c.TLS.KeyExchange); err != nil || !reflect.DeepEqual(p.KeyExchange(), groups) {
+		t.Errorf("key exchange %v, want %v", p.KeyExchange(), groups)
+	}
+	if allow, err := identity.ParseAllow(c.TLS.Allow); err != nil || !reflect.DeepEqual(p.Allow(), allow) || allow.Empty() {
+		t.Errorf("allow %+v, want %+v", p.Allow(), allow)
+	}
+	sp, on := p.PeerSet()
+	if want, err := nftset.Parse(c.TLS.PeerSet); err != nil || !on || !reflect.DeepEqual(sp, want) {
+		t.Errorf("peer set %+v %t, want %+v", sp, on, want)
 	}
 }

@@ -64,6 +64,15 @@ func LoadFile(path string) (Config, error) {
 // value. It reports every problem at once, joined, each a *FieldError naming
 // its key. Load keeps no state; to reload, call it again with the same Options.
 func Load(opts Options) (Config, error) {
+	p, err := LoadParsed(opts)
+	if err != nil {
+		return Config{}, err
+	}
+	return p.cfg, nil
+}
+
+// LoadParsed is Load, with what validating the configuration parsed (Parsed): what serve runs on.
+func LoadParsed(opts Options) (*Parsed, error) {
 	env := opts.environ()
 	v := newViper()
 	origins := map[string]string{}
@@ -72,18 +81,18 @@ func Load(opts Options) (Config, error) {
 	if path := opts.Path(); path != "" {
 		settings, fileErrs, err := readFile(path, origins)
 		if err != nil {
-			return Config{}, err
+			return nil, err
 		}
 		errs = append(errs, fileErrs...)
 		if err := v.MergeConfigMap(settings); err != nil {
-			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 	}
 
 	// Env goes into viper's config layer above the file rather than through
 	// AutomaticEnv, which can only read the process environment.
 	if err := v.MergeConfigMap(envSettings(env, origins)); err != nil {
-		return Config{}, fmt.Errorf("environment: %w", err)
+		return nil, fmt.Errorf("environment: %w", err)
 	}
 
 	for _, f := range opts.Flags {
@@ -93,7 +102,7 @@ func Load(opts Options) (Config, error) {
 			continue
 		}
 		if err := v.BindFlagValue(f.Key, flagValue(f.Value)); err != nil {
-			return Config{}, err
+			return nil, err
 		}
 		origins[f.Key] = given
 	}
@@ -107,7 +116,8 @@ func Load(opts Options) (Config, error) {
 			failed[fe.Key] = true
 		}
 	}
-	for _, err := range c.validate() {
+	p := &Parsed{cfg: c}
+	for _, err := range c.validate(p) {
 		// A key that failed to decode holds its zero value; say so once.
 		if !failed[err.(*FieldError).Key] {
 			errs = append(errs, err)
@@ -121,9 +131,12 @@ func Load(opts Options) (Config, error) {
 			}
 		}
 		sort.SliceStable(errs, func(i, j int) bool { return keyRank(errs[i]) < keyRank(errs[j]) })
-		return Config{}, errors.Join(errs...)
+		return nil, errors.Join(errs...)
 	}
-	return c, nil
+	if err := p.finish(); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // newViper returns a viper holding the embedded defaults, its lowest layer.

@@ -53,7 +53,7 @@ func init() {
 	// Decoding the default also proves Config and default.yaml agree: decode
 	// fails on a key without a field and on a field without a key.
 	c, errs := decode(newViper())
-	if errs = append(errs, c.validate()...); len(errs) > 0 {
+	if errs = append(errs, c.validate(&Parsed{})...); len(errs) > 0 {
 		panic(fmt.Sprintf("config: embedded default.yaml is invalid: %v", errs))
 	}
 	defaultConfig = c

@@ -41,9 +41,10 @@ const compareSetOverhead = 25
 // Validate checks every range and cross-field rule and returns all problems
 // joined, each a *FieldError naming its key. Load calls it; call it yourself
 // only for a Config built in code.
-func (c Config) Validate() error { return errors.Join(c.validate()...) }
+func (c Config) Validate() error { return errors.Join(c.validate(&Parsed{})...) }
 
-func (c Config) validate() []error {
+// validate checks c, keeping in p what it parses along the way (Parse).
+func (c Config) validate(p *Parsed) []error {
 	var v validator
 
 	v.address("listen", c.Listen, 0)
@@ -96,8 +97,10 @@ func (c Config) validate() []error {
 	v.prefixes("access.deny", c.Access.Deny)
 	v.prefixes("ban.exempt", c.Ban.Exempt)
 	for i, s := range c.Access.DenyIdentities {
-		if _, err := idpattern.Parse(s); err != nil {
+		if pat, err := idpattern.Parse(s); err != nil {
 			v.add(fmt.Sprintf("access.deny-identities[%d]", i), "%v", err)
+		} else {
+			p.admission.DenyIdentities = append(p.admission.DenyIdentities, pat)
 		}
 	}
 
@@ -159,7 +162,8 @@ func (c Config) validate() []error {
 	v.prefixes("tls.plaintext-sources", tl.PlaintextSources)
 	v.positive("tls.handshake-timeout", tl.HandshakeTimeout)
 	if tl.PeerSet != "" {
-		if _, err := nftset.Parse(tl.PeerSet); err != nil {
+		var err error
+		if p.peerSet, err = nftset.Parse(tl.PeerSet); err != nil {
 			v.add("tls.peer-set", "%v", err)
 		} else if !tl.On() {
 			v.add("tls.peer-set", "is set while tls.mode is off: it holds the hosts a TLS handshake proved, and there are none")
@@ -168,14 +172,19 @@ func (c Config) validate() []error {
 	if (tl.PeerSet != "" || tl.PeerSetTimeout != 0) && (tl.PeerSetTimeout < 4*time.Second || tl.PeerSetTimeout > 24*time.Hour) {
 		v.add("tls.peer-set-timeout", "must be between 4s and 24h, got %s", tl.PeerSetTimeout)
 	}
-	if _, err := identity.ParseGroups(tl.KeyExchange); err != nil {
+	var err error
+	if p.keyExchange, err = identity.ParseGroups(tl.KeyExchange); err != nil {
 		v.add("tls.key-exchange", "%v", err)
 	}
-	for i, p := range tl.Allow {
-		if _, err := idpattern.Parse(p); err != nil {
+	allow := make(idpattern.Set, 0, len(tl.Allow))
+	for i, s := range tl.Allow {
+		if pat, err := idpattern.Parse(s); err != nil {
 			v.add(fmt.Sprintf("tls.allow[%d]", i), "%v", err)
+		} else {
+			allow = append(allow, pat)
 		}
 	}
+	p.allow = identity.AllowOf(allow)
 	if tl.On() {
 		files := tl.CertFile != "" || tl.KeyFile != "" || tl.CAFile != ""
 		switch {
@@ -207,7 +216,7 @@ func (c Config) validate() []error {
 	oneOf(&v, "policy.reply-size", c.Policy.ReplySize, "enforce", "monitor", "off")
 	oneOf(&v, "policy.write-once", c.Policy.WriteOnce, "enforce", "monitor", "off")
 	if v.ok("policy.rendezvous-state", "policy.pickle-globals", "policy.value-split", "policy.reply-size", "policy.write-once", "quota.mode") {
-		if _, err := c.Rules(); err != nil {
+		if p.rules, err = c.Rules(); err != nil {
 			v.errs = append(v.errs, err)
 		}
 	} else if c.Policy.File != "" { // the file's problems too, all at once

@@ -59,7 +59,7 @@ func startMaster(ctx context.Context, t *testing.T, resume bool) (dir string, st
 	cfg.TLS = config.TLS{Mode: "on", CertFile: "x", KeyFile: "x", CAFile: "x", Allow: []string{"spiffe://sg.test/worker/*"},
 		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second,
 		Resumption: resume}
-	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, dir, "master")})
+	srv, err := proxy.New(config.MustParse(cfg), proxy.Options{Identity: files(t, dir, "master")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -163,7 +163,7 @@ func (r *killRig) inProcessServer(t *testing.T) string {
 	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", r.store.Addr(), "", "1.13"
 	cfg.TLS = config.TLS{Mode: "on", CertFile: "x", KeyFile: "x", CAFile: "x", Allow: []string{"spiffe://sg.test/worker/*"},
 		PlaintextSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, HandshakeTimeout: 2 * time.Second}
-	srv, err := proxy.New(cfg, proxy.Options{Identity: files(t, r.pki, "master")})
+	srv, err := proxy.New(config.MustParse(cfg), proxy.Options{Identity: files(t, r.pki, "master")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func startFuzzProxy(t testing.TB, upstream, generation string, m mode) *proxy.Se
 	cfg.Caps.StoreDialRate, cfg.Caps.PerSourceStoreDialRate = config.AutoRate{}, 0
 	cfg.Quota.Mode = "off"
 	cfg.Policy.ValueSplit = "off"
-	srv, err := proxy.New(cfg, proxy.Options{})
+	srv, err := proxy.New(config.MustParse(cfg), proxy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

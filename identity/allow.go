@@ -14,6 +14,9 @@ type Allow struct {
 	set idpattern.Set
 }
 
+// AllowOf is the Allow of patterns parsed already (config.Parse).
+func AllowOf(set idpattern.Set) Allow { return Allow{set: set} }
+
 // PatternError is a tls.allow pattern ParseAllow refused.
 type PatternError struct {
 	Index   int

@@ -65,7 +65,7 @@ func TestGuardedStoreBlocksEverything(t *testing.T) {
 			cfg := config.Default()
 			cfg.Listen, cfg.MetricsListen, cfg.Generation = "127.0.0.1:0", "", gen
 			cfg.Upstream = silentStore(t, reply)
-			srv, err := proxy.New(cfg, proxy.Options{})
+			srv, err := proxy.New(config.MustParse(cfg), proxy.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

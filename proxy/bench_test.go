@@ -30,7 +30,7 @@ func BenchmarkForwardSmall(b *testing.B) {
 	}()
 	cfg := config.Default()
 	cfg.Listen, cfg.MetricsListen, cfg.Upstream, cfg.Generation = "127.0.0.1:0", "", sink.Addr().String(), "2.6"
-	srv, err := New(cfg, Options{})
+	srv, err := New(parsed(b, cfg), Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -256,7 +256,7 @@ func testInterimFlows(t *testing.T, m mode) {
 func TestAuditRotationsMetric(t *testing.T) {
 	cfg := config.Default()
 	cfg.Upstream, cfg.MetricsListen = "127.0.0.1:29501", ""
-	srv, err := New(cfg, Options{AuditRotations: func() (events, flows uint64) { return 2, 40 }})
+	srv, err := New(parsed(t, cfg), Options{AuditRotations: func() (events, flows uint64) { return 2, 40 }})
 	if err != nil {
 		t.Fatal(err)
 	}

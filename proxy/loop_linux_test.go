@@ -211,8 +211,9 @@ func TestLoopBudgetSpentHandsBack(t *testing.T) { run(t, testLoopBudgetSpentHand
 
 func testLoopBudgetSpentHandsBack(t *testing.T, m mode) {
 	big := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/a"), Value: pattern(60 << 10)})
-	// The budget holds a's message and nothing more (a reserves room for its whole value at once).
-	budget := len(big)
+	// The budget holds a maximal message (a's, nearly: a reserves room for its whole value at once)
+	// and not b's besides.
+	budget := 1024 + 60<<10 + 25
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "2.6"
 		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, config.ByteLimit(budget)
@@ -221,7 +222,7 @@ func testLoopBudgetSpentHandsBack(t *testing.T, m mode) {
 	a := h.dial()
 	sentA := h.adopted(a)
 	a.Write(big[:len(big)-10])
-	eventually(t, "a's partial message holding the budget", func() bool { return h.metric("storeguard_buffered_bytes") == strconv.Itoa(budget) })
+	eventually(t, "a's partial message holding the budget", func() bool { return h.metric("storeguard_buffered_bytes") == strconv.Itoa(len(big)) })
 
 	b, err := net.Dial("tcp", h.addr)
 	if err != nil {
@@ -231,7 +232,7 @@ func testLoopBudgetSpentHandsBack(t *testing.T, m mode) {
 	hs := protocol.AppendHandshake(nil, protocol.G3, 6)
 	b.Write(hs)
 	eventually(t, "b in a loop", func() bool { return h.loopConns() == "2" })
-	small := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/b"), Value: pattern(100)})
+	small := enc(t, protocol.G3, protocol.Request{Op: protocol.OpSet, Key: []byte("/b"), Value: pattern(2000)}) // more than a leaves
 	b.Write(small[:30])
 	eventually(t, "the hand-back", func() bool { return h.handbacks("partial") == "1" })
 	b.Write(small[30:])
@@ -269,7 +270,7 @@ func TestLoopBackpressureToStore(t *testing.T) { run(t, testLoopBackpressureToSt
 func testLoopBackpressureToStore(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "2.6"
-		c.Timeouts.Message = 0 // no deadline: the loop keeps partial messages itself
+		c.Timeouts.Message = time.Hour // a deadline the loop keeps for partial messages itself
 	})
 	h.store.SetReply([]byte{0}) // the client waits for the store's answer to its handshake before it floods
 	c := h.dial()

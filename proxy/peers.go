@@ -27,7 +27,7 @@ import (
 type peerSet struct {
 	proved    chan netip.Addr
 	run       nftset.Runner
-	conf      func() config.TLS   // the settings now (a reload changes them)
+	conf      func() *settings    // the settings now (a reload changes them)
 	live      func() []netip.Addr // the addresses with a mutual-TLS connection open now
 	now       func() time.Time
 	log       *slog.Logger
@@ -43,34 +43,35 @@ const peersQueued = 256
 // peerSetCheckTimeout bounds each change to the sets.
 const peerSetCheckTimeout = 10 * time.Second
 
-// checkPeerSet fails unless both sets of tc's peer-set exist and run can reach them (nothing to
-// check without one).
-func checkPeerSet(tc config.TLS, run nftset.Runner) error {
-	if tc.PeerSet == "" {
+// checkPeerSet fails unless both sets of cfg's tls.peer-set exist and run can reach them (nothing
+// to check without one).
+func checkPeerSet(cfg *config.Parsed, run nftset.Runner) error {
+	sp, on := cfg.PeerSet()
+	if !on {
 		return nil
 	}
-	sp, err := nftset.Parse(tc.PeerSet)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), peerSetCheckTimeout)
-		err = sp.Check(ctx, run)
-		cancel()
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), peerSetCheckTimeout)
+	err := sp.Check(ctx, run)
+	cancel()
 	if err != nil {
-		return fmt.Errorf("tls.peer-set %q: %w (create the sets first: storeguard firewall install peers, or configs/nftables/storeguard-peers.nft; storeguard needs CAP_NET_ADMIN)", tc.PeerSet, err)
+		return fmt.Errorf("tls.peer-set %q: %w (create the sets first: storeguard firewall install peers, or configs/nftables/storeguard-peers.nft; storeguard needs CAP_NET_ADMIN)", cfg.Config().TLS.PeerSet, err)
 	}
 	return nil
 }
 
-// spec is the peer set of the settings now; false when there is none.
+// spec is the peer set of the settings now, and their TLS section; false when there is none.
 func (p *peerSet) spec() (nftset.Spec, config.TLS, bool) {
-	tc := p.conf()
-	sp, err := nftset.Parse(tc.PeerSet)
-	return sp, tc, tc.PeerSet != "" && err == nil
+	st := p.conf()
+	sp, on := st.parsed.PeerSet()
+	return sp, st.cfg.TLS, on
 }
+
+// tls is the TLS section of the settings now.
+func (p *peerSet) tls() config.TLS { return p.conf().cfg.TLS }
 
 // provedBy tells the refresher that a handshake from a passed; it never waits.
 func (p *peerSet) provedBy(a netip.Addr) {
-	if p.conf().PeerSet == "" {
+	if p.tls().PeerSet == "" {
 		return
 	}
 	select {
@@ -84,7 +85,7 @@ func (p *peerSet) provedBy(a netip.Addr) {
 // quarter timeout, the first time as it starts.
 func (p *peerSet) loop(ctx context.Context) {
 	quarter := func() time.Duration {
-		if t := p.conf().PeerSetTimeout; t >= 4*time.Second {
+		if t := p.tls().PeerSetTimeout; t >= 4*time.Second {
 			return t / 4
 		}
 		return 30 * time.Second // a config made in code, without the key (Validate holds it to 4s or more)
@@ -125,7 +126,7 @@ func (p *peerSet) loop(ctx context.Context) {
 			}
 		}
 	}
-	on := func() bool { return p.conf().PeerSet != "" } // else the registry is not walked
+	on := func() bool { return p.tls().PeerSet != "" } // else the registry is not walked
 	if on() {
 		refresh(p.live(), true)
 	}

@@ -154,8 +154,9 @@ func testPeerSetRefreshesWhileConnected(t *testing.T, m mode) {
 func TestPeerSetMissingStopsTheStart(t *testing.T) {
 	cfg := testConfig(goroutineMode, "127.0.0.1:1")
 	cfg.TLS.PeerSet = "inet sg peers"
+	cfg.TLS.Mode, cfg.TLS.CertFile, cfg.TLS.KeyFile, cfg.TLS.CAFile = "on", "c.pem", "k.pem", "ca.pem"
 	nft := &nftCalls{fail: true}
-	_, err := New(cfg, Options{PeerSetRunner: nft})
+	_, err := New(parsed(t, cfg), Options{PeerSetRunner: nft})
 	if err == nil || !strings.Contains(err.Error(), `tls.peer-set "inet sg peers"`) || !strings.Contains(err.Error(), "operation not permitted") {
 		t.Fatalf("New = %v", err)
 	}
@@ -197,7 +198,7 @@ func testRevocationClosesLiveConnections(t *testing.T, m mode) {
 	revoked, other := open(workerID, "127.0.0.4"), open("spiffe://sg.test/worker/w2", "127.0.0.5")
 	_, before := nft.since(0)
 	cfg.Access.DenyIdentities = []string{workerID}
-	if err := h.srv.Reload(cfg); err != nil {
+	if err := h.srv.Reload(parsed(t, cfg)); err != nil {
 		t.Fatal(err)
 	}
 	if alive(revoked) {
@@ -220,7 +221,7 @@ func testRevocationClosesLiveConnections(t *testing.T, m mode) {
 	})
 	// tls.allow narrowed: the other identity's connection goes too.
 	cfg.TLS.Allow = []string{"spiffe://sg.test/worker/w9"}
-	if err := h.srv.Reload(cfg); err != nil {
+	if err := h.srv.Reload(parsed(t, cfg)); err != nil {
 		t.Fatal(err)
 	}
 	if alive(other) {

@@ -79,6 +79,32 @@ func testPolicyBlocksWellFormedAttacks(t *testing.T, m mode) {
 	}
 }
 
+// TestNewReadsThePolicyFileOnce: the server runs on the policy file as the configuration was
+// validated (config.Parse), not as it is when New runs: New reads and parses nothing again. A file
+// broken in between neither stops the start nor loosens the rule.
+func TestNewReadsThePolicyFileOnce(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte("rules:\n  - name: no-listing\n    ops: [get_num_keys]\n    action: deny\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store := recorder(t, reservedAddr(t))
+	cfg := testConfig(goroutineMode, store.Addr())
+	cfg.Generation, cfg.Policy.File = "2.6", file
+	p := parsed(t, cfg)
+	if err := os.WriteFile(file, []byte("rules: [not a rule\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := startParsed(t, p, Options{})
+	h.store = store
+	hs := protocol.AppendHandshake(nil, protocol.G3, 1)
+	c := h.dial()
+	c.Write(append(append([]byte{}, hs...), enc(t, protocol.G3, protocol.Request{Op: protocol.OpGetNumKeys})...))
+	closedByPeer(t, c)
+	if got := h.store.Received(0); !bytes.Equal(got, hs) {
+		t.Fatalf("store received % x, want only the handshake", got)
+	}
+}
+
 // TestPolicyMonitorRuleForwardsAndGoesOn: a policy file rule in monitor mode records would_block,
 // forwards the message and keeps judging the connection, which a later enforced rule then closes.
 func TestPolicyMonitorRuleForwardsAndGoesOn(t *testing.T) {

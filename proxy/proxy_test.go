@@ -183,6 +183,16 @@ func testConfig(m mode, upstream string) config.Config {
 	return c
 }
 
+// parsed is cfg parsed (config.Parse), as serve gives it to New; the test fails if it is invalid.
+func parsed(t testing.TB, cfg config.Config) *config.Parsed {
+	t.Helper()
+	p, err := config.Parse(cfg)
+	if err != nil {
+		t.Fatalf("invalid test configuration: %v", err)
+	}
+	return p
+}
+
 // start starts a server forwarding in mode m in front of a recorder at a reserved address, where
 // a test may close it and start another.
 func start(t *testing.T, m mode, mutate func(*config.Config)) *harness {
@@ -213,9 +223,15 @@ func startWith(t *testing.T, cfg config.Config, ids identity.Source) *harness {
 // harness's).
 func startWithOptions(t *testing.T, cfg config.Config, opts Options) *harness {
 	t.Helper()
+	return startParsed(t, parsed(t, cfg), opts)
+}
+
+// startParsed is startWithOptions with the configuration parsed already.
+func startParsed(t *testing.T, p *config.Parsed, opts Options) *harness {
+	t.Helper()
 	h := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), ids: opts.Identity}
 	opts.Audit = audit.New(h.audit, audit.Options{})
-	srv, err := New(cfg, opts)
+	srv, err := New(p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +411,9 @@ func testEveryRuleBlocks(t *testing.T, m mode) {
 			offset: uint64(len(g3valid)) + 10},
 		{rule: protocol.RuleTooManyKeys, gen: "2.6", valid: g3valid, bad: "06 0000000001000000", offset: uint64(len(g3valid)) + 1},
 		{rule: protocol.RuleMessageTooLarge, gen: "2.6", valid: g3valid, bad: "06 0010000000000000",
-			mutate: func(c *config.Config) { c.Limits.MaxMessageBytes = 20000 }, offset: uint64(len(g3valid)) + 1},
+			mutate: func(c *config.Config) {
+				c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 16<<10, 20000
+			}, offset: uint64(len(g3valid)) + 1},
 		{rule: protocol.RuleUnknownOpcode, gen: "2.6", valid: g3valid, bad: "0e", offset: uint64(len(g3valid))},
 		{rule: protocol.RuleValidateMissing, gen: "2.6", bad: "0d 01000000"[0:0] + "03 0100000000000000 6b"},
 		{rule: protocol.RuleValidateBadMagic, gen: "2.6", bad: "00 cef78500", offset: 1},
@@ -579,10 +597,10 @@ func testReload(t *testing.T, m mode) {
 	eventually(t, "live connection", func() bool { return h.store.NumConns() == 1 })
 
 	bad := testConfig(m, h.store.Addr())
-	bad.Listen = h.addr // fine
-	bad.Generation = "G9"
-	if err := h.srv.Reload(bad); err == nil {
-		t.Fatal("a bad generation reloaded")
+	bad.Generation = "1.13"
+	bad.Listen = "127.0.0.1:1" // valid, and not the address it listens on
+	if err := h.srv.Reload(parsed(t, bad)); err == nil {
+		t.Fatal("a new listen address reloaded")
 	}
 	if v := h.metric(`storeguard_config_reloads_total{result="failed"}`); v != "1" {
 		t.Errorf("failed reloads %q", v)
@@ -590,7 +608,7 @@ func testReload(t *testing.T, m mode) {
 	good := testConfig(m, h.store.Addr())
 	good.Generation = "1.13"
 	good.Access.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
-	if err := h.srv.Reload(good); err != nil {
+	if err := h.srv.Reload(parsed(t, good)); err != nil {
 		t.Fatal(err)
 	}
 	if v := h.metric(`storeguard_config_reloads_total{result="ok"}`); v != "1" {
@@ -689,6 +707,7 @@ func testBudgetBoundsBufferedBytes(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "1.13"
 		c.Caps.BufferBudgetBytes = 64 << 10
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, 64<<10 // within the budget
 		c.Timeouts.Message = 1500 * time.Millisecond // the second client may wait this, then stall as long
 	})
 	// Two clients each start a 48 KiB value: the second must wait for budget, and both partial
@@ -736,6 +755,7 @@ func testBudgetShareOfOneSource(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "1.13"
 		c.Caps.BufferBudgetBytes, c.Caps.PerSourceBudgetBytes = 256<<10, 64<<10
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 128<<10, 256<<10 // within the budget
 		c.Timeouts.Message = 10 * time.Minute // the held messages keep their share for the whole test
 	})
 	head := func(n int) []byte {
@@ -779,7 +799,7 @@ func testWatchReloadOnFileChangeAndSignal(t *testing.T, m mode) {
 	base := "listen: " + h.addr + "\nupstream: " + h.store.Addr() + "\nmetrics-listen: " +
 		h.srv.MetricsAddr().String() + "\ngeneration: \"1.13\"\nevent-loops: " + fmt.Sprint(m.eventLoops()) + "\n"
 	write(base)
-	load := func() (config.Config, error) { return config.Load(config.Options{File: path, Env: []string{}}) }
+	load := func() (*config.Parsed, error) { return config.LoadParsed(config.Options{File: path, Env: []string{}}) }
 	hup := make(chan os.Signal, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -13,7 +13,7 @@ import (
 // WatchReload reloads the configuration with load on every signal from hup and whenever the
 // file at path changes (polled by content hash, as CoreDNS does: viper's own watcher races). A
 // failed load or reload keeps the running configuration.
-func (s *Server) WatchReload(ctx context.Context, load func() (config.Config, error), path string, hup <-chan os.Signal) {
+func (s *Server) WatchReload(ctx context.Context, load func() (*config.Parsed, error), path string, hup <-chan os.Signal) {
 	sum := func() []byte {
 		if path == "" {
 			return nil

@@ -38,6 +38,7 @@ import (
 // settings is one validated configuration, swapped atomically on reload. A connection keeps the
 // settings it was accepted under.
 type settings struct {
+	parsed  *config.Parsed // what cfg parsed to (config.Parse)
 	cfg     config.Config
 	dec     protocol.Config
 	pol     guard.Policy // every connection's
@@ -46,42 +47,34 @@ type settings struct {
 	tls     *tls.Config    // the mutual TLS handshake's (tls.go); nil with tls.mode off
 }
 
-// newSettings is the server's settings for c, its mutual TLS configuration included.
-func (s *Server) newSettings(c config.Config) (*settings, error) {
-	st, err := newSettings(c, s.countMessage, s.policyStore())
-	if err != nil {
-		return nil, err
-	}
-	if c.TLS.On() {
-		if st.tls, err = s.serverTLS(c.TLS); err != nil {
+// newSettings is the server's settings for p, its mutual TLS configuration included.
+func (s *Server) newSettings(p *config.Parsed) (*settings, error) {
+	st := newSettings(p, s.countMessage, s.policyStore())
+	if st.cfg.TLS.On() {
+		var err error
+		if st.tls, err = s.serverTLS(p); err != nil {
 			return nil, err
 		}
 	}
 	return st, nil
 }
 
-// newSettings validates c; onMessage sees each complete message of every connection; the policy
-// keeps what it learns of the store (write-once keys, the quota's account) in store.
-func newSettings(c config.Config, onMessage func(*protocol.Message), store policy.Store) (*settings, error) {
-	dec, err := c.Decoder()
-	if err != nil {
-		return nil, err
-	}
-	rules, err := c.Rules()
-	if err != nil {
-		return nil, err
-	}
+// newSettings is the settings for p, parsed already; onMessage sees each complete message of
+// every connection; the policy keeps what it learns of the store (write-once keys, the quota's
+// account) in store.
+func newSettings(p *config.Parsed, onMessage func(*protocol.Message), store policy.Store) *settings {
+	c, dec, rules := p.Config(), p.Decoder(), p.Rules()
 	if rules != nil {
 		rules = rules.WithStore(store)
 	}
 	monitor := c.Mode == config.ModeMonitor
-	st := &settings{cfg: c, dec: dec, monitor: monitor,
+	st := &settings{parsed: p, cfg: c, dec: dec, monitor: monitor,
 		pol: guard.Policy{Deadlines: c.Deadlines(), Configured: dec.Gen, Monitor: monitor, OnMessage: onMessage,
 			MaxAwaited: c.Limits.MaxPendingReplies, Rules: rules}}
 	if ap, err := netip.ParseAddrPort(c.Upstream); err == nil && ap.Addr().Unmap().IsLoopback() {
 		st.local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
-	return st, nil
+	return st
 }
 
 // writtenKeys bounds the write-once keys remembered: about 4 + 2 × agents per rendezvous round.
@@ -214,8 +207,10 @@ type registry struct {
 	allowance func(src netip.Addr) int
 }
 
-// New validates cfg and builds a server; Listen and Serve start it.
-func New(cfg config.Config, opts Options) (*Server, error) {
+// New builds a server for the configuration p (config.Parse, config.LoadParsed); Listen and Serve
+// start it.
+func New(p *config.Parsed, opts Options) (*Server, error) {
+	cfg := p.Config()
 	s := &Server{log: opts.Logger, audit: opts.Audit, now: opts.Clock, reg: registry{conns: make(map[*conn]struct{}),
 		silent: make(map[netip.Addr]*silentSource), over: make(map[netip.Addr]*silentSource)}}
 	if s.log == nil {
@@ -235,23 +230,23 @@ func New(cfg config.Config, opts Options) (*Server, error) {
 	s.learned.jobStores = s.jobs.rounds
 	s.ids = opts.Identity
 	s.peers = &peerSet{proved: make(chan netip.Addr, peersQueued), run: opts.PeerSetRunner, now: s.now, log: s.log,
-		conf: func() config.TLS { return s.set.Load().cfg.TLS }, live: s.reg.tlsAddrs}
+		conf: s.set.Load, live: s.reg.tlsAddrs}
 	if s.peers.run == nil {
 		s.peers.run = nftset.Netlink{}
 	}
-	if err := checkPeerSet(cfg.TLS, s.peers.run); err != nil {
+	if err := checkPeerSet(p, s.peers.run); err != nil {
 		return nil, err
 	}
 	s.tickets = identity.NewTicketKeys(opts.Identity, identity.TicketPeriod)
 	if cfg.TLS.On() && s.ids == nil {
 		return nil, errors.New("tls.mode is on and no identity source was given")
 	}
-	st, err := s.newSettings(cfg)
+	st, err := s.newSettings(p)
 	if err != nil {
 		return nil, err
 	}
 	s.set.Store(st)
-	s.gate = admission.New(cfg.Admission(), s.now)
+	s.gate = admission.New(p.Admission(), s.now)
 	s.ev.gate = s.gate
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	s.slots = admission.NewStoreSlots(storeinfo.FallbackConnections, cfg.Caps.PerSourceStoreConnections)
@@ -541,10 +536,11 @@ func (s *Server) drain(timeout time.Duration) {
 	<-done
 }
 
-// Reload swaps in a new configuration for new connections; live ones keep theirs. The listen
-// addresses cannot change without a restart: a reload that changes them fails.
-func (s *Server) Reload(cfg config.Config) error {
-	err := s.reload(cfg)
+// Reload swaps in a new configuration, p (config.Parse, config.LoadParsed), for new connections;
+// live ones keep theirs. The listen addresses cannot change without a restart: a reload that
+// changes them fails.
+func (s *Server) Reload(p *config.Parsed) error {
+	err := s.reload(p)
 	if err != nil {
 		s.m.reloads.WithLabelValues("failed").Inc()
 		s.log.Error("config reload failed; keeping the running config", "err", err)
@@ -555,11 +551,9 @@ func (s *Server) Reload(cfg config.Config) error {
 	return nil
 }
 
-func (s *Server) reload(cfg config.Config) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	st, err := s.newSettings(cfg)
+func (s *Server) reload(p *config.Parsed) error {
+	cfg := p.Config()
+	st, err := s.newSettings(p)
 	if err != nil {
 		return err
 	}
@@ -570,18 +564,18 @@ func (s *Server) reload(cfg config.Config) error {
 			"tls.spiffe-socket) cannot change on reload; restart storeguard (the files' contents are re-read as they change)")
 	}
 	if cfg.TLS.PeerSet != old.TLS.PeerSet {
-		if err := checkPeerSet(cfg.TLS, s.peers.run); err != nil {
+		if err := checkPeerSet(p, s.peers.run); err != nil {
 			return err
 		}
 	}
 	if !sameAddr(cfg.Listen, old.Listen, s.listeners.clients) || !sameAddr(cfg.MetricsListen, old.MetricsListen, s.listeners.metrics) {
 		return errors.New("listen and metrics-listen cannot change on reload; restart storeguard")
 	}
-	s.gate.Update(cfg.Admission())
+	s.gate.Update(p.Admission())
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	limitHeap(s.holdHeap, cfg)
 	s.set.Store(st)
-	s.revoke(cfg)
+	s.revoke(p)
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)
 	}

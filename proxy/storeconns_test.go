@@ -118,7 +118,7 @@ func testStoreConnectionCaps(t *testing.T, m mode) {
 
 	cfg := h.srv.set.Load().cfg
 	cfg.Timeouts.UpstreamDial = 300 * time.Millisecond
-	if err := h.srv.Reload(cfg); err != nil {
+	if err := h.srv.Reload(parsed(t, cfg)); err != nil {
 		t.Fatal(err)
 	}
 	d1 := client("d1", "127.0.0.1") // 127.0.0.1 holds 2 (a2, a3)
@@ -167,7 +167,7 @@ func testStoreDialRate(t *testing.T, m mode) {
 	reload := func(rate float64, burst int, dial time.Duration) {
 		cfg := h.srv.set.Load().cfg
 		cfg.Caps.PerSourceStoreDialRate, cfg.Caps.PerSourceStoreDialBurst, cfg.Timeouts.UpstreamDial = rate, burst, dial
-		if err := h.srv.Reload(cfg); err != nil {
+		if err := h.srv.Reload(parsed(t, cfg)); err != nil {
 			t.Fatal(err)
 		}
 	}

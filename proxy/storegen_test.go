@@ -252,7 +252,7 @@ func testReloadValueLimit(t *testing.T, m mode) {
 		cfg.Listen, cfg.MetricsListen = h.addr, h.srv.MetricsAddr().String()
 		cfg.Generation, cfg.Timeouts.UpstreamDial = "auto", 10*time.Second
 		cfg.Limits.MaxValueBytes = value
-		if err := h.srv.Reload(cfg); err != nil {
+		if err := h.srv.Reload(parsed(t, cfg)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -285,7 +285,7 @@ func testReloadToAutoLearnsTheStore(t *testing.T, m mode) {
 	cfg := testConfig(m, s.Addr())
 	cfg.Listen, cfg.MetricsListen = h.addr, h.srv.MetricsAddr().String()
 	cfg.Generation = "auto"
-	if err := h.srv.Reload(cfg); err != nil {
+	if err := h.srv.Reload(parsed(t, cfg)); err != nil {
 		t.Fatal(err)
 	}
 	waitStore(t, h, protocol.G6)

@@ -37,22 +37,14 @@ func (c *conn) setTLS(t *tlsConn) {
 	c.g.As(c.cl.identity())
 }
 
-// serverTLS is the handshake's configuration for settings tc: nil with TLS off.
-func (s *Server) serverTLS(tc config.TLS) (*tls.Config, error) {
+// serverTLS is the handshake's configuration for settings p: nil with TLS off.
+func (s *Server) serverTLS(p *config.Parsed) (*tls.Config, error) {
 	if s.ids == nil {
 		return nil, nil
 	}
-	a, err := identity.ParseAllow(tc.Allow)
-	if err != nil {
-		return nil, err
-	}
-	groups, err := identity.ParseGroups(tc.KeyExchange)
-	if err != nil {
-		return nil, err
-	}
-	cfg := identity.ServerConfig(s.ids, a)
-	cfg.CurvePreferences = groups
-	if tc.Resumption {
+	cfg := identity.ServerConfig(s.ids, p.Allow())
+	cfg.CurvePreferences = p.KeyExchange()
+	if p.Config().TLS.Resumption {
 		if err := s.tickets.Resume(cfg, s.now()); err != nil {
 			return nil, err
 		}
@@ -173,12 +165,11 @@ const ReasonRevoked = "identity_revoked"
 // audited (denied, identity_revoked), and takes their addresses out of the peer set unless
 // another connection of theirs stays: a reload that denies an identity must not leave its open
 // connections working, nor its hosts on this host's free ports. Run after the gate has cfg.
-func (s *Server) revoke(cfg config.Config) {
-	allow, err := identity.ParseAllow(cfg.TLS.Allow)
-	if err != nil || s.ids == nil {
+func (s *Server) revoke(p *config.Parsed) {
+	if s.ids == nil {
 		return
 	}
-	adm := cfg.Admission()
+	allow, adm := p.Allow(), p.Admission()
 	s.revokeWhere("reload: closed connections whose identity the rules no longer admit", func(c *conn) bool {
 		id, peer := c.cl.peer()
 		if peer.ID == "" { // handed over by an upgrade or a keeper: only its identity came along

@@ -148,7 +148,7 @@ func testMutualTLSResumes(t *testing.T, m mode) {
 		return n == 3
 	})
 	cfg.TLS.Allow = []string{"spiffe://sg.test/other/*"}
-	if err := h.srv.Reload(cfg); err != nil {
+	if err := h.srv.Reload(parsed(t, cfg)); err != nil {
 		t.Fatal(err)
 	}
 	c, err := h.dialTLSCached(ca, cert, cache)

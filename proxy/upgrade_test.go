@@ -33,7 +33,7 @@ func (h *harness) takeOver(t *testing.T, mutate func(*config.Config)) (*harness,
 		mutate(&cfg)
 	}
 	next := &harness{t: t, audit: &syncBuffer{}, done: make(chan struct{}), store: h.store, ids: h.ids}
-	srv, err := New(cfg, Options{Audit: audit.New(next.audit, audit.Options{}), Identity: h.ids})
+	srv, err := New(parsed(t, cfg), Options{Audit: audit.New(next.audit, audit.Options{}), Identity: h.ids})
 	if err != nil {
 		t.Fatal(err)
 	}

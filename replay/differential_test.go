@@ -433,7 +433,7 @@ func startServe(tb testing.TB, cfg config.Config, mode string, eventLoops int) *
 	store.Answer(dc.Gen) // serve lets a client have limits.max-pending-replies requests awaiting replies
 	cfg.Listen, cfg.Upstream, cfg.MetricsListen, cfg.EventLoops = "127.0.0.1:0", store.Addr(), "", eventLoops
 	s := &serve{mode: mode, store: store, audit: &lines{}}
-	srv, err := proxy.New(cfg, proxy.Options{Audit: audit.New(s.audit, audit.Options{})})
+	srv, err := proxy.New(config.MustParse(cfg), proxy.Options{Audit: audit.New(s.audit, audit.Options{})})
 	if err != nil {
 		tb.Fatal(err)
 	}

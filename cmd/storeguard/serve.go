@@ -34,16 +34,16 @@ func newServeCommand() *cobra.Command {
 	useKeeper := cmd.Flags().Bool("keeper", false, "run under a keeper: a parent that holds every socket and restarts the forwarding process with them if it dies (docs/design.md, Zero downtime)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		opts := loadOptions(cmd.Flags())
-		cfg, err := config.Load(opts)
+		p, err := config.LoadParsed(opts)
 		if err != nil {
 			cmd.SilenceUsage = true
 			return fmt.Errorf("bad configuration:\n%w", err)
 		}
 		cmd.SilenceUsage = true
 		if *useKeeper && os.Getenv(keeper.Env) == "" {
-			return runKeeper(cfg.Log)
+			return runKeeper(p.Config().Log)
 		}
-		return serve(cmd.Context(), cfg, func() (config.Config, error) { return config.Load(opts) }, opts.Path(), *pidFile)
+		return serve(cmd.Context(), p, func() (*config.Parsed, error) { return config.LoadParsed(opts) }, opts.Path(), *pidFile)
 	}
 	return cmd
 }
@@ -57,7 +57,8 @@ const (
 	sinkWait   = 2 * time.Second // at exit, for a slow sink to take what is queued
 )
 
-func serve(ctx context.Context, cfg config.Config, load func() (config.Config, error), path, pidFile string) error {
+func serve(ctx context.Context, p *config.Parsed, load func() (*config.Parsed, error), path, pidFile string) error {
+	cfg := p.Config()
 	peer, err := inheritedFile(keeper.HandoverEnv) // started by an upgrade: take over instead of listening
 	if err != nil {
 		return err
@@ -100,7 +101,7 @@ func serve(ctx context.Context, cfg config.Config, load func() (config.Config, e
 		}
 		defer ids.Close()
 	}
-	srv, err := proxy.New(cfg, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped,
+	srv, err := proxy.New(p, proxy.Options{Logger: log, Audit: events, LogDropped: logSink.Dropped,
 		AuditRotations: aw.Rotations, HoldHeap: true, UpgradeFailed: failed, Identity: ids})
 	if err != nil {
 		return err

@@ -29,7 +29,8 @@ type waiters struct {
 func startWaiters(t *testing.T, m mode) *waiters {
 	h := start(t, m, func(c *config.Config) {
 		c.Caps.BufferBudgetBytes, c.Caps.PerSourceBudgetBytes = 1<<20, 64<<10
-		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 512<<10, 1<<20 // within the budget
+		// a maximal message within the budget (config.Parse)
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 512<<10, 1<<20
 		c.Caps.PerSourceStoreConnections = 1
 		c.Timeouts.Message = time.Minute
 	})

@@ -707,8 +707,9 @@ func testBudgetBoundsBufferedBytes(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "1.13"
 		c.Caps.BufferBudgetBytes = 64 << 10
-		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, 64<<10 // within the budget
-		c.Timeouts.Message = 1500 * time.Millisecond                                                  // the second client may wait this, then stall as long
+		// a maximal message within the budget (config.Parse)
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 60<<10, 64<<10
+		c.Timeouts.Message = 1500 * time.Millisecond // the second client may wait this, then stall as long
 	})
 	// Two clients each start a 48 KiB value: the second must wait for budget, and both partial
 	// messages time out without the budget ever being exceeded.
@@ -755,8 +756,9 @@ func testBudgetShareOfOneSource(t *testing.T, m mode) {
 	h := start(t, m, func(c *config.Config) {
 		c.Generation = "1.13"
 		c.Caps.BufferBudgetBytes, c.Caps.PerSourceBudgetBytes = 256<<10, 64<<10
-		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 128<<10, 256<<10 // within the budget
-		c.Timeouts.Message = 10 * time.Minute                                                           // the held messages keep their share for the whole test
+		// a maximal message within the budget (config.Parse)
+		c.Limits.MaxKeyBytes, c.Limits.MaxValueBytes, c.Limits.MaxMessageBytes = 1024, 128<<10, 256<<10
+		c.Timeouts.Message = 10 * time.Minute // the held messages keep their share for the whole test
 	})
 	head := func(n int) []byte {
 		b := protocol.AppendBytes([]byte{0x00}, []byte("/big"))

@@ -66,12 +66,12 @@ func (p *peerSet) spec() (nftset.Spec, config.TLS, bool) {
 	return sp, st.cfg.TLS, on
 }
 
-// tls is the TLS section of the settings now.
-func (p *peerSet) tls() config.TLS { return p.conf().cfg.TLS }
+// tlsNow is the TLS section of the settings now.
+func (p *peerSet) tlsNow() config.TLS { return p.conf().cfg.TLS }
 
 // provedBy tells the refresher that a handshake from a passed; it never waits.
 func (p *peerSet) provedBy(a netip.Addr) {
-	if p.tls().PeerSet == "" {
+	if p.tlsNow().PeerSet == "" {
 		return
 	}
 	select {
@@ -85,7 +85,7 @@ func (p *peerSet) provedBy(a netip.Addr) {
 // quarter timeout, the first time as it starts.
 func (p *peerSet) loop(ctx context.Context) {
 	quarter := func() time.Duration {
-		if t := p.tls().PeerSetTimeout; t >= 4*time.Second {
+		if t := p.tlsNow().PeerSetTimeout; t >= 4*time.Second {
 			return t / 4
 		}
 		return 30 * time.Second // a config made in code, without the key (Validate holds it to 4s or more)
@@ -126,7 +126,7 @@ func (p *peerSet) loop(ctx context.Context) {
 			}
 		}
 	}
-	on := func() bool { return p.tls().PeerSet != "" } // else the registry is not walked
+	on := func() bool { return p.tlsNow().PeerSet != "" } // else the registry is not walked
 	if on() {
 		refresh(p.live(), true)
 	}

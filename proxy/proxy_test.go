@@ -921,6 +921,7 @@ func testAcceptOutOfDescriptorsBacksOff(t *testing.T, m mode) {
 		if !errors.Is(err, syscall.EMFILE) || try == 50 {
 			t.Fatalf("dial with one descriptor free (try %d): %v", try, err)
 		}
+		t.Logf("the dial found no descriptor free (try %d): making room again", try)
 		time.Sleep(10 * time.Millisecond)
 		before = testutil.ToFloat64(h.srv.m.acceptErrors)
 	}

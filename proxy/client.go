@@ -14,6 +14,7 @@ import (
 	"github.com/storeguard/storeguard/identity"
 	"github.com/storeguard/storeguard/internal/tcpcount"
 	"github.com/storeguard/storeguard/keeper"
+	"github.com/storeguard/storeguard/tlsrec"
 	"github.com/storeguard/storeguard/tlsrelay"
 	"golang.org/x/sys/unix"
 )
@@ -58,6 +59,9 @@ func (cl *client) kept() bool {
 	}
 	return false
 }
+
+// useTLS makes the client a mutual-TLS one, t (nil: plaintext).
+func (cl *client) useTLS(t *tlsConn) { cl.tls = t }
 
 // proved reports whether the client proved an identity by mutual TLS.
 func (cl *client) proved() bool { return cl.tls != nil }
@@ -290,6 +294,19 @@ type tlsConn struct {
 	// handover: the loopback pair an End is being handed over with (frozenState), closed by a
 	// thaw.
 	handover [2]*net.TCPConn
+}
+
+// start makes t's End on the client's TLS socket tc, from the handshake's session (sess): the
+// client socket the goroutines hold. With a ledger (a keeper's) the End keeps its state there
+// under connection id; kerr says why it could not (a crash then closes the connection).
+func (t *tlsConn) start(tc *net.TCPConn, sess *tlsrec.Session, ledger *tlsrelay.Ledger, id uint64) (client clientConn, kerr, err error) {
+	if t.end, err = tlsrelay.NewEnd(tc, sess); err != nil {
+		return nil, nil, err
+	}
+	if ledger != nil {
+		kerr = t.end.Keep(ledger, id)
+	}
+	return t.end, kerr, nil
 }
 
 // merged is the connection's TLS End: its goroutines, or the event loop that takes it, open and

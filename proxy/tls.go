@@ -33,7 +33,7 @@ import (
 // setTLS makes c a mutual-TLS connection (t nil: plaintext): its guard's policy sees the
 // peer's identity.
 func (c *conn) setTLS(t *tlsConn) {
-	c.cl.tls = t
+	c.cl.useTLS(t)
 	c.g.As(c.cl.identity())
 }
 
@@ -118,14 +118,14 @@ func (s *Server) handshake(tc *net.TCPConn, id uint64, src, dst netip.AddrPort, 
 		tc.Close()
 		return nil, nil, nil, false
 	}
-	if t.end, err = tlsrelay.NewEnd(tc, sess); err == nil {
-		client = t.end
-		if s.cont.kp != nil && s.cont.ledger != nil {
-			if kerr := t.end.Keep(s.cont.ledger, id); kerr != nil {
-				s.log.Debug("keeper: a TLS connection's state is in this process only; a crash closes it", "src", src.String(),
-					"err", kerr)
-			}
-		}
+	var ledger *tlsrelay.Ledger // a keeper's, shared with it
+	if s.cont.kp != nil {
+		ledger = s.cont.ledger
+	}
+	client, kerr, err := t.start(tc, sess, ledger, id)
+	if kerr != nil {
+		s.log.Debug("keeper: a TLS connection's state is in this process only; a crash closes it", "src", src.String(),
+			"err", kerr)
 	}
 	if err != nil {
 		s.log.Error("TLS: cannot start the relay; closing the client", "src", src.String(), "err", err)

@@ -116,7 +116,7 @@ func (cl *client) storeConnected(id uint64, fd int) {
 // storeConnectedSock is storeConnected with the store's socket up.
 func (cl *client) storeConnectedSock(id uint64, up syscall.Conn) {
 	if cl.kept() {
-		sockFd(up, func(fd int) { cl.kp.Connected(id, fd) })
+		sockFd(up, func(fd int) { cl.storeConnected(id, fd) })
 	}
 }
 

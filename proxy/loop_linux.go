@@ -645,19 +645,11 @@ func (l *loop) readStore(c *conn) (n int, peeked, ok bool) {
 // connection goes to its goroutines (backpressure). Bytes peeked from the store's socket are
 // consumed once passed on or kept.
 func (l *loop) replyEvent(c *conn, n int, peeked bool) {
-	src := c.lt.ufd
 	c.rep.follow(l.buf[:n])
 	w, errno := c.cl.loopWrite(c.lt.cfd, l.buf[:n])
 	c.s.m.bytesS2C.Add(float64(w))
-	if peeked {
-		if w < n && (errno == 0 || errno == unix.EAGAIN) {
-			bp := readBufs.Get().(*[]byte)
-			c.lt.left.client = chunk{buf: bp, to: copy(*bp, l.buf[w:n])}
-			tcpcount.Discard(int(src), uint64(n))
-			l.release(c, handbackBackpressure)
-			return
-		}
-		tcpcount.Discard(int(src), uint64(n))
+	if peeked { // what the client did not take is kept below, or the connection closes
+		tcpcount.Discard(int(c.lt.ufd), uint64(n))
 	}
 	switch {
 	case w == n:

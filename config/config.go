@@ -24,11 +24,14 @@ import (
 // Config mirrors the keys of docs/design.md; each field's mapstructure tag is
 // its key, under its section's.
 type Config struct {
-	Listen        string `mapstructure:"listen"`
-	Upstream      string `mapstructure:"upstream"`
-	MetricsListen string `mapstructure:"metrics-listen"` // "" disables metrics
-	AuditLog      string `mapstructure:"audit-log"`      // "" sends audit events to the structured log only
-	Flows         Flows  `mapstructure:"flows"`
+	Listen   string `mapstructure:"listen"`
+	Upstream string `mapstructure:"upstream"`
+	// UpstreamLoopback says which loopback address dials upstream when it is 127.x.y.z
+	// (storeinfo.LoopbackDial).
+	UpstreamLoopback UpstreamLoopback `mapstructure:"upstream-loopback"`
+	MetricsListen    string           `mapstructure:"metrics-listen"` // "" disables metrics
+	AuditLog         string           `mapstructure:"audit-log"`      // "" sends audit events to the structured log only
+	Flows            Flows            `mapstructure:"flows"`
 	// Generation is the raw generation setting (auto, G0.., or a torch
 	// release); protocol.ParseGeneration turns it into a protocol setting.
 	Generation string  `mapstructure:"generation"`
@@ -200,6 +203,16 @@ type Scan struct {
 	Threshold int           `mapstructure:"threshold"`
 	Window    time.Duration `mapstructure:"window"`
 }
+
+// UpstreamLoopback is upstream-loopback: auto dials [::1] for an IPv4 loopback upstream when the
+// store listens only on IPv6's wildcard (torch's default), whose lookup of its peer's name /etc/hosts
+// answers; as-written dials upstream as it is written.
+type UpstreamLoopback string
+
+const (
+	UpstreamLoopbackAuto      UpstreamLoopback = "auto"
+	UpstreamLoopbackAsWritten UpstreamLoopback = "as-written"
+)
 
 // Flows says which flow records the audit log gets (flows).
 type Flows string

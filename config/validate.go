@@ -235,6 +235,7 @@ func (c Config) validate(p *Parsed) []error {
 	v.positive("audit.sample-window", a.SampleWindow)
 	v.notNegative("audit.flow-interim", a.FlowInterim)
 	oneOf(&v, "flows", string(c.Flows), FlowsAll, FlowsSuspicious, FlowsOff)
+	oneOf(&v, "upstream-loopback", string(c.UpstreamLoopback), UpstreamLoopbackAuto, UpstreamLoopbackAsWritten)
 	v.notNegative("ban.peek", c.Ban.Peek)
 	v.rate("ban.serving-rate", "ban.serving-burst", c.Ban.ServingRate, c.Ban.ServingBurst)
 	v.between("scan.threshold", int64(c.Scan.Threshold), 0, maxCount)

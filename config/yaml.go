@@ -130,15 +130,16 @@ func (c Config) nodes() (map[string]*yaml.Node, error) {
 	}
 
 	return map[string]*yaml.Node{
-		"listen":         str(c.Listen),
-		"upstream":       str(c.Upstream),
-		"metrics-listen": str(c.MetricsListen),
-		"audit-log":      str(c.AuditLog),
-		"flows":          str(string(c.Flows)),
-		"generation":     str(c.Generation),
-		"backend":        str(string(c.Backend)),
-		"mode":           str(string(c.Mode)),
-		"event-loops":    num(int64(c.EventLoops)),
+		"listen":            str(c.Listen),
+		"upstream":          str(c.Upstream),
+		"upstream-loopback": str(string(c.UpstreamLoopback)),
+		"metrics-listen":    str(c.MetricsListen),
+		"audit-log":         str(c.AuditLog),
+		"flows":             str(string(c.Flows)),
+		"generation":        str(c.Generation),
+		"backend":           str(string(c.Backend)),
+		"mode":              str(string(c.Mode)),
+		"event-loops":       num(int64(c.EventLoops)),
 
 		"limits.max-key-bytes":              num(c.Limits.MaxKeyBytes),
 		"limits.max-value-bytes":            size(c.Limits.MaxValueBytes),

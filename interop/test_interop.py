@@ -127,12 +127,15 @@ def procs():
     ps.stop_all()
 
 
-def start_store(procs, version, backend, port=None, nofile=None):
-    """A real store; nofile: its soft RLIMIT_NOFILE (1024 is the usual default outside this sandbox)."""
+def start_store(procs, version, backend, port=None, nofile=None, wrap=None):
+    """A real store; nofile: its soft RLIMIT_NOFILE (1024 is the usual default outside this sandbox);
+    wrap: a function of the command that returns the command to run instead."""
     port = port or free_port()
     cmd = [ENVS[version], str(HERE / "workload.py"), "127.0.0.1", str(port), "--role", "master"]
     if minor(version) >= (2, 2):
         cmd += ["--use-libuv", "1" if backend == "libuv" else "0"]
+    if wrap:
+        cmd = wrap(cmd)
     limit = None
     if nofile:
         import resource

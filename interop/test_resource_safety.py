@@ -740,3 +740,86 @@ print("ok")
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-2000:]
     assert metric_sum(mport, "storeguard_violations_total{") == 0
     assert metric_sum(mport, "storeguard_reply_resyncs_total") == 0
+
+
+class DNSCounter:
+    """A DNS server on addr:53 that answers every query at once with NXDOMAIN and keeps the names asked."""
+
+    def __init__(self, addr):
+        import threading
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((addr, 53))
+        self.sock.settimeout(0.1)
+        self.names, self.stop = [], threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                q, peer = self.sock.recvfrom(512)
+            except socket.timeout:
+                continue
+            if len(q) < 12:
+                continue
+            i, labels = 12, []
+            while i < len(q) and q[i]:
+                labels.append(q[i + 1:i + 1 + q[i]].decode(errors="replace"))
+                i += 1 + q[i]
+            self.names.append(".".join(labels))
+            question = q[12:i + 5]
+            self.sock.sendto(q[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + question, peer)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def with_hosts_and_resolver(tmp_path, nameserver):
+    """A store command's wrapper: the store runs in its own mount namespace, whose /etc/hosts is a
+    Debian's or a Kubernetes pod's (127.0.0.1 and ::1 named localhost; this machine's names no ::1)
+    and whose resolver is nameserver."""
+    hosts, resolv = tmp_path / "hosts", tmp_path / "resolv.conf"
+    hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    resolv.write_text(f"nameserver {nameserver}\noptions timeout:1 attempts:1\n")
+    nss = tmp_path / "nsswitch.conf"
+    nss.write_text("hosts: files dns\n")
+    return lambda cmd: ["unshare", "-m", "sh", "-c", f"mount --bind {hosts} /etc/hosts && mount --bind {resolv} "
+                        f"/etc/resolv.conf && mount --bind {nss} /etc/nsswitch.conf && exec \"$@\"", "store", *cmd]
+
+
+RESOLVING = [v for v in ENVS if minor(v) >= (2, 6)]
+
+
+@pytest.mark.parametrize("version", [min(RESOLVING, key=minor), max(RESOLVING, key=minor)] if RESOLVING else [])
+def test_the_store_never_asks_dns_about_the_guard(procs, binary, tmp_path, version):  # noqa: F811
+    """torch 2.6+ stores look up the name of every connection's peer, in the thread that serves
+    every rank: with a resolver that stalls, 300 connections at once from 127.0.0.1 took the store
+    25 s to answer here. torch listens on [::], so a guard dialling 127.0.0.1 reaches it as
+    ::ffff:127.0.0.1, which no hosts file names: every connection through the guard asked DNS.
+    With upstream-loopback auto the guard dials [::1], which /etc/hosts names: the store asks DNS
+    about no connection through the guard (as-written, each one asks; direct, each rank's does)."""
+    if "00000000000000000000000000000001" not in open("/proc/self/net/if_inet6").read():
+        pytest.skip("no ::1 on this host")
+    dns = DNSCounter("127.0.0.153")
+    try:
+        store, sport = start_store(procs, version, "libuv", wrap=with_hosts_and_resolver(tmp_path, "127.0.0.153"))
+        asked = {}
+        for label, extra, source in [("auto", (), "127.0.0.1"), ("as-written", ("--upstream-loopback", "as-written"),
+                                     "127.0.0.1"), ("direct", None, "127.10.0.7")]:
+            # Each guard starts before its count: the store takes its readiness probes' connections
+            # (each a lookup, as-written) after they were answered.
+            port = sport if extra is None else start_guard(procs, binary, sport, tmp_path, *extra)[1]
+            before = len(dns.names)
+            for _ in range(20):
+                c = Client(version, port, source=source)
+                assert c.numkeys() >= 0
+                c.sock.close()
+            asked[label] = dns.names[before:]
+    finally:
+        dns.close()
+    assert asked["auto"] == [], f"through the guard the store asked DNS: {asked['auto'][:5]}"
+    assert len(asked["as-written"]) >= 20, asked["as-written"][:5]
+    assert len(asked["direct"]) >= 20, asked["direct"][:5]
+    assert store.poll() is None

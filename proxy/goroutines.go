@@ -298,7 +298,7 @@ func (c *conn) dialStore() (deferred bool) {
 	}
 	ctx, cancel := s.waitFor(st.cfg.Timeouts.UpstreamDial)
 	defer cancel()
-	up, err := dialUpstream(ctx, st.cfg.Upstream, c.isClosed)
+	up, err := dialUpstream(ctx, s.route.Route().Dial, c.isClosed)
 	if err != nil {
 		if c.isClosed() {
 			return false // the client left or was refused: not the store's failure

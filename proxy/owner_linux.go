@@ -27,7 +27,7 @@ import (
 // the store is on this host (a loop connects to it without waiting, at the first valid message),
 // and there is no deadline to watch. (A TLS End goes too: the loop opens and seals its records.)
 func (c *conn) loopable() bool {
-	return c.s.loops != nil && !c.dial.awaitStore && c.st.local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
+	return c.s.loops != nil && !c.dial.awaitStore && c.s.route.Route().Local.IsValid() && c.st.cfg.Timeouts.Idle == 0 &&
 		c.g.Deadline().IsZero()
 }
 
@@ -39,7 +39,7 @@ func (c *conn) connectStore(l *loop) bool {
 	if !c.takeStoreSlot() {
 		return false
 	}
-	fd, err := connectLocal(c.st.local)
+	fd, err := connectLocal(c.s.route.Route().Local)
 	if err != nil {
 		return false
 	}

@@ -43,8 +43,7 @@ type settings struct {
 	dec     protocol.Config
 	pol     guard.Policy // every connection's
 	monitor bool
-	local   netip.AddrPort // the upstream, when it is an address on this host (connectNow)
-	tls     *tls.Config    // the mutual TLS handshake's (tls.go); nil with tls.mode off
+	tls     *tls.Config // the mutual TLS handshake's (tls.go); nil with tls.mode off
 }
 
 // newSettings is the server's settings for p, its mutual TLS configuration included.
@@ -71,9 +70,6 @@ func newSettings(p *config.Parsed, onMessage func(*protocol.Message), store poli
 	st := &settings{parsed: p, cfg: c, dec: dec, monitor: monitor,
 		pol: guard.Policy{Deadlines: c.Deadlines(), Configured: dec.Gen, Monitor: monitor, OnMessage: onMessage,
 			MaxAwaited: c.Limits.MaxPendingReplies, Rules: rules}}
-	if ap, err := netip.ParseAddrPort(c.Upstream); err == nil && ap.Addr().Unmap().IsLoopback() {
-		st.local = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
 	return st
 }
 
@@ -153,8 +149,9 @@ type Server struct {
 
 	// store learns, in auto mode, the generation the store speaks, and asks it about keys.
 	store   *storeinfo.Learner
-	learned policyState // what the policy learns of the store
-	jobs    *jobWatch   // where the rendezvous rounds send their ranks (jobs.go)
+	route   *storeinfo.Router // where the store is dialled (upstream-loopback)
+	learned policyState       // what the policy learns of the store
+	jobs    *jobWatch         // where the rendezvous rounds send their ranks (jobs.go)
 
 	every     rateLogs
 	listeners listeners
@@ -246,6 +243,7 @@ func New(p *config.Parsed, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.set.Store(st)
+	s.route = storeinfo.NewRouter(func() config.Config { return s.set.Load().cfg }, s.log)
 	s.gate = admission.New(p.Admission(), s.now)
 	s.ev.gate = s.gate
 	s.buf = newBudget(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
@@ -345,6 +343,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer s.store.CloseKeys()
 	s.store.Start(ctx)
 	go s.storeCaps.Run(ctx)
+	go s.route.Run(ctx)
 	var httpSrv *http.Server
 	if s.listeners.metrics != nil {
 		httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
@@ -574,6 +573,7 @@ func (s *Server) reload(p *config.Parsed) error {
 	s.gate.Update(p.Admission())
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	limitHeap(s.holdHeap, cfg)
+	s.route.Set(cfg)
 	s.set.Store(st)
 	s.revoke(p)
 	if !cfg.Caps.MaxStoreConnections.Auto {
@@ -647,7 +647,7 @@ func (s *Server) httpHandler() http.Handler {
 			http.Error(w, "the store's generation is not known yet", http.StatusServiceUnavailable)
 			return
 		}
-		c, err := net.DialTimeout("tcp", st.cfg.Upstream, min(st.cfg.Timeouts.UpstreamDial, 2*time.Second))
+		c, err := net.DialTimeout("tcp", s.route.Route().Dial, min(st.cfg.Timeouts.UpstreamDial, 2*time.Second))
 		if err != nil {
 			http.Error(w, "upstream unreachable: "+err.Error(), http.StatusServiceUnavailable)
 			return

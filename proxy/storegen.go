@@ -9,7 +9,7 @@ func (s *Server) Store() (info storeinfo.Info, ok bool) { return s.store.Get() }
 // storeTarget is the store the settings name now, for s.store.
 func (s *Server) storeTarget() storeinfo.Target {
 	st := s.set.Load()
-	return storeinfo.Target{Addr: st.cfg.Upstream, Auto: st.dec.Gen.Auto, Gen: st.dec.Gen.Gen}
+	return storeinfo.Target{Addr: s.route.Route().Dial, Auto: st.dec.Gen.Auto, Gen: st.dec.Gen.Gen}
 }
 
 // storeNews counts and logs what s.store learns of the store (storeinfo.Observer).

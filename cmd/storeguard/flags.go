@@ -17,6 +17,7 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("config", "", "YAML config file (also $STOREGUARD_CONFIG); flags override it")
 	fs.String("listen", d.Listen, "address clients connect to")
 	fs.String("upstream", d.Upstream, "address of the real TCPStore")
+	fs.String("upstream-loopback", string(d.UpstreamLoopback), "auto: dial [::1] for a 127.x upstream the store listens for only on [::], whose name /etc/hosts gives the store | as-written")
 	fs.String("metrics-listen", d.MetricsListen, `Prometheus /metrics address; "" disables`)
 	fs.String("audit-log", d.AuditLog, `audit JSONL file; "" sends audit events to the log`)
 	fs.String("flows", string(d.Flows), "flow records in the audit log (passed ones in AUDIT-LOG.flows): all | suspicious | off")

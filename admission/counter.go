@@ -39,6 +39,10 @@ func (c *Counter) Exceeds(src netip.Addr, n, own int64) Cap {
 	return NoCap
 }
 
+// Full reports whether the cap in all keeps any source from taking one more (Exceeds' TotalCap for
+// a taker that holds none).
+func (c *Counter) Full() bool { return c.limit > 0 && c.used+1 > c.limit && c.used > 0 }
+
 // Take counts n more for src, whatever the caps say.
 func (c *Counter) Take(src netip.Addr, n int64) {
 	c.used += n

@@ -60,11 +60,11 @@ type StoreSlots struct {
 	mu       sync.Mutex
 	held     Counter // slots, one a connection
 	rate     DialRate
-	all      bucket                      // dial tokens of the store (rate.Rate > 0)
-	sources  map[netip.Addr]*sourceDials // sources that dialled lately; absent: not within recentDial, tokens full
-	swept    int                         // len(sources) after its last sweep
-	queue    []*slotWaiter               // in arrival order
-	waiting  map[netip.Addr]int          // the queue's waiters by source
+	all      bucket                       // dial tokens of the store (rate.Rate > 0)
+	sources  map[netip.Addr]*sourceDials  // sources that dialled lately; absent: not within recentDial, tokens full
+	swept    int                          // len(sources) after its last sweep
+	queued   map[netip.Addr][]*slotWaiter // the waiters, by source, each source's in arrival order
+	nqueued  int                          // how many wait
 	arrivals uint64
 	timer    *time.Timer // serves the queue when the next dial token a waiter needs is due
 	pace     pacing      // rate.Paced
@@ -96,7 +96,7 @@ type sourceDials struct {
 // no dial rate until SetDialRate.
 func NewStoreSlots(limit, perSource int) *StoreSlots {
 	return &StoreSlots{now: time.Now, held: NewCounter(int64(limit), int64(perSource)),
-		sources: map[netip.Addr]*sourceDials{}, waiting: map[netip.Addr]int{}}
+		sources: map[netip.Addr]*sourceDials{}, queued: map[netip.Addr][]*slotWaiter{}}
 }
 
 // full says which cap keeps src from another store connection now, or "".
@@ -126,6 +126,16 @@ func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
 		return reason
 	}
 	return ""
+}
+
+// holdsBackAll reports whether something that is no source's own keeps every source from a store
+// connection at now: the cap in all, a full pacing window or the store's dial rate.
+func (s *StoreSlots) holdsBackAll(now time.Time) bool {
+	if s.held.Full() || s.rate.Paced && s.pace.full() {
+		return true
+	}
+	rate, burst, _ := s.allRate()
+	return rate > 0 && s.all.level(now, rate, burst) < 1
 }
 
 // allRate is the store-wide dial rate in force, with its burst and the reason it holds a client
@@ -207,11 +217,19 @@ func (s *StoreSlots) sweepLocked(now time.Time) {
 }
 
 // serveLocked grants slots to the waiters nothing holds back, best first, and sets the timer for
-// the next dial token one of the others needs.
+// the next dial token one of the others needs. While what holds every source back (a full window,
+// the cap in all, the store's dial rate) holds, it looks at no waiter: a job's start queues
+// thousands, and an answer, a release or a new client each serve the queue.
 func (s *StoreSlots) serveLocked() {
 	now := s.now()
-	for {
-		w := s.nextLocked(now)
+	var rateHeld []netip.Addr
+	for s.nqueued > 0 {
+		if s.holdsBackAll(now) {
+			rateHeld = nil
+			break
+		}
+		var w *slotWaiter
+		w, rateHeld = s.nextLocked(now)
 		if w == nil {
 			break
 		}
@@ -220,25 +238,41 @@ func (s *StoreSlots) serveLocked() {
 		s.dequeueLocked(w)
 		close(w.granted)
 	}
-	s.armLocked()
+	s.armLocked(now, rateHeld)
 }
 
 // nextLocked is the waiter to serve now, in the queue's order (StoreSlots), or nil: none that
-// nothing holds back. Every waiter's reason is brought up to date.
-func (s *StoreSlots) nextLocked(now time.Time) *slotWaiter {
-	var best *slotWaiter
+// nothing holds back; rateHeld are the sources their own dial rate holds back. It looks at each
+// source once, at the waiter of its own that goes first.
+func (s *StoreSlots) nextLocked(now time.Time) (best *slotWaiter, rateHeld []netip.Addr) {
 	var bestClass int
 	var bestLast time.Time
-	for _, w := range s.queue {
-		if w.reason = s.holdsBack(w.src, now); w.reason != "" {
+	for src, q := range s.queued {
+		switch s.holdsBack(src, now) {
+		case "":
+		case SourceStoreDialRate:
+			rateHeld = append(rateHeld, src)
+			continue
+		default:
 			continue
 		}
+		w := q[0]
 		class, last := s.class(w, now)
+		if class == 1 && !w.serving { // a waiter of a job's host, if there is one, is class 0
+			for _, x := range q[1:] {
+				if x.serving {
+					if c, _ := s.class(x, now); c == 0 {
+						w, class = x, 0
+					}
+					break
+				}
+			}
+		}
 		if best == nil || class < bestClass || class == bestClass && s.before(w, best, last, bestLast) {
 			best, bestClass, bestLast = w, class, last
 		}
 	}
-	return best
+	return best, rateHeld
 }
 
 // before reports whether w goes before other, of the same class, with last and otherLast their
@@ -248,7 +282,7 @@ func (s *StoreSlots) before(w, other *slotWaiter, last, otherLast time.Time) boo
 	if !last.Equal(otherLast) {
 		return last.Before(otherLast)
 	}
-	if n, m := s.waiting[w.src], s.waiting[other.src]; n != m {
+	if n, m := len(s.queued[w.src]), len(s.queued[other.src]); n != m {
 		return n < m
 	}
 	return w.seq < other.seq
@@ -266,7 +300,7 @@ func (s *StoreSlots) class(w *slotWaiter, now time.Time) (int, time.Time) {
 	switch {
 	case d != nil && now.Sub(d.last) < recentDial:
 		return 2, d.last
-	case s.waiting[w.src] > max(s.rate.PerSourceBurst, hostStart):
+	case len(s.queued[w.src]) > max(s.rate.PerSourceBurst, hostStart):
 		return 2, time.Time{}
 	case w.serving && s.held.Holds(w.src) > 0:
 		return 0, time.Time{}
@@ -279,37 +313,30 @@ func (s *StoreSlots) class(w *slotWaiter, now time.Time) (int, time.Time) {
 const hostStart = 32
 
 func (s *StoreSlots) dequeueLocked(w *slotWaiter) {
-	if i := slices.Index(s.queue, w); i >= 0 {
-		s.queue = slices.Delete(s.queue, i, i+1)
-		if s.waiting[w.src]--; s.waiting[w.src] <= 0 {
-			delete(s.waiting, w.src)
+	q := s.queued[w.src]
+	if i := slices.Index(q, w); i >= 0 {
+		s.nqueued--
+		if len(q) == 1 {
+			delete(s.queued, w.src)
+		} else {
+			s.queued[w.src] = slices.Delete(q, i, i+1)
 		}
 	}
 }
 
-// armLocked sets the timer for the soonest dial token a waiter held back by a dial rate needs, and
-// the pacer's for its next look at the dials in flight.
-func (s *StoreSlots) armLocked() {
+// armLocked sets the timer for the soonest dial token a waiter held back by a dial rate needs (the
+// store's, or those of rateHeld, sources held back by their own), and the pacer's for its next
+// look at the dials in flight.
+func (s *StoreSlots) armLocked(now time.Time, rateHeld []netip.Addr) {
 	if s.rate.Paced && !s.lookByHand {
 		s.pace.arm(s.paceTick)
 	}
 	next := time.Duration(-1)
-	for _, w := range s.queue {
-		var d time.Duration
-		switch w.reason {
-		case StoreDialRate, StorePacing:
-			// A full pacing window frees as answers come; a spent rate's token comes due.
-			rate, _, _ := s.allRate()
-			if rate == 0 || s.all.tokens >= 1 {
-				continue
-			}
-			d = s.all.due(rate)
-		case SourceStoreDialRate:
-			d = s.sources[w.src].tokens.due(s.rate.PerSourceRate)
-		default:
-			continue
-		}
-		if next < 0 || d < next {
+	if rate, burst, _ := s.allRate(); s.nqueued > 0 && rate > 0 && s.all.level(now, rate, burst) < 1 {
+		next = s.all.due(rate) // a full pacing window frees as answers come; a spent rate's token comes due
+	}
+	for _, src := range rateHeld {
+		if d := s.sources[src].tokens.due(s.rate.PerSourceRate); next < 0 || d < next {
 			next = d
 		}
 	}
@@ -354,9 +381,10 @@ func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (sl
 	s.mu.Lock()
 	w.seq = s.arrivals
 	s.arrivals++
-	s.queue = append(s.queue, w)
-	s.waiting[w.src]++
+	s.queued[w.src] = append(s.queued[w.src], w)
+	s.nqueued++
 	s.serveLocked()
+	w.reason = s.holdsBack(w.src, s.now()) // what holds it back, if it waits
 	s.mu.Unlock()
 	select {
 	case <-w.granted:
@@ -369,6 +397,9 @@ func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (sl
 	case <-w.granted: // granted meanwhile
 		return w.slot, ""
 	default:
+	}
+	if r := s.holdsBack(w.src, s.now()); r != "" {
+		w.reason = r
 	}
 	s.dequeueLocked(w)
 	return nil, w.reason
@@ -420,7 +451,7 @@ func (s *StoreSlots) InUse() int {
 func (s *StoreSlots) Waiting() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.queue)
+	return s.nqueued
 }
 
 // Limit is the cap in all now; 0: none.

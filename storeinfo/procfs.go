@@ -25,8 +25,19 @@ type procListener struct {
 	inode uint64
 }
 
-// procListeners lists the listening TCP sockets of this network namespace.
+// procListeners lists the listening TCP sockets of this network namespace: by sock_diag, or where
+// that fails (or a test points procRoot at a fixture) from /proc/net/tcp and tcp6.
 func procListeners() []procListener {
+	if procRoot == "/proc" {
+		if ls, err := diagListeners(); err == nil {
+			return ls
+		}
+	}
+	return fileListeners()
+}
+
+// fileListeners lists the listening TCP sockets of /proc/net/tcp and tcp6.
+func fileListeners() []procListener {
 	var out []procListener
 	for _, f := range []string{"self/net/tcp", "self/net/tcp6"} {
 		fh, err := os.Open(procRoot + "/" + f)

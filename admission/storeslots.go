@@ -384,7 +384,9 @@ func (s *StoreSlots) Take(ctx context.Context, src netip.Addr, serving bool) (sl
 	s.queued[w.src] = append(s.queued[w.src], w)
 	s.nqueued++
 	s.serveLocked()
-	w.reason = s.holdsBack(w.src, s.now()) // what holds it back, if it waits
+	// What holds it back, if it waits: never "" then, for serveLocked stops only when every source
+	// is held back (by what holds all back, or by its own cap or rate).
+	w.reason = s.holdsBack(w.src, s.now())
 	s.mu.Unlock()
 	select {
 	case <-w.granted:

@@ -26,8 +26,8 @@ import (
 type Config struct {
 	Listen   string `mapstructure:"listen"`
 	Upstream string `mapstructure:"upstream"`
-	// UpstreamLoopback says which loopback address dials upstream when it is 127.x.y.z
-	// (storeinfo.LoopbackDial).
+	// UpstreamLoopback says which loopback address is dialled for an upstream of 127.x.y.z
+	// (storeinfo.Router).
 	UpstreamLoopback UpstreamLoopback `mapstructure:"upstream-loopback"`
 	MetricsListen    string           `mapstructure:"metrics-listen"` // "" disables metrics
 	AuditLog         string           `mapstructure:"audit-log"`      // "" sends audit events to the structured log only

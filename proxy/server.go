@@ -573,8 +573,8 @@ func (s *Server) reload(p *config.Parsed) error {
 	s.gate.Update(p.Admission())
 	s.buf.setLimits(cfg.Caps.BufferBudgetBytes, cfg.Caps.PerSourceBudgetBytes)
 	limitHeap(s.holdHeap, cfg)
-	s.route.Set(cfg)
 	s.set.Store(st)
+	s.route.Set(cfg)
 	s.revoke(p)
 	if !cfg.Caps.MaxStoreConnections.Auto {
 		s.slots.SetLimits(cfg.Caps.MaxStoreConnections.N, cfg.Caps.PerSourceStoreConnections)

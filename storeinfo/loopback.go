@@ -47,7 +47,9 @@ func chooseRoute(upstream string, mode config.UpstreamLoopback, ls []procListene
 	}
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	r.Local = ap
-	var v4, v6 bool // an IPv4 socket takes the connection to ap; an IPv6 wildcard or ::1 one is there
+	// v4: an IPv4 socket takes the connection to ap (procListeners unmaps one bound to ::ffff:127.x);
+	// v6: an IPv6 wildcard or ::1 one is there.
+	var v4, v6 bool
 	for _, l := range ls {
 		a := l.addr.Addr()
 		switch {
@@ -56,8 +58,6 @@ func chooseRoute(upstream string, mode config.UpstreamLoopback, ls []procListene
 			v4 = true
 		case a.Is6() && (a.IsUnspecified() || a == netip.IPv6Loopback()):
 			v6 = true
-		case a == ap.Addr():
-			v4 = true // an IPv6 socket bound to ::ffff:127.x (unmapped by procListeners) takes it
 		}
 	}
 	switch {
@@ -119,17 +119,29 @@ const routeEvery = time.Second
 // NewRouter chooses the route now, for settings' upstream.
 func NewRouter(settings func() config.Config, log *slog.Logger) *Router {
 	r := &Router{settings: settings, log: log}
-	r.Set(settings())
+	r.refresh()
 	return r
 }
 
 // Route is the route to dial now.
 func (r *Router) Route() *Route { return r.route.Load() }
 
-// Set chooses the route again, for cfg (a reload's, before any dial uses it).
+// Set chooses the route again, for cfg (a reload's, once the server holds it).
 func (r *Router) Set(cfg config.Config) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.setLocked(cfg)
+}
+
+// refresh chooses the route again for the settings as they are once it holds mu: a reload's Set
+// that comes after is not undone by an older reading.
+func (r *Router) refresh() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.setLocked(r.settings())
+}
+
+func (r *Router) setLocked(cfg config.Config) {
 	rt, listening := chooseRoute(cfg.Upstream, cfg.UpstreamLoopback, procListeners(), hasIPv6Loopback())
 	r.known = listening
 	r.route.Store(&rt)
@@ -171,6 +183,6 @@ func (r *Router) Run(ctx context.Context) {
 			return
 		case <-time.After(every):
 		}
-		r.Set(r.settings())
+		r.refresh()
 	}
 }

@@ -119,6 +119,12 @@ func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
 		d.tokens.level(now, s.rate.PerSourceRate, s.rate.PerSourceBurst) < 1 {
 		return SourceStoreDialRate
 	}
+	return s.storeHolds(now)
+}
+
+// storeHolds says what of the store's own keeps every source from dialling at now (a full pacing
+// window, then the store's dial rate), or "".
+func (s *StoreSlots) storeHolds(now time.Time) Reason {
 	if s.rate.Paced && s.pace.full() {
 		return StorePacing
 	}
@@ -131,11 +137,7 @@ func (s *StoreSlots) holdsBack(src netip.Addr, now time.Time) Reason {
 // holdsBackAll reports whether something that is no source's own keeps every source from a store
 // connection at now: the cap in all, a full pacing window or the store's dial rate.
 func (s *StoreSlots) holdsBackAll(now time.Time) bool {
-	if s.held.Full() || s.rate.Paced && s.pace.full() {
-		return true
-	}
-	rate, burst, _ := s.allRate()
-	return rate > 0 && s.all.level(now, rate, burst) < 1
+	return s.held.Full() || s.storeHolds(now) != ""
 }
 
 // allRate is the store-wide dial rate in force, with its burst and the reason it holds a client

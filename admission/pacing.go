@@ -21,15 +21,24 @@ import (
 //   - Each answer grows the window: by one while below the threshold (doubling each round, as slow
 //     start) and by 1/window above it (one a round). The threshold is forgotten forgetStall after
 //     the last stall: a store busy with a large job answers a round in a second, and one a round
-//     would take minutes to give it back the window a stall took.
+//     would take minutes to give it back the window a stall took. An answer grows it only while
+//     half of it is in use (as TCP's window validation, RFC 7661: a window the clients never
+//     filled says nothing of the store), and never past the store's accept queue (SetBacklog):
+//     the dials in flight past it are dropped by the kernel and wait out SYN retransmissions, 1,
+//     3, 7 s (torch 1.13's store, backlog 2,048: its 8,000-rank start overflowed by 11,600 to
+//     14,700 a start through the guard, 768 direct, while the window grew to 31,000).
 //   - A store that makes no progress halves it: when a dial has waited longer than Slow for its
 //     answer and no dial was answered within Slow, the window drops to half of it or of what is in
 //     flight, whichever is less (never below minWindow), at most once per Slow, and the threshold
 //     with it.
 //   - A stall also caps the dial rate, at half of the most granted in a Slow lately (the last two
-//     whole periods of Slow and this one; at most half the cap already set; never below minRate): a store that answers each new connection in
-//     a millisecond but stalls past some rate (a resolver that drops what comes faster than it
-//     answers) is kept below it, which no window does. Each second without a stall raises the cap
+//     whole periods of Slow and this one; at most half the cap already set; never below minRate):
+//     a store that answers each new connection in a millisecond but stalls past some rate (a
+//     resolver that drops what comes faster than it answers) is kept below it, which no window
+//     does. A stall after nothing was granted lately leaves the rate as it is: the store is slow
+//     with the dials it had, which the window answers, and half of nothing would cap it at
+//     minRate (a legacy store that stalled at the end of an 8,000-rank start was capped at 4 a
+//     second, and the next start took 43 s, not 6). Each second without a stall raises the cap
 //     by an eighth; past maxRate it is lifted.
 //
 // Progress, not each answer's time, is the signal: a store busy with a large job answers a new
@@ -71,6 +80,7 @@ type pacing struct {
 	slow      time.Duration
 	window    float64
 	threshold float64
+	ceiling   float64 // the store's accept queue (0: unknown), kept across begin and end
 	inflight  map[*Slot]struct{}
 	cut       time.Time // the last halving
 	progress  time.Time // the last answer
@@ -87,7 +97,15 @@ type pacing struct {
 }
 
 func (p *pacing) begin(slow time.Duration) {
-	*p = pacing{slow: slow, window: firstWindow, threshold: math.Inf(1), inflight: map[*Slot]struct{}{}}
+	*p = pacing{slow: slow, window: firstWindow, threshold: math.Inf(1), inflight: map[*Slot]struct{}{}, ceiling: p.ceiling}
+	p.bound()
+}
+
+// bound keeps the window within the store's accept queue.
+func (p *pacing) bound() {
+	if p.ceiling > 0 && p.window > p.ceiling {
+		p.window = max(minWindow, p.ceiling)
+	}
 }
 
 // end stops pacing: the dials in flight are forgotten.
@@ -95,7 +113,7 @@ func (p *pacing) end() {
 	if p.timer != nil {
 		p.timer.Stop()
 	}
-	*p = pacing{}
+	*p = pacing{ceiling: p.ceiling}
 }
 
 func (p *pacing) full() bool { return float64(len(p.inflight)) >= p.window }
@@ -139,13 +157,17 @@ func (p *pacing) answered(sl *Slot, now time.Time) {
 		p.settle(sl)
 		return
 	}
+	used := float64(len(p.inflight))
 	delete(p.inflight, sl)
 	p.progress = now
-	if p.window < p.threshold {
+	switch {
+	case used < p.window/2:
+	case p.window < p.threshold:
 		p.window++
-	} else {
+	default:
 		p.window += 1 / p.window
 	}
+	p.bound()
 }
 
 // halve cuts the window to half of it or of what is in flight, whichever is less, and the dial
@@ -158,6 +180,9 @@ func (p *pacing) halve(now time.Time, tokens *bucket) {
 	p.window = max(minWindow, min(p.window, float64(len(p.inflight)))/2)
 	p.threshold = p.window
 	r := p.recentRate(now)
+	if r == 0 {
+		return
+	}
 	if p.rate > 0 {
 		r = min(r, p.rate)
 	}

@@ -215,10 +215,122 @@ func TestPacingForgetsAStall(t *testing.T) {
 	clk.advance(forgetStall)
 	s.paceTick()
 	w0, _, _ := s.Pacing()
-	sl := takeN(t, s, 1, 100)[0]
-	sl.Asked()
-	sl.Answered()
+	var again []*Slot // the window in use, taken as the rate cap the stall set allows: an answer grows it
+	for i := range int(w0) {
+		clk.advance(time.Millisecond)
+		again = append(again, takeN(t, s, 1, 1000+i)...)
+	}
+	w0, _, _ = s.Pacing()
+	again[0].Asked()
+	again[0].Answered()
 	if w, _, _ := s.Pacing(); w != w0+1 {
 		t.Fatalf("window %v after an answer %v after the stall, want %v (one an answer)", w, forgetStall, w0+1)
+	}
+}
+
+// A window the clients never fill says nothing of the store: answers grow it only while half of it
+// is in use (a quiet job's thousands of one-at-a-time dials took the window to 31,000 before).
+func TestPacingGrowsOnlyAWindowInUse(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Paced: true})
+	for i := range 3000 { // one at a time, each answered at once
+		sl := takeN(t, s, 1, i)[0]
+		sl.Asked()
+		clk.advance(time.Millisecond)
+		sl.Answered()
+	}
+	if w, _, _ := s.Pacing(); w != firstWindow {
+		t.Fatalf("window %v after 3,000 dials one at a time, want %d", w, firstWindow)
+	}
+	slots := takeN(t, s, firstWindow/2, 5000) // half of it in flight: each answer grows it
+	for _, sl := range slots {
+		sl.Asked()
+	}
+	slots[0].Answered()
+	if w, _, _ := s.Pacing(); w != firstWindow+1 {
+		t.Fatalf("window %v after an answer with half of it in flight, want %d", w, firstWindow+1)
+	}
+}
+
+// The window never grows past the store's accept queue (SetBacklog): the dials past it would be
+// dropped by the kernel and wait out SYN retransmissions. A backlog below the window cuts it; an
+// unknown one (0) leaves it.
+func TestPacingStaysWithinTheBacklog(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Paced: true})
+	s.SetBacklog(600)
+	round := takeN(t, s, firstWindow, 0)
+	taken := firstWindow
+	for range 3 { // fast rounds: slow start would double the window each
+		var next []*Slot
+		for _, sl := range round {
+			sl.Asked()
+			clk.advance(time.Millisecond)
+			sl.Answered()
+			for range 2 {
+				if sl, r := s.TryTake(gateAddr(fmt.Sprintf("10.3.%d.%d", taken/250, taken%250+1))); r == "" {
+					next = append(next, sl)
+					taken++
+				}
+			}
+		}
+		round = next
+	}
+	if w, n, _ := s.Pacing(); w != 600 || n != 600 {
+		t.Fatalf("window %v, %d in flight, behind a backlog of 600; want 600 and 600", w, n)
+	}
+	held(t, s, StorePacing)
+	s.SetBacklog(100)
+	if w, _, _ := s.Pacing(); w != 100 {
+		t.Fatalf("window %v after the backlog fell to 100", w)
+	}
+	s.SetBacklog(0)
+	s.SetDialRate(DialRate{})
+	s.SetDialRate(DialRate{Paced: true}) // pacing anew starts at its first window
+	if w, _, _ := s.Pacing(); w != firstWindow {
+		t.Fatalf("window %v when paced anew with the backlog unknown, want %d", w, firstWindow)
+	}
+	s.SetBacklog(300)
+	s.SetDialRate(DialRate{})
+	s.SetDialRate(DialRate{Paced: true})
+	if w, _, _ := s.Pacing(); w != 300 {
+		t.Fatalf("window %v when paced anew behind a backlog of 300, want 300", w)
+	}
+}
+
+// A store that stalls with the dials it has, when nothing was granted lately (a legacy store at
+// the end of an 8,000-rank start, its last ranks' answers late), gets a smaller window but no rate
+// cap: half of nothing would cap it at minRate, and the next start would wait for it. A stall
+// after dials were granted still caps the rate, and a look that still sees them halves it again;
+// once none was granted in the last three periods, the halvings leave the cap where it is.
+func TestPacingLeavesTheRateOfAStoreThatStallsWithNothingGranted(t *testing.T) {
+	s, clk := pacedSlots(DialRate{Paced: true, Slow: 250 * time.Millisecond})
+	slots := takeN(t, s, firstWindow, 0)
+	for _, sl := range slots {
+		sl.Asked()
+	}
+	clk.advance(time.Second) // all granted a second ago; none answered since
+	s.paceTick()
+	if w, _, rate := s.Pacing(); w != firstWindow/2 || rate != 0 {
+		t.Fatalf("after a stall with nothing granted lately: window %v, rate cap %v; want %d and none", w, rate, firstWindow/2)
+	}
+	for _, sl := range slots {
+		sl.Release()
+	}
+
+	s, clk = pacedSlots(DialRate{Paced: true, Slow: 250 * time.Millisecond})
+	slots = takeN(t, s, 200, 0) // 200 in the last period
+	for _, sl := range slots {
+		sl.Asked()
+	}
+	clk.advance(300 * time.Millisecond)
+	s.paceTick()
+	if _, _, rate := s.Pacing(); rate != 400 { // 200 in 250 ms, halved
+		t.Fatalf("rate cap %v after a stall following 200 dials in 250 ms, want 400", rate)
+	}
+	for range 8 { // the stall goes on, nothing granted
+		clk.advance(300 * time.Millisecond)
+		s.paceTick()
+	}
+	if w, _, rate := s.Pacing(); w != minWindow || rate != 200 {
+		t.Fatalf("after 2.4 s more of the stall: window %v, rate cap %v; want %d and 200 (the look at 600 ms still saw the 200)", w, rate, minWindow)
 	}
 }

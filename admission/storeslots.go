@@ -444,6 +444,18 @@ func (s *StoreSlots) SetDialRate(r DialRate) {
 	s.serveLocked()
 }
 
+// SetBacklog tells the pacer how many connections the store's accept queue holds (0: unknown): the
+// window stays within it.
+func (s *StoreSlots) SetBacklog(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pace.ceiling = float64(max(0, n))
+	if s.rate.Paced {
+		s.pace.bound()
+	}
+	s.serveLocked()
+}
+
 // InUse is how many slots are taken now.
 func (s *StoreSlots) InUse() int {
 	s.mu.Lock()

@@ -92,5 +92,7 @@ func diagListener(m []byte) procListener {
 	} else {
 		a = netip.AddrFrom16([16]byte(m[8:24]))
 	}
-	return procListener{addr: netip.AddrPortFrom(a.Unmap(), port), inode: uint64(binary.NativeEndian.Uint32(m[68:]))}
+	// A listening socket's idiag_wqueue is its accept queue's size (sk_max_ack_backlog).
+	return procListener{addr: netip.AddrPortFrom(a.Unmap(), port), inode: uint64(binary.NativeEndian.Uint32(m[68:])),
+		backlog: int(binary.NativeEndian.Uint32(m[60:]))}
 }

@@ -76,35 +76,51 @@ var errNotListening = errors.New("nothing listens on the upstream address on thi
 // limit; last is what it found last time: while the listening socket is the same one, so is its
 // process (its descriptors are not looked through again).
 func findStore(upstream string, last storeProcess) (storeProcess, error) {
-	host, portStr, err := net.SplitHostPort(upstream)
+	ln, err := storeListener(upstream)
 	if err != nil {
 		return storeProcess{}, err
+	}
+	return listenersProcess(ln, last)
+}
+
+// storeListener finds the socket that listens on upstream, on this host.
+func storeListener(upstream string) (procListener, error) {
+	host, portStr, err := net.SplitHostPort(upstream)
+	if err != nil {
+		return procListener{}, err
 	}
 	port, err := strconv.ParseUint(portStr, 10, 16)
 	if err != nil {
-		return storeProcess{}, err
+		return procListener{}, err
 	}
 	addrs, err := hostAddrs(host)
 	if err != nil {
-		return storeProcess{}, err
+		return procListener{}, err
 	}
-	var inode uint64
+	var found procListener
 	for _, l := range procListeners() {
 		if uint64(l.addr.Port()) != port {
 			continue
 		}
 		for _, a := range addrs {
 			if l.addr.Addr() == a || l.addr.Addr().IsUnspecified() {
-				inode = l.inode
+				found = l
 			}
 		}
 	}
-	if inode == 0 {
-		return storeProcess{}, errNotListening
+	if found.inode == 0 {
+		return procListener{}, errNotListening
 	}
+	return found, nil
+}
+
+// listenersProcess finds the process that holds the listening socket ln and reads its descriptor
+// limit; last as findStore's.
+func listenersProcess(ln procListener, last storeProcess) (storeProcess, error) {
 	pid := last.pid
-	if inode != last.inode || pid <= 0 {
-		if pid, err = socketOwner(inode, pid); err != nil {
+	if ln.inode != last.inode || pid <= 0 {
+		var err error
+		if pid, err = socketOwner(ln.inode, pid); err != nil {
 			return storeProcess{}, fmt.Errorf("the store's listening socket: %w", err)
 		}
 	}
@@ -112,7 +128,7 @@ func findStore(upstream string, last storeProcess) (storeProcess, error) {
 	if err != nil {
 		return storeProcess{}, fmt.Errorf("the store's process %d: %w", pid, err)
 	}
-	return storeProcess{pid: pid, inode: inode, soft: soft, open: open}, nil
+	return storeProcess{pid: pid, inode: ln.inode, soft: soft, open: open}, nil
 }
 
 // errRemote: the upstream is not an address of this host.
@@ -163,8 +179,9 @@ type Limiter struct {
 	kick     chan struct{}
 	refused  atomic.Int64 // the second a refusal was last logged (Refused)
 	// Only Run's goroutine uses these.
-	last storeProcess // the store's process, last found
-	note string       // what was last logged about where the cap comes from
+	last  storeProcess // the store's process, last found
+	early bool         // the store did not listen yet at the last reading
+	note  string       // what was last logged about where the cap comes from
 }
 
 // NewLimiter keeps the caps of slots by settings, read anew each time; nothing is read of the
@@ -173,16 +190,22 @@ func NewLimiter(slots *admission.StoreSlots, settings func() config.Config, log 
 	return &Limiter{slots: slots, settings: settings, log: log, kick: make(chan struct{}, 1)}
 }
 
-// Run sets the store-connection caps now, again every storeLimitEvery, after a reload (Kick),
-// and when a client finds the cap full (HeldBack, at most every storeLimitRetry), until ctx ends.
-// Accepting does not wait for the first reading (looking through /proc took up to 170 ms on a
-// loaded host): until then auto's cap is FallbackConnections, and clients past it wait for the
-// reading.
+// Run sets the store-connection caps and the store's accept-queue size now, again every
+// storeLimitEvery (every storeLimitRetry until the store listens: a sidecar guard starts before
+// it, and a job's ranks come as soon as it listens), after a reload (Kick), and when a client
+// finds the cap full (HeldBack, at most every storeLimitRetry), until ctx ends. Accepting does not
+// wait for the first reading (looking through /proc took up to 170 ms on a loaded host): until
+// then auto's cap is FallbackConnections, and clients past it wait for the reading.
 func (l *Limiter) Run(ctx context.Context) {
-	t := time.NewTicker(storeLimitEvery)
+	t := time.NewTimer(storeLimitEvery)
 	defer t.Stop()
 	l.apply()
 	for {
+		if l.early {
+			t.Reset(storeLimitRetry)
+		} else {
+			t.Reset(storeLimitEvery)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -220,8 +243,14 @@ func (l *Limiter) apply() {
 	caps := l.settings().Caps
 	limit, note, warn := caps.MaxStoreConnections.N, "", false
 	attrs := []any{}
+	ln, err := storeListener(l.settings().Upstream)
+	l.early = errors.Is(err, errNotListening)
+	l.slots.SetBacklog(ln.backlog)
 	if caps.MaxStoreConnections.Auto {
-		p, err := findStore(l.settings().Upstream, l.last)
+		var p storeProcess
+		if err == nil {
+			p, err = listenersProcess(ln, l.last)
+		}
 		l.last = p
 		switch {
 		case err == nil:

@@ -21,13 +21,13 @@ func TestParseProcListener(t *testing.T) {
 		ok         bool
 	}{
 		{"v4 loopback", "   0: 0100007F:E7C5 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3361629 2 000000002e20e36c 100 0 0 10 0",
-			procListener{netip.MustParseAddrPort("127.0.0.1:59333"), 3361629}, true},
+			procListener{addr: netip.MustParseAddrPort("127.0.0.1:59333"), inode: 3361629}, true},
 		{"v4 wildcard", "   2: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 61 1 000000008e5a2714 100 0 0 10 0",
-			procListener{netip.MustParseAddrPort("0.0.0.0:2024"), 61}, true},
+			procListener{addr: netip.MustParseAddrPort("0.0.0.0:2024"), inode: 61}, true},
 		{"v6 wildcard", "   0: 00000000000000000000000000000000:99FD 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3359894 1 000000003b2aab86 100 0 0 10 0",
-			procListener{netip.MustParseAddrPort("[::]:39421"), 3359894}, true},
+			procListener{addr: netip.MustParseAddrPort("[::]:39421"), inode: 3359894}, true},
 		{"v4-mapped is v4", "   0: 0000000000000000FFFF00000100007F:0050 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 7 1 0 100 0 0 10 0",
-			procListener{netip.MustParseAddrPort("127.0.0.1:80"), 7}, true},
+			procListener{addr: netip.MustParseAddrPort("127.0.0.1:80"), inode: 7}, true},
 		{"established", "   5: 0100007F:E7C5 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 3361630 1 0 20 4 30 10 -1", procListener{}, false},
 		{"header", "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode", procListener{}, false},
 		{"short", "   0: 0100007F:E7C5 00000000:0000 0A", procListener{}, false},

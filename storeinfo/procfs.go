@@ -23,6 +23,9 @@ var procRoot = "/proc"
 type procListener struct {
 	addr  netip.AddrPort // the address it is bound to; unspecified for every address
 	inode uint64
+	// backlog is how many connections its accept queue holds (listen's backlog, as the kernel
+	// capped it); 0: unknown (/proc does not print it).
+	backlog int
 }
 
 // procListeners lists the listening TCP sockets of this network namespace: by sock_diag, or where

@@ -9,6 +9,8 @@
 # The start: N clients, PER_HOST from each loopback source (127.10.x.y), each connecting, ADDing 1
 # to an init key and WAITing for a done key the last one sets (`storeguard bench --op rendezvous
 # --per-host`), REPS times each; min / median / max, and each proxy's median over direct's.
+# Beside each start's time: the SYNs the store's full accept queue dropped (TcpExtListenOverflows) and the
+# proxy's CPU seconds.
 # Stores: torch 2.4.1 libuv, torch 2.15 libuv in a mount namespace whose nsswitch.conf says
 # `hosts: files` (a resolver that answers at once, as a cluster's does: torch 2.6+ resolves each new
 # peer's name in the thread that serves every client), torch 1.13 legacy (Debian's).
@@ -53,7 +55,7 @@ trap 'exit 130' INT TERM
 log() { printf '[scale %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 mkdir -p "$OUT/logs" "$OUT/runs"
-rm -f "$OUT"/runs/*.json
+rm -f "$OUT"/runs/*.json "$OUT"/runs/*.cost
 (cd "$ROOT" && go build -o "$SG" ./cmd/storeguard) || { echo "go build failed" >&2; exit 1; }
 ulimit -n "$(ulimit -Hn)" 2>/dev/null
 printf 'passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\nprotocols: files\nservices: files\n' \
@@ -104,6 +106,13 @@ rendezvous() {
 		--timeout 180s --json >"$1" 2>>"$OUT/logs/bench.log" || true
 }
 
+overflows() { # the kernel's count of connections dropped by a full accept queue, since boot
+	nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/ {print $2}'
+}
+cputicks() { # pid: its user and system CPU time, in clock ticks (0 when none)
+	awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
 metric() { # port name-prefix: the sum of the series
 	curl -s "127.0.0.1:$1/metrics" | awk -v p="$2" 'index($0, p) == 1 {s += $2} END {print s + 0}'
 }
@@ -122,10 +131,16 @@ for store in torch2.4.1-libuv torch2.15-libuv torch1.13-legacy; do
 	kill -0 "$hpid" 2>/dev/null || log "HAProxy did not start: $(tail -1 "$OUT/logs/haproxy-$store.log")"
 	for n in $SIZES; do
 		for rep in $(seq "$REPS"); do
-			for t in direct:$sport storeguard:$gport storeguard-nopace:$nport haproxy:$hport; do
-				f="$OUT/runs/$store-$n-${t%%:*}-$rep.json"
-				rendezvous "$f" "${t##*:}" "$n" "$gen"
-				log "$store $n ${t%%:*} #$rep: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["rendezvous"]["completed"], "in", round(r["rendezvous"]["total_s"], 3), "s")' "$f" 2>/dev/null || echo failed)"
+			for t in direct:$sport:0 storeguard:$gport:$gpid storeguard-nopace:$nport:$npid haproxy:$hport:$hpid; do
+				IFS=: read -r name tport tpid <<<"$t"
+				f="$OUT/runs/$store-$n-$name-$rep.json"
+				o0=$(overflows) c0=$(cputicks "$tpid")
+				rendezvous "$f" "$tport" "$n" "$gen"
+				# what the start cost beside its time: SYNs the store's full accept queue dropped (each waits
+				# out a retransmission, 1 s and more), and the proxy's CPU
+				printf '{"overflows": %s, "proxy_cpu_s": %s}\n' "$(($(overflows) - o0))" \
+					"$(awk -v a="$c0" -v b="$(cputicks "$tpid")" -v hz="$(getconf CLK_TCK)" 'BEGIN {print (b - a) / hz}')" >"$f.cost"
+				log "$store $n $name #$rep: $(cat "$f.cost") $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["rendezvous"]["completed"], "in", round(r["rendezvous"]["total_s"], 3), "s")' "$f" 2>/dev/null || echo failed)"
 			done
 		done
 	done
@@ -237,6 +252,22 @@ for (store, n) in sorted(runs, key=lambda k: (k[0], k[1])):
         c, m = cell(t.get(k, []))
         row.append("%s | %s" % (c, "%.2fx" % (m / dm) if m and dm else "-"))
     L.append("| " + " | ".join(row) + " |")
+L += ["", "What each start cost beside its time (medians): SYNs the store's full accept queue dropped (the kernel's",
+      "TcpExtListenOverflows; each waits out a SYN retransmission of 1 s and more), and the proxy's CPU seconds.", "",
+      "| store | clients | overflows: direct | storeguard | pacing off | HAProxy | proxy CPU s: storeguard | pacing off | HAProxy |",
+      "|---|---|---|---|---|---|---|---|---|"]
+def costs(store, n, target, key):
+    vals = []
+    for f in glob.glob(os.path.join(out, "runs", "%s-%d-%s-[0-9]*.json.cost" % (store, n, target))):
+        try:
+            vals.append(json.load(open(f))[key])
+        except Exception:
+            pass
+    return ("%g" % statistics.median(vals)) if vals else "-"
+for (store, n) in sorted(runs, key=lambda k: (k[0], k[1])):
+    L.append("| %s | %d | %s | %s |" % (store, n,
+        " | ".join(costs(store, n, t, "overflows") for t in ("direct", "storeguard", "storeguard-nopace", "haproxy")),
+        " | ".join(costs(store, n, t, "proxy_cpu_s") for t in ("storeguard", "storeguard-nopace", "haproxy"))))
 L.append("")
 for f in sorted(glob.glob(os.path.join(out, "runs", "*-guard-metrics.json"))):
     L.append("- %s, through the defaults: %s" % (os.path.basename(f)[:-len("-guard-metrics.json")], open(f).read().strip()))

@@ -207,8 +207,9 @@ if [ "$MTLS" = 1 ]; then
 		for rep in $(seq "$REPS"); do
 			for t in plaintext:$pport mtls:$cport; do
 				f="$OUT/runs/mtls-$MTLS_SIZE-${t%%:*}-$rep.json"
+				o0=$(overflows)
 				rendezvous "$f" "${t##*:}" "$MTLS_SIZE" 2.15
-				log "mutual TLS, $MTLS_SIZE ${t%%:*} #$rep: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["rendezvous"]["completed"], "in", round(r["rendezvous"]["total_s"], 3), "s")' "$f" 2>/dev/null || echo failed)"
+				log "mutual TLS, $MTLS_SIZE ${t%%:*} #$rep: $(($(overflows) - o0)) overflows, $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["rendezvous"]["completed"], "in", round(r["rendezvous"]["total_s"], 3), "s")' "$f" 2>/dev/null || echo failed)"
 			done
 		done
 	else

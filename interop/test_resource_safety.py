@@ -2,6 +2,7 @@
 torch stores of both backends, with storeguard's default configuration.
 """
 import json
+import os
 import socket
 import subprocess
 import time
@@ -381,6 +382,59 @@ def test_a_large_jobs_start_goes_through_the_defaults(procs, binary, tmp_path): 
     assert r and r["completed"] == LARGE_JOB, f"{r} {p.stderr[-2000:]}"
     assert metric_sum(mport, "storeguard_store_connections_refused_total{") == 0, "a rank was refused a store connection"
     assert metric_sum(mport, "storeguard_violations_total{") == 0
+
+
+# In a network namespace of its own (loopback only): a store that listens while net.core.somaxconn
+# is 128 (Linux before 5.4, and RHEL 8's 4.18, which clusters still run, cap torch's listen backlog
+# there), then a guard that listens after it is raised (its own accept queue is not the one
+# measured); each start, direct and through the guard, counts the SYNs the kernel dropped for a full
+# accept queue (TcpExtListenOverflows, per namespace). Prints one JSON line a start.
+SMALL_BACKLOG_START = r"""
+set -u
+ip link set lo up
+overflows() { awk '/^TcpExt:/ { if (!h) { split($0, k); h = 1 } else for (i = 2; i <= NF; i++) if (k[i] == "ListenOverflows") print $i }' /proc/net/netstat; }
+sysctl -qw net.core.somaxconn=128
+"$STORE_PY" "$TORCHSTORE" "$SPORT" "$BACKEND" >"$OUT/store.log" 2>&1 &
+trap 'kill $(jobs -p) 2>/dev/null' EXIT
+for _ in $(seq 300); do grep -q ready "$OUT/store.log" && break; sleep 0.1; done
+sysctl -qw net.core.somaxconn=4096
+"$SG" serve --listen "127.0.0.1:$GPORT" --upstream "127.0.0.1:$SPORT" --metrics-listen "127.0.0.1:$MPORT" \
+	--audit-log "$OUT/audit.jsonl" >"$OUT/guard.log" 2>&1 &
+for _ in $(seq 300); do curl -sf "127.0.0.1:$MPORT/readyz" >/dev/null && break; sleep 0.1; done
+for t in direct:$SPORT guard:$GPORT; do
+	o=$(overflows)
+	r=$("$SG" bench --addr "127.0.0.1:${t#*:}" --op rendezvous --conns "$N" --per-host 8 --generation "$GEN" --timeout 60s --json | tr -d '\n')
+	printf '{"target": "%s", "overflows": %d, "run": %s}\n' "${t%%:*}" "$(($(overflows) - o))" "${r:-null}"
+done
+curl -s "127.0.0.1:$MPORT/metrics" | awk '/^storeguard_(violations_total|store_connections_refused_total)\{/ {s += $2} END {print "{\"refused_or_violations\": " s + 0 "}"}'
+"""
+
+
+@pytest.mark.parametrize("version,backend", STORES, ids=[f"{v}-{b}" for v, b in STORES])
+def test_a_start_does_not_overflow_the_stores_accept_queue(binary, tmp_path, version, backend):  # noqa: F811
+    """The pacing window grew without bound (31,000 in a start of 8,000 ranks against torch 1.13's
+    legacy store), past the store's accept queue (its listen backlog: 2,048 there): the kernel
+    dropped the SYNs past it, 11,600 to 14,700 a start through the guard (768 direct), and each
+    waited out a retransmission of 1 s and more. The window now stays within the backlog, read by
+    sock_diag. On a host whose somaxconn is 128 (kernels before 5.4), 1,000 ranks at once overflow
+    the store's queue direct; through the guard none is dropped, the start completes, and no rank is
+    refused."""
+    gen = "%d.%d" % minor(version)
+    env = dict(os.environ, SG=binary, STORE_PY=ENVS[version], TORCHSTORE=str(HERE.parent / "bench" / "torchstore.py"),
+               BACKEND="default" if minor(version) < (2, 2) else backend, OUT=str(tmp_path),
+               SPORT="29511", GPORT="29512", MPORT="29513", N="1000", GEN=gen)
+    p = subprocess.run(["unshare", "-n", "bash", "-c", SMALL_BACKLOG_START], env=env, capture_output=True, text=True,
+                       timeout=300, preexec_fn=raise_nofile)
+    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    starts = {r["target"]: r for r in lines if "target" in r}
+    assert set(starts) == {"direct", "guard"}, f"{p.stdout[-2000:]} {p.stderr[-2000:]}"
+    for t, r in starts.items():
+        assert r["run"] and r["run"]["rendezvous"]["completed"] == 1000, f"{t}: {r} {p.stderr[-2000:]}"
+    said = {t: (r["overflows"], r["run"]["rendezvous"]["total_s"]) for t, r in starts.items()}  # dropped SYNs, seconds
+    if backend == "legacy":  # it accepts one connection a poll over all of them
+        assert starts["direct"]["overflows"] > 0, f"1,000 ranks direct did not overflow a backlog of 128: {said}"
+    assert starts["guard"]["overflows"] == 0, f"the guard's dials overflowed the store's accept queue: {said}"
+    assert lines[-1] == {"refused_or_violations": 0}, lines[-1]
 
 
 def test_the_connection_cap_follows_the_guards_descriptor_limit(procs, binary, tmp_path):  # noqa: F811

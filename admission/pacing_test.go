@@ -20,6 +20,17 @@ func takeN(t *testing.T, s *StoreSlots, n, from int) []*Slot {
 	return slots
 }
 
+// askedWindow is a pacer of slow whose first window is all in flight, every dial asked.
+func askedWindow(t *testing.T, slow time.Duration) (*StoreSlots, *fakeClock, []*Slot) {
+	t.Helper()
+	s, clk := pacedSlots(DialRate{Paced: true, Slow: slow})
+	slots := takeN(t, s, firstWindow, 0)
+	for _, sl := range slots {
+		sl.Asked()
+	}
+	return s, clk, slots
+}
+
 func held(t *testing.T, s *StoreSlots, want Reason) {
 	t.Helper()
 	if sl, r := s.TryTake(gateAddr("10.9.9.9")); r != want {
@@ -103,11 +114,7 @@ func TestPacingHalvesWhenTheStoreStalls(t *testing.T) {
 // A store busy with a large job answers each new connection late (a legacy store polling 8,000
 // connections) but keeps answering: that is progress, and the window grows, never halves.
 func TestPacingKeepsAStoreThatAnswersLate(t *testing.T) {
-	s, clk := pacedSlots(DialRate{Paced: true, Slow: time.Second})
-	slots := takeN(t, s, firstWindow, 0)
-	for _, sl := range slots {
-		sl.Asked()
-	}
+	s, clk, slots := askedWindow(t, time.Second)
 	clk.advance(2 * time.Second)
 	for i, sl := range slots {
 		sl.Answered() // each 2 s or more after it asked
@@ -197,11 +204,7 @@ func TestPacingCapsTheRateAfterAStall(t *testing.T) {
 // Two seconds after the last stall the window grows by one an answer again (slow start): one a
 // round would take minutes to give a busy store back what a stall took.
 func TestPacingForgetsAStall(t *testing.T) {
-	s, clk := pacedSlots(DialRate{Paced: true, Slow: 250 * time.Millisecond})
-	slots := takeN(t, s, firstWindow, 0)
-	for _, sl := range slots {
-		sl.Asked()
-	}
+	s, clk, slots := askedWindow(t, 250*time.Millisecond)
 	clk.advance(300 * time.Millisecond)
 	const half = firstWindow / 2
 	s.paceTick() // a stall: window and threshold half the first
@@ -302,11 +305,7 @@ func TestPacingStaysWithinTheBacklog(t *testing.T) {
 // after dials were granted still caps the rate, and a look that still sees them halves it again;
 // once none was granted in the last three periods, the halvings leave the cap where it is.
 func TestPacingLeavesTheRateOfAStoreThatStallsWithNothingGranted(t *testing.T) {
-	s, clk := pacedSlots(DialRate{Paced: true, Slow: 250 * time.Millisecond})
-	slots := takeN(t, s, firstWindow, 0)
-	for _, sl := range slots {
-		sl.Asked()
-	}
+	s, clk, slots := askedWindow(t, 250*time.Millisecond)
 	clk.advance(time.Second) // all granted a second ago; none answered since
 	s.paceTick()
 	if w, _, rate := s.Pacing(); w != firstWindow/2 || rate != 0 {

@@ -25,8 +25,8 @@ import (
 //     half of it is in use (as TCP's window validation, RFC 7661: a window the clients never
 //     filled says nothing of the store), and never past the store's accept queue (SetBacklog):
 //     the dials in flight past it are dropped by the kernel and wait out SYN retransmissions, 1,
-//     3, 7 s (torch 1.13's store, backlog 2,048: its 8,000-rank start overflowed by 11,600 to
-//     14,700 a start through the guard, 768 direct, while the window grew to 31,000).
+//     3, 7 s (torch 1.13's store, backlog 2,048: its 8,000-rank start overflowed by 4,100 to
+//     14,700 a start through the guard, 770 to 1,800 direct, while the window grew to 31,000).
 //   - A store that makes no progress halves it: when a dial has waited longer than Slow for its
 //     answer and no dial was answered within Slow, the window drops to half of it or of what is in
 //     flight, whichever is less (never below minWindow), at most once per Slow, and the threshold

@@ -106,8 +106,8 @@ rendezvous() {
 		--timeout 180s --json >"$1" 2>>"$OUT/logs/bench.log" || true
 }
 
-overflows() { # the kernel's count of connections dropped by a full accept queue, since boot
-	nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/ {print $2}'
+overflows() { # the kernel's count of connections dropped by a full accept queue, since boot (0: no nstat)
+	{ nstat -az TcpExtListenOverflows 2>/dev/null || true; } | awk '/ListenOverflows/ {n = $2} END {print n + 0}'
 }
 cputicks() { # pid: its user and system CPU time, in clock ticks (0 when none)
 	awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0

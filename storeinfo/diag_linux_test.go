@@ -101,7 +101,7 @@ func listenWithBacklog(t *testing.T, backlog int) netip.AddrPort {
 }
 
 // The Limiter gives the pacer the store's accept-queue size, whatever caps.max-store-connections
-// says, and reads again within storeLimitRetry while the store does not listen yet.
+// says, and reads again within listenEvery while the store does not listen yet.
 func TestLimiterBoundsPacingByTheStoresBacklog(t *testing.T) {
 	if _, err := diagListeners(); err != nil {
 		t.Skipf("no sock_diag here: %v", err)

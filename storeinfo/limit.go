@@ -46,7 +46,19 @@ const (
 	storeLimitEvery = 10 * time.Second
 	// storeLimitRetry is the shortest time between two readings a full cap asks for.
 	storeLimitRetry = time.Second
+	// listenEvery is how often the store's listening socket is looked for until it is there (the
+	// route, the accept queue's size): a sidecar guard starts before torch's store, and a job's
+	// ranks come as soon as it listens.
+	listenEvery = time.Second
 )
+
+// readAgain is when to read the store's listening socket again: soon while it is not there yet.
+func readAgain(listening bool) time.Duration {
+	if listening {
+		return storeLimitEvery
+	}
+	return listenEvery
+}
 
 // autoStoreLimit is caps.max-store-connections: auto for a store whose soft RLIMIT_NOFILE is soft
 // (-1: unlimited) and that holds open descriptors now, ours of them connections from the guard.
@@ -191,8 +203,7 @@ func NewLimiter(slots *admission.StoreSlots, settings func() config.Config, log 
 }
 
 // Run sets the store-connection caps and the store's accept-queue size now, again every
-// storeLimitEvery (every storeLimitRetry until the store listens: a sidecar guard starts before
-// it, and a job's ranks come as soon as it listens), after a reload (Kick), and when a client
+// storeLimitEvery (every listenEvery until the store listens), after a reload (Kick), and when a client
 // finds the cap full (HeldBack, at most every storeLimitRetry), until ctx ends. Accepting does not
 // wait for the first reading (looking through /proc took up to 170 ms on a loaded host): until
 // then auto's cap is FallbackConnections, and clients past it wait for the reading.
@@ -201,11 +212,7 @@ func (l *Limiter) Run(ctx context.Context) {
 	defer t.Stop()
 	l.apply()
 	for {
-		if l.early {
-			t.Reset(storeLimitRetry)
-		} else {
-			t.Reset(storeLimitEvery)
-		}
+		t.Reset(readAgain(!l.early))
 		select {
 		case <-ctx.Done():
 			return

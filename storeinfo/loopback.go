@@ -103,7 +103,7 @@ func hostsNames(a netip.Addr) bool {
 }
 
 // Router keeps the route to the store: chosen anew on Set (the settings changed), then every
-// routeEvery while the store is not listening yet, and every storeLimitEvery after.
+// listenEvery while the store is not listening yet, and every storeLimitEvery after.
 type Router struct {
 	settings func() config.Config
 	log      *slog.Logger
@@ -112,9 +112,6 @@ type Router struct {
 	known    bool       // the store was listening at the last choice
 	said     string     // what was last logged
 }
-
-// routeEvery is how often the route is chosen again while the store is not listening.
-const routeEvery = time.Second
 
 // NewRouter chooses the route now, for settings' upstream.
 func NewRouter(settings func() config.Config, log *slog.Logger) *Router {
@@ -168,15 +165,12 @@ func (r *Router) setLocked(cfg config.Config) {
 	r.said = say
 }
 
-// Run chooses the route again until ctx ends: every routeEvery until the store listens (a sidecar
+// Run chooses the route again until ctx ends: every listenEvery until the store listens (a sidecar
 // guard starts before torch's store), every storeLimitEvery after.
 func (r *Router) Run(ctx context.Context) {
 	for {
 		r.mu.Lock()
-		every := storeLimitEvery
-		if !r.known {
-			every = routeEvery
-		}
+		every := readAgain(r.known)
 		r.mu.Unlock()
 		select {
 		case <-ctx.Done():

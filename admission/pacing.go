@@ -62,9 +62,10 @@ const raiseEvery = time.Second
 const forgetStall = 2 * time.Second
 
 const (
-	// firstWindow is the window pacing starts with: 64 hosts' ranks go at once, as the fixed rate's
-	// burst let them (a legacy store answers a round of a large job's start in half a second: a
-	// smaller first window cost it rounds).
+	// firstWindow is the window pacing starts with when the store's accept queue is not known (a
+	// store on another host): 64 hosts' ranks go at once, as the fixed rate's burst let them (a
+	// legacy store answers a round of a large job's start in half a second: a smaller first window
+	// cost it rounds). Known, the queue is the first window (begin).
 	firstWindow = 512
 	// minWindow is the fewest dials in flight a slowing store is given, so that the jobs' new ranks
 	// still come in while it recovers; also the burst of a capped rate.
@@ -96,8 +97,21 @@ type pacing struct {
 	armed   bool
 }
 
+// begin starts pacing at its first window: the store's accept queue when known, which is what
+// the store takes at once from clients that dial it directly (a legacy store's start of 2,000
+// ranks, within its queue of 2,048, waited for a first window of 512 to grow: 1.57x of direct
+// with the store's CPU shared by the guard, 1.28x with pacing off), or firstWindow.
 func (p *pacing) begin(slow time.Duration) {
 	*p = pacing{slow: slow, window: firstWindow, threshold: math.Inf(1), inflight: map[*Slot]struct{}{}, ceiling: p.ceiling}
+	p.learned()
+}
+
+// learned sets the window once the store's accept queue is known: the first window, while no
+// stall has cut it, and never past the queue after.
+func (p *pacing) learned() {
+	if p.ceiling > 0 && p.cut.IsZero() {
+		p.window = max(minWindow, p.ceiling)
+	}
 	p.bound()
 }
 

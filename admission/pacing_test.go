@@ -299,6 +299,39 @@ func TestPacingStaysWithinTheBacklog(t *testing.T) {
 	}
 }
 
+// The store's accept queue is the first window: what the store takes at once from clients that
+// dial it directly. A start within it waits for nothing (a legacy store's queue of 2,048 and a start
+// of 2,000); a queue learned after pacing began sets the window while no stall has cut it, and
+// after one only bounds it.
+func TestPacingStartsAtTheStoresBacklog(t *testing.T) {
+	s, _ := pacedSlots(DialRate{Paced: true})
+	s.SetBacklog(2048)
+	takeN(t, s, 2000, 0) // fails on the first one held back
+	if w, n, _ := s.Pacing(); w != 2048 || n != 2000 {
+		t.Fatalf("window %v, %d in flight, after 2,000 dials behind a backlog of 2,048; want 2048 and 2000", w, n)
+	}
+
+	s, _ = pacedSlots(DialRate{Paced: true}) // the store listened after the guard began
+	if w, _, _ := s.Pacing(); w != firstWindow {
+		t.Fatalf("window %v with the backlog unknown, want %d", w, firstWindow)
+	}
+	s.SetBacklog(2048)
+	if w, _, _ := s.Pacing(); w != 2048 {
+		t.Fatalf("window %v once a backlog of 2,048 is learned, want 2048", w)
+	}
+
+	s, clk := pacedSlots(DialRate{Paced: true, Slow: time.Second}) // a stall before the backlog is known
+	for _, sl := range takeN(t, s, 100, 0) {
+		sl.Asked()
+	}
+	clk.advance(1100 * time.Millisecond)
+	s.paceTick()
+	s.SetBacklog(2048)
+	if w, _, _ := s.Pacing(); w != 50 {
+		t.Fatalf("window %v after a stall, then a backlog of 2,048 learned; want 50 (the stall's)", w)
+	}
+}
+
 // A store that stalls with the dials it has, when nothing was granted lately (a legacy store at
 // the end of an 8,000-rank start, its last ranks' answers late), gets a smaller window but no rate
 // cap: half of nothing would cap it at minRate, and the next start would wait for it. A stall

@@ -445,12 +445,17 @@ func (s *StoreSlots) SetDialRate(r DialRate) {
 }
 
 // SetBacklog tells the pacer how many connections the store's accept queue holds (0: unknown): the
-// window stays within it.
+// window starts at it, first learned before any stall, and stays within it.
 func (s *StoreSlots) SetBacklog(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	first := s.pace.ceiling == 0
 	s.pace.ceiling = float64(max(0, n))
-	if s.rate.Paced {
+	switch {
+	case !s.rate.Paced:
+	case first:
+		s.pace.learned()
+	default:
 		s.pace.bound()
 	}
 	s.serveLocked()

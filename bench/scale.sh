@@ -29,7 +29,12 @@
 #
 # Knobs (environment): SIZES ("2000 8000"), REPS (3), PER_HOST (8), OUT (/tmp/sg-scale),
 # DOC (docs/benchmarks-scale.md), STALLED (1: the stalled-resolver part; 0 skips it), MTLS (1: the
-# mutual-TLS part; 0 skips it), MTLS_SIZE (2000).
+# mutual-TLS part; 0 skips it), MTLS_SIZE (2000), CLIENT_CPUS and SERVER_CPUS (CPU lists, as taskset
+# takes them; both unset by default: every process on every CPU). With both set, the clients run
+# on CLIENT_CPUS and the store and the proxies on SERVER_CPUS: a cluster's shape, where the ranks'
+# CPU is not the store host's (`CLIENT_CPUS=0 SERVER_CPUS=1 DOC=docs/benchmarks-scale-split.md`).
+# BENCH_DOC (docs/benchmarks.md when DOC is in docs/; empty: none) gets DOC's text as a block of its own, which
+# bench/side-by-side.sh keeps when it writes that file anew.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,12 +43,23 @@ REPS=${REPS:-3}
 PER_HOST=${PER_HOST:-8}
 OUT=${OUT:-/tmp/sg-scale}
 DOC=${DOC:-$ROOT/docs/benchmarks-scale.md}
+case $DOC in "$ROOT"/docs/*) BENCH_DOC=${BENCH_DOC-$ROOT/docs/benchmarks.md} ;; *) BENCH_DOC=${BENCH_DOC-} ;; esac
 STALLED=${STALLED:-1}
 MTLS=${MTLS:-1}
 MTLS_SIZE=${MTLS_SIZE:-2000}
 TORCH=/var/cache/storeguard/torch
 SG=$OUT/storeguard
 BASE_PORT=${BASE_PORT:-29700} # below the ephemeral range, so that no client's port takes a listener's
+CLIENT_CPUS=${CLIENT_CPUS:-}
+SERVER_CPUS=${SERVER_CPUS:-}
+if [ -z "$CLIENT_CPUS" ] != [ -z "$SERVER_CPUS" ]; then
+	echo "set both CLIENT_CPUS and SERVER_CPUS, or neither" >&2
+	exit 2
+fi
+# Prefixes that run a command on those CPUs (taskset execs it: $! stays the command's pid), or none.
+ON_CLIENT=() ON_SERVER=()
+[ -n "$CLIENT_CPUS" ] && ON_CLIENT=(taskset -c "$CLIENT_CPUS") ON_SERVER=(taskset -c "$SERVER_CPUS")
+HAPROXY_ON=${ON_SERVER[*]} # start_haproxy's
 
 PIDS=()
 cleanup() {
@@ -81,10 +97,10 @@ start_store() {
 	if [ -n "$ns" ]; then
 		local bind="mount --bind '$OUT/nsswitch-files.conf' /etc/nsswitch.conf"
 		[ "$ns" = hosts ] && bind="mount --bind '$OUT/hosts' /etc/hosts"
-		unshare -m sh -c "$bind && exec '$py' '$ROOT/bench/torchstore.py' $2 $backend" \
+		"${ON_SERVER[@]}" unshare -m sh -c "$bind && exec '$py' '$ROOT/bench/torchstore.py' $2 $backend" \
 			>"$OUT/logs/store-$1.log" 2>&1 &
 	else
-		"$py" "$ROOT/bench/torchstore.py" "$2" "$backend" >"$OUT/logs/store-$1.log" 2>&1 &
+		"${ON_SERVER[@]}" "$py" "$ROOT/bench/torchstore.py" "$2" "$backend" >"$OUT/logs/store-$1.log" 2>&1 &
 	fi
 	echo $!
 }
@@ -92,7 +108,7 @@ start_store() {
 # start_guard TAG LISTEN UPSTREAM METRICS [ARGS...]: storeguard serve; prints its pid
 start_guard() {
 	local tag=$1 listen=$2 up=$3 metrics=$4; shift 4
-	"$SG" serve --listen "127.0.0.1:$listen" --upstream "127.0.0.1:$up" --metrics-listen "127.0.0.1:$metrics" \
+	"${ON_SERVER[@]}" "$SG" serve --listen "127.0.0.1:$listen" --upstream "127.0.0.1:$up" --metrics-listen "127.0.0.1:$metrics" \
 		--audit-log "$OUT/logs/audit-$tag.jsonl" "$@" >"$OUT/logs/guard-$tag.log" 2>&1 &
 	echo $!
 }
@@ -102,7 +118,7 @@ HAPROXY_MAX=$((($(ulimit -n) - 200) / 2))
 
 # rendezvous FILE PORT N GEN
 rendezvous() {
-	"$SG" bench --addr "127.0.0.1:$2" --op rendezvous --conns "$3" --per-host "$PER_HOST" --generation "$4" \
+	"${ON_CLIENT[@]}" "$SG" bench --addr "127.0.0.1:$2" --op rendezvous --conns "$3" --per-host "$PER_HOST" --generation "$4" \
 		--timeout 180s --json >"$1" 2>>"$OUT/logs/bench.log" || true
 }
 
@@ -157,7 +173,7 @@ if [ "$STALLED" = 1 ]; then
 		sleep 2
 		for src in 1 15; do
 			for t in storeguard:$gport direct:$sport; do
-				python3 "$ROOT/bench/churn.py" "${t##*:}" 150 8 "$src" >"$OUT/runs/churn-$src-${t%%:*}.json" 2>>"$OUT/logs/bench.log"
+				"${ON_CLIENT[@]}" python3 "$ROOT/bench/churn.py" "${t##*:}" 150 8 "$src" >"$OUT/runs/churn-$src-${t%%:*}.json" 2>>"$OUT/logs/bench.log"
 				log "churn from $src sources, ${t%%:*}: $(cat "$OUT/runs/churn-$src-${t%%:*}.json")"
 				sleep 20 # the resolver's stalls from one case must not fall on the next
 			done
@@ -191,15 +207,15 @@ if [ "$MTLS" = 1 ]; then
 		lift=(env STOREGUARD_CAPS_PER_SOURCE_CONNECTIONS=0 STOREGUARD_CAPS_PER_SOURCE_RATE=0
 			STOREGUARD_CAPS_PER_SOURCE_STORE_CONNECTIONS=0 STOREGUARD_CAPS_PER_SOURCE_STORE_DIAL_RATE=0
 			STOREGUARD_CAPS_PER_PREFIX_CONNECTIONS=0)
-		"${lift[@]}" "$SG" serve --listen "127.0.0.1:$pport" --upstream "127.0.0.1:$sport" --metrics-listen '' \
+		"${lift[@]}" "${ON_SERVER[@]}" "$SG" serve --listen "127.0.0.1:$pport" --upstream "127.0.0.1:$sport" --metrics-listen '' \
 			--audit-log "$OUT/logs/audit-mtls-plain.jsonl" >"$OUT/logs/guard-mtls-plain.log" 2>&1 &
 		PIDS+=($!)
-		"${lift[@]}" "$SG" serve --listen "127.0.0.1:$tport" --upstream "127.0.0.1:$sport" --metrics-listen '' \
+		"${lift[@]}" "${ON_SERVER[@]}" "$SG" serve --listen "127.0.0.1:$tport" --upstream "127.0.0.1:$sport" --metrics-listen '' \
 			--audit-log "$OUT/logs/audit-mtls.jsonl" --tls-mode on --tls-cert "$PKI/master.crt" --tls-key "$PKI/master.key" \
 			--tls-ca "$PKI/ca.crt" --tls-allow 'spiffe://sg.test/worker/*' --tls-plaintext-sources 10.255.255.255/32 \
 			>"$OUT/logs/guard-mtls.log" 2>&1 &
 		PIDS+=($!)
-		"$SG" connect --listen "127.0.0.1:$cport" --server "127.0.0.1:$tport" --tls-cert "$PKI/worker.crt" \
+		"${ON_CLIENT[@]}" "$SG" connect --listen "127.0.0.1:$cport" --server "127.0.0.1:$tport" --tls-cert "$PKI/worker.crt" \
 			--tls-key "$PKI/worker.key" --tls-ca "$PKI/ca.crt" --tls-allow spiffe://sg.test/master \
 			>"$OUT/logs/connect-mtls.log" 2>&1 &
 		PIDS+=($!)
@@ -217,7 +233,7 @@ if [ "$MTLS" = 1 ]; then
 	fi
 fi
 
-python3 - "$OUT" "$DOC" "$REPS" "$PER_HOST" <<'EOF'
+CLIENT_CPUS=$CLIENT_CPUS SERVER_CPUS=$SERVER_CPUS python3 - "$OUT" "$DOC" "$REPS" "$PER_HOST" <<'EOF'
 import glob, json, os, re, statistics, subprocess, sys
 out, doc, reps, per_host = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 runs = {}
@@ -240,9 +256,17 @@ L = ["# A large job's start through storeguard", "",
          os.uname().release, os.cpu_count(), subprocess.run(["date", "-u", "+%Y-%m-%d"], capture_output=True, text=True).stdout.strip()),
      "N clients, %d from each loopback source address (127.10.x.y: %d ranks a host), each connecting, ADDing 1 to an init" % (per_host, per_host),
      "key and WAITing for a done key the last one sets; all connections open until every client is released. Each cell is",
-     "min / median / max seconds of %d runs; the ratio is the median over direct's. Every party (the clients, the proxy and" % reps,
-     "the store) shares the machine's 2 cores: a proxy's own work (a second TCP connection per client, both directions)",
-     "competes with the store's and the clients', which on a cluster run on other machines.", "",
+     "min / median / max seconds of %d runs; the ratio is the median over direct's." % reps]
+cpus = (os.environ.get("CLIENT_CPUS", ""), os.environ.get("SERVER_CPUS", ""))
+if cpus[0]:
+    L += ["The CPUs are split as a cluster's are: the clients run on CPU %s, the store and the proxy on CPU %s (as the" % cpus,
+          "store host's, shared by the two, which on a cluster's store host would have cores of their own). The ranks' CPU",
+          "is not the store host's, and a proxy's own work (a second TCP connection per client) does not take the clients'.", ""]
+else:
+    L += ["Every party (the clients, the proxy and the store) shares the machine's %d cores: a proxy's own work (a second TCP" % os.cpu_count(),
+          "connection per client, both directions) competes with the store's and the clients', which on a cluster run on",
+          "other machines (`CLIENT_CPUS` and `SERVER_CPUS` split them: docs/benchmarks-scale-split.md).", ""]
+L += [
      "| store | clients | direct | storeguard (defaults) | ratio | storeguard, pacing off | ratio | HAProxy | ratio |",
      "|---|---|---|---|---|---|---|---|---|"]
 for (store, n) in sorted(runs, key=lambda k: (k[0], k[1])):
@@ -322,3 +346,5 @@ L += ["", "Rerun: `bench/scale.sh` (SIZES, REPS, PER_HOST; STALLED=0 and MTLS=0 
 open(doc, "w").write("\n".join(L) + "\n")
 print("wrote", doc)
 EOF
+[ -n "$BENCH_DOC" ] && [ -s "$DOC" ] && python3 "$ROOT/bench/docblock.py" put "$BENCH_DOC" "$(basename "$DOC" .md)" "$DOC" &&
+	echo "wrote its block in $BENCH_DOC"

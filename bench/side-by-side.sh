@@ -265,6 +265,7 @@ fi
 	echo "RLIMIT_NOFILE: $NOFILE (hard; not raisable here), so at most $PROXY_MAX connections through one proxy process"
 } >"$OUT/machine.txt"
 log "writing $DOC"
-python3 "$ROOT/bench/summarize.py" "$OUT" >"$DOC" &&
+kept=$(python3 "$ROOT/bench/docblock.py" keep "$DOC") # other scripts' blocks (bench/scale.sh's)
+python3 "$ROOT/bench/summarize.py" "$OUT" >"$DOC" && { [ -z "$kept" ] || printf '%s\n' "$kept" >>"$DOC"; } &&
 	cat "$DOC"
 log "done in ${SECONDS}s"

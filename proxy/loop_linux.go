@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,7 @@ type loop struct {
 type loopTransport struct {
 	lp          *loop       // the loop that owns the sockets while c.own is ownLoop; under c.mu
 	clientEnded bool        // the client's end of stream reached the loop, which passed it on
+	clientOut   bool        // the client's socket is out of the epoll set (clientDone), until registered again
 	registered  bool        // in its loop's epoll set; only the loop reads and writes it
 	timer       *time.Timer // the loop's message deadline timer, firing at timerAt
 	timerAt     time.Time
@@ -411,10 +413,10 @@ const acceptBatch = 16
 // as EMFILE pauses accepting on this loop for acceptPause.
 func (l *loop) acceptSome() {
 	for range acceptBatch {
-		fd, sa, err := unix.Accept4(l.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, src, err := addrCall(unix.SYS_ACCEPT4, l.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 		switch err {
-		case nil:
-			l.take(fd, sa)
+		case 0:
+			l.take(fd, src)
 			continue
 		case unix.EAGAIN:
 			return
@@ -431,7 +433,7 @@ func (l *loop) acceptSome() {
 
 // take admits a connection the loop accepted. One it can connect to the store at once it forwards
 // itself from the first byte; any other goes to goroutines, as from Serve's accept loop.
-func (l *loop) take(fd int, sa unix.Sockaddr) {
+func (l *loop) take(fd int, src netip.AddrPort) {
 	s := l.s
 	s.handlers.Add(1)
 	defer func() {
@@ -439,10 +441,9 @@ func (l *loop) take(fd int, sa unix.Sockaddr) {
 			s.panicked(r, nil)
 		}
 	}()
-	src := sockaddrAddrPort(sa)
 	local := src
-	if lsa, err := unix.Getsockname(fd); err == nil {
-		local = sockaddrAddrPort(lsa)
+	if _, lap, err := addrCall(unix.SYS_GETSOCKNAME, fd, 0); err == 0 {
+		local = lap
 	}
 	dst := origdst.Fd(fd, local)
 	release, reason := s.admit(src.Addr(), s.set.Load())
@@ -504,7 +505,7 @@ func (l *loop) register(c *conn) {
 			return
 		}
 	}
-	c.lt.registered = true
+	c.lt.registered, c.lt.clientOut = true, false
 	l.s.m.loopConns.Inc()
 }
 
@@ -548,13 +549,16 @@ func (l *loop) release(c *conn, why handback) {
 		c.lt.grace.Stop()
 		c.lt.grace = nil
 	}
-	for _, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
+	for i, fd := range [2]int32{c.lt.cfd, c.lt.ufd} {
 		if fd < 0 {
 			continue
 		}
 		// Out of the epoll set even when closed next: a keeper may hold the socket too, and epoll
-		// forgets a socket only once its last descriptor closes.
-		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
+		// forgets a socket only once its last descriptor closes. (The client's may be out already:
+		// clientDone.)
+		if i == 1 || !c.lt.clientOut {
+			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
+		}
 		l.conns[fd] = nil
 	}
 	c.lt.registered = false
@@ -719,7 +723,7 @@ func (l *loop) clientDone(c *conn) {
 		l.release(c, handbackNone)
 		return
 	}
-	c.lt.clientEnded = true
+	c.lt.clientEnded, c.lt.clientOut = true, true
 	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, int(c.lt.cfd), nil)
 	unix.Shutdown(int(c.lt.ufd), unix.SHUT_WR)
 	c.lt.grace = time.AfterFunc(c.s.replyGrace, c.closeBoth)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/storeguard/storeguard/config"
 	"github.com/storeguard/storeguard/protocol"
@@ -348,24 +349,76 @@ func testLoopConnectionsHaveNoGoroutines(t *testing.T, m mode) {
 
 // A loop reports a client's address as Go's accept does, zone included: the per-source caps and
 // the audit log see the same source on either accept path.
-func TestSockaddrAddrPortMatchesGo(t *testing.T) {
+func TestRawAddrPortMatchesGo(t *testing.T) {
 	lo, err := net.InterfaceByName("lo")
 	if err != nil {
 		t.Skip("no lo interface")
 	}
+	raw := func(a netip.Addr, port uint16, scope uint32) *unix.RawSockaddrAny {
+		var rsa unix.RawSockaddrAny
+		if a.Is4() {
+			sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&rsa))
+			sa.Family, sa.Addr = unix.AF_INET, a.As4()
+			*(*[2]byte)(unsafe.Pointer(&sa.Port)) = [2]byte{byte(port >> 8), byte(port)}
+		} else {
+			sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(&rsa))
+			sa.Family, sa.Addr, sa.Scope_id = unix.AF_INET6, a.As16(), scope
+			*(*[2]byte)(unsafe.Pointer(&sa.Port)) = [2]byte{byte(port >> 8), byte(port)}
+		}
+		return &rsa
+	}
 	for _, tc := range []struct {
-		sa   unix.Sockaddr
+		rsa  *unix.RawSockaddrAny
 		want string
 	}{
-		{&unix.SockaddrInet4{Port: 80, Addr: [4]byte{10, 1, 2, 3}}, "10.1.2.3:80"},
-		{&unix.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("::ffff:10.1.2.3").As16()}, "10.1.2.3:80"},
-		{&unix.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("2001:db8::1").As16()}, "[2001:db8::1]:80"},
-		{&unix.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("fe80::1").As16(), ZoneId: uint32(lo.Index)},
-			"[fe80::1%lo]:80"},
+		{raw(netip.MustParseAddr("10.1.2.3"), 8080, 0), "10.1.2.3:8080"},
+		{raw(netip.MustParseAddr("::ffff:10.1.2.3"), 80, 0), "10.1.2.3:80"},
+		{raw(netip.MustParseAddr("2001:db8::1"), 29500, 0), "[2001:db8::1]:29500"},
+		{raw(netip.MustParseAddr("fe80::1"), 80, uint32(lo.Index)), "[fe80::1%lo]:80"},
+		{&unix.RawSockaddrAny{}, "invalid AddrPort"},
 	} {
-		if got := sockaddrAddrPort(tc.sa).String(); got != tc.want {
-			t.Errorf("%+v: %s, want %s", tc.sa, got, tc.want)
+		if got := rawAddrPort(tc.rsa).String(); got != tc.want {
+			t.Errorf("%+v: %s, want %s", tc.rsa.Addr, got, tc.want)
 		}
+	}
+}
+
+// addrCall's accept4, getsockname and getpeername tell what Go's do, over IPv4 and IPv6.
+func TestAddrCallTellsWhatGoDoes(t *testing.T) {
+	for _, network := range []string{"127.0.0.1", "[::1]"} {
+		ln, err := net.Listen("tcp", network+":0")
+		if err != nil {
+			t.Logf("%s: %v", network, err)
+			continue
+		}
+		defer ln.Close()
+		lf, err := ln.(*net.TCPListener).File() // a duplicate, blocking: the dial is made first
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lf.Close()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fd, src, e := addrCall(unix.SYS_ACCEPT4, int(lf.Fd()), unix.SOCK_CLOEXEC)
+		if e != 0 {
+			t.Fatalf("%s: accept4: %v", network, e)
+		}
+		defer unix.Close(fd)
+		if want := c.LocalAddr().(*net.TCPAddr).AddrPort(); src != want {
+			t.Errorf("%s: accept4 told %v, want the client's %v", network, src, want)
+		}
+		if _, local, e := addrCall(unix.SYS_GETSOCKNAME, fd, 0); e != 0 || local != ln.Addr().(*net.TCPAddr).AddrPort() {
+			t.Errorf("%s: getsockname %v (%v), want %v", network, local, e, ln.Addr())
+		}
+		if _, peer, e := addrCall(unix.SYS_GETPEERNAME, fd, 0); e != 0 || peer != src {
+			t.Errorf("%s: getpeername %v (%v), want %v", network, peer, e, src)
+		}
+	}
+	if _, _, e := addrCall(unix.SYS_GETPEERNAME, -1, 0); e != unix.EBADF {
+		t.Errorf("getpeername of no socket: %v, want EBADF", e)
 	}
 }
 

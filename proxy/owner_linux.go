@@ -68,7 +68,10 @@ func connectLocal(ap netip.AddrPort) (int32, error) {
 		return -1, os.NewSyscallError("socket", err)
 	}
 	if err = unix.Connect(fd, sa); err == unix.EINPROGRESS {
-		_, err = unix.Getpeername(fd) // ENOTCONN until established
+		err = nil
+		if _, _, e := addrCall(unix.SYS_GETPEERNAME, fd, 0); e != 0 {
+			err = e // ENOTCONN until established
+		}
 	}
 	if err == nil {
 		err = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) // as net.Dial

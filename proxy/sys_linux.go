@@ -63,24 +63,48 @@ const (
 	inheritsNot
 )
 
-// sockaddrAddrPort is sa as Go's accept reports it: IPv4-mapped addresses unmapped, and a
-// link-local address with its zone, the interface's name (its index if it has none).
-func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
+// rawAddrPort is the address in rsa as Go's accept reports it: IPv4-mapped addresses unmapped, and
+// a link-local address with its zone, the interface's name (its index if it has none).
+func rawAddrPort(rsa *unix.RawSockaddrAny) netip.AddrPort {
+	switch rsa.Addr.Family {
+	case unix.AF_INET:
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(rsa))
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), netPort(&sa.Port))
+	case unix.AF_INET6:
+		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(rsa))
 		a := netip.AddrFrom16(sa.Addr).Unmap()
-		if sa.ZoneId != 0 {
-			zone := strconv.Itoa(int(sa.ZoneId))
-			if ifi, err := net.InterfaceByIndex(int(sa.ZoneId)); err == nil {
+		if sa.Scope_id != 0 {
+			zone := strconv.Itoa(int(sa.Scope_id))
+			if ifi, err := net.InterfaceByIndex(int(sa.Scope_id)); err == nil {
 				zone = ifi.Name
 			}
 			a = a.WithZone(zone)
 		}
-		return netip.AddrPortFrom(a, uint16(sa.Port))
+		return netip.AddrPortFrom(a, netPort(&sa.Port))
 	}
 	return netip.AddrPort{}
+}
+
+// netPort reads a port in network byte order.
+func netPort(p *uint16) uint16 {
+	b := (*[2]byte)(unsafe.Pointer(p))
+	return uint16(b[0])<<8 | uint16(b[1])
+}
+
+// addrCall is accept4 (with flags), getsockname or getpeername of fd as a raw system call that
+// reads the address itself: x/sys/unix's ask each IPv4 or IPv6 socket they return an address of
+// for its protocol (a getsockopt SO_PROTOCOL, to tell L2TP sockets apart), a system call more
+// each, three a connection. None waits: the listening socket is non-blocking. r is accept4's new
+// socket.
+func addrCall(trap uintptr, fd int, flags int) (r int, ap netip.AddrPort, errno unix.Errno) {
+	var rsa unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	r0, _, e := unix.RawSyscall6(trap, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)),
+		uintptr(flags), 0, 0)
+	if e != 0 {
+		return -1, netip.AddrPort{}, e
+	}
+	return int(r0), rawAddrPort(&rsa), 0
 }
 
 // The loop's reads, writes and non-blocking epoll_waits never block, so they are raw system calls:

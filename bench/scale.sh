@@ -52,7 +52,7 @@ SG=$OUT/storeguard
 BASE_PORT=${BASE_PORT:-29700} # below the ephemeral range, so that no client's port takes a listener's
 CLIENT_CPUS=${CLIENT_CPUS:-}
 SERVER_CPUS=${SERVER_CPUS:-}
-if [ -z "$CLIENT_CPUS" ] != [ -z "$SERVER_CPUS" ]; then
+if [ "${CLIENT_CPUS:+set}" != "${SERVER_CPUS:+set}" ]; then
 	echo "set both CLIENT_CPUS and SERVER_CPUS, or neither" >&2
 	exit 2
 fi

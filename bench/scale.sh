@@ -251,13 +251,13 @@ def cell(rs):
     if len(ok) < len(rs):
         return "%d of %d runs incomplete" % (len(rs) - len(ok), len(rs)), None
     return "%.2f / %.2f / %.2f" % (min(ok), statistics.median(ok), max(ok)), statistics.median(ok)
-L = ["# A large job's start through storeguard", "",
+cpus = (os.environ.get("CLIENT_CPUS", ""), os.environ.get("SERVER_CPUS", ""))
+L = ["# A large job's start through storeguard" + (", the CPUs split as a cluster's" if cpus[0] else ""), "",
      "Measured by `bench/scale.sh` on this machine (%s, %d CPUs), %s." % (
          os.uname().release, os.cpu_count(), subprocess.run(["date", "-u", "+%Y-%m-%d"], capture_output=True, text=True).stdout.strip()),
      "N clients, %d from each loopback source address (127.10.x.y: %d ranks a host), each connecting, ADDing 1 to an init" % (per_host, per_host),
      "key and WAITing for a done key the last one sets; all connections open until every client is released. Each cell is",
      "min / median / max seconds of %d runs; the ratio is the median over direct's." % reps]
-cpus = (os.environ.get("CLIENT_CPUS", ""), os.environ.get("SERVER_CPUS", ""))
 if cpus[0]:
     L += ["The CPUs are split as a cluster's are: the clients run on CPU %s, the store and the proxy on CPU %s (as the" % cpus,
           "store host's, shared by the two, which on a cluster's store host would have cores of their own). The ranks' CPU",
@@ -342,7 +342,8 @@ if mt:
           "| %s | %s | %s |" % (p, t_, "%.2fx" % (tm / pm) if tm and pm else "-"), "",
           "What bounds it: each rank's handshake (an ECDSA P-256 signature and verification at each end, the key",
           "exchange, a session ticket), on the same 2 cores as the clients, both guards and the store."]
-L += ["", "Rerun: `bench/scale.sh` (SIZES, REPS, PER_HOST; STALLED=0 and MTLS=0 skip those parts)."]
+L += ["", "Rerun: `bench/scale.sh` (SIZES, REPS, PER_HOST; STALLED=0 and MTLS=0 skip those parts; CLIENT_CPUS and",
+      "SERVER_CPUS split the CPUs, DOC names the file)."]
 open(doc, "w").write("\n".join(L) + "\n")
 print("wrote", doc)
 EOF

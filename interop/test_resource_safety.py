@@ -437,6 +437,34 @@ def test_a_start_does_not_overflow_the_stores_accept_queue(binary, tmp_path, ver
     assert lines[-1] == {"refused_or_violations": 0}, lines[-1]
 
 
+def test_a_start_within_the_stores_accept_queue_waits_for_nothing(procs, binary, tmp_path):  # noqa: F811
+    """Pacing started at a window of 512 store dials in flight, and a start of 2,000 ranks against
+    torch 1.13's legacy store (its accept queue: 2,048) waited for the window to grow: 95 clients a
+    start, each handed from its event loop to goroutines and back. The first window is now the
+    store's accept queue, what the store takes at once from ranks that dial it directly: a start
+    within it waits for nothing, and every rank is released."""
+    somaxconn = int(open("/proc/sys/net/core/somaxconn").read())
+    backlog = min(2048, somaxconn)  # torch 1.13 listens with 2,048; the kernel caps it at somaxconn
+    n = min(2000, backlog)
+    store, sport = start_store(procs, OLDEST, "legacy")
+    guard, port, mport = start_guard(procs, binary, sport, tmp_path)
+    deadline = time.monotonic() + 15  # the guard reads the store's listening socket as it starts
+    while metric(mport, 'storeguard_store_pacing{value="window"}') != backlog and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(mport, 'storeguard_store_pacing{value="window"}') == backlog, \
+        "the first window is not the store's accept queue"
+    p = subprocess.run([binary, "bench", "--addr", f"127.0.0.1:{port}", "--op", "rendezvous", "--conns", str(n),
+                        "--per-host", "8", "--generation", "1.13", "--timeout", "60s", "--json"],
+                       capture_output=True, text=True, timeout=120, preexec_fn=raise_nofile)
+    r = json.loads(p.stdout)["rendezvous"] if p.stdout.strip() else {"stderr": p.stderr[-2000:]}
+    assert r.get("completed") == n, r
+    waits = metric_sum(mport, 'storeguard_store_connection_waits_total{reason="store_pacing"}')
+    assert waits == 0, f"{waits:.0f} of {n} ranks waited for the pacing window, within the store's accept queue"
+    assert metric_sum(mport, 'storeguard_event_loop_handbacks_total{reason="dial"}') == 0
+    assert metric_sum(mport, "storeguard_store_connections_refused_total") == 0
+    assert metric_sum(mport, "storeguard_violations_total{") == 0
+
+
 def test_the_connection_cap_follows_the_guards_descriptor_limit(procs, binary, tmp_path):  # noqa: F811
     """caps.max-connections was 20,000 whatever the guard's descriptor limit: on a cluster's node
     (a hard limit of 524,288 or 1,048,576) it refused a job past about 19,000 ranks that the store

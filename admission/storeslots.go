@@ -449,13 +449,11 @@ func (s *StoreSlots) SetDialRate(r DialRate) {
 func (s *StoreSlots) SetBacklog(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	first := s.pace.ceiling == 0
+	unknown := s.pace.ceiling == 0
 	s.pace.ceiling = float64(max(0, n))
-	switch {
-	case !s.rate.Paced:
-	case first:
-		s.pace.learned()
-	default:
+	if s.rate.Paced && unknown {
+		s.pace.learned() // bounds it too
+	} else if s.rate.Paced {
 		s.pace.bound()
 	}
 	s.serveLocked()

@@ -439,8 +439,9 @@ def test_a_start_does_not_overflow_the_stores_accept_queue(binary, tmp_path, ver
 
 def test_a_start_within_the_stores_accept_queue_waits_for_nothing(procs, binary, tmp_path):  # noqa: F811
     """Pacing started at a window of 512 store dials in flight, and a start of 2,000 ranks against
-    torch 1.13's legacy store (its accept queue: 2,048) waited for the window to grow: 95 clients a
-    start, each handed from its event loop to goroutines and back. The first window is now the
+    torch 1.13's legacy store (its accept queue: 2,048) waited for the window to grow: 313 ranks in a
+    fresh guard's first start, about 95 in each after, each handed from its event loop to goroutines
+    and back. The first window is now the
     store's accept queue, what the store takes at once from ranks that dial it directly: a start
     within it waits for nothing, and every rank is released."""
     somaxconn = int(open("/proc/sys/net/core/somaxconn").read())
